@@ -1,0 +1,47 @@
+"""cffi builder for the native kernel (out-of-line API mode).
+
+`pip install -e .` runs this through setup.py's cffi_modules; running it directly
+(`python cffi_build/build_kernel.py`) rebuilds the extension in place.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from cffi import FFI
+
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE = ROOT / "native"
+
+
+def _cdef_text() -> str:
+    # smolq.h is valid C for the compiler; cffi's parser takes it without preprocessor lines.
+    lines = (NATIVE / "smolq.h").read_text().splitlines()
+    return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+
+
+def _compile_args() -> list[str]:
+    args = ["-std=c11", "-O3", "-Wall", "-Wextra", "-pthread", "-fno-math-errno"]
+    if os.environ.get("SMOLQ_DEBUG"):
+        args = [a if a != "-O3" else "-O0" for a in args] + ["-g"]
+    return args
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef_text())
+ffibuilder.set_source(
+    "llm_smolq._kernel",
+    '#include "smolq.h"',
+    sources=sorted(str(p.relative_to(ROOT)) for p in NATIVE.glob("*.c")),
+    include_dirs=[str(NATIVE.relative_to(ROOT))],
+    extra_compile_args=_compile_args(),
+    extra_link_args=["-pthread"],
+    libraries=["m"],
+)
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    ffibuilder.compile(tmpdir=str(ROOT / "build" / "cffi"), verbose="-v" in sys.argv)
+    # compile() leaves the module under tmpdir/llm_smolq/; move it next to the package.
+    for built in (ROOT / "build" / "cffi" / "llm_smolq").glob("_kernel*.so"):
+        built.replace(ROOT / "llm_smolq" / built.name)

@@ -1,0 +1,12 @@
+/* attention.h: the attention pieces forward.c calls per KV head. */
+#ifndef SMOLQ_ATTENTION_H
+#define SMOLQ_ATTENTION_H
+
+/* The `group` query heads that share one KV head, attending to its positions
+ * 0..n_keys-1 in a single pass over K and V (online softmax).
+ * q: [group][head_dim] f32; k, v: [n_keys][head_dim] of kv_type (SQ_F32 or SQ_F16),
+ * the KV head's own rows; out: [group][head_dim]. */
+void sq_attention_group(const float *q, int group, const void *k, const void *v,
+                        int kv_type, int head_dim, int n_keys, float *out);
+
+#endif

@@ -1,0 +1,17 @@
+/* quants.h: scalar conversions shared by the kernel's C files. The block layouts,
+ * row decoders and dot products themselves live in quants.c, declared in smolq.h. */
+#ifndef SMOLQ_QUANTS_H
+#define SMOLQ_QUANTS_H
+#include <stdint.h>
+
+/* IEEE half <-> single, exact (round-to-nearest-even on the way down). */
+float sq_fp16_to_fp32(uint16_t h);
+uint16_t sq_fp32_to_fp16(float f);
+
+/* bfloat16 is the top half of a float32. */
+static inline float sq_bf16_to_fp32(uint16_t h) {
+    union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+    return v.f;
+}
+
+#endif

@@ -1,0 +1,103 @@
+/* smolq.h: the C ABI of the llm-smolq kernel.
+ *
+ * cffi reads this file as its cdef, so it holds declarations only: no includes, no
+ * macros (the builder drops lines starting with '#'). Shapes are written
+ * [outer][inner]; the last index is contiguous in memory.
+ */
+#ifndef SMOLQ_H
+#define SMOLQ_H
+#include <stdint.h>
+
+/* GGUF tensor types the kernel reads, numbered as in the GGUF file format. */
+enum sq_type {
+    SQ_F32 = 0, SQ_F16 = 1, SQ_Q4_0 = 2, SQ_Q4_1 = 3, SQ_Q5_0 = 6, SQ_Q5_1 = 7,
+    SQ_Q8_0 = 8, SQ_Q2_K = 10, SQ_Q3_K = 11, SQ_Q4_K = 12, SQ_Q5_K = 13, SQ_Q6_K = 14,
+    SQ_IQ4_NL = 20, SQ_IQ4_XS = 23, SQ_BF16 = 30
+};
+
+/* Block geometry of a type: elements per block and bytes per block; 0 if unknown. */
+int sq_block_elems(int type);
+int sq_block_bytes(int type);
+
+/* Decode n elements (a whole number of blocks) of a row of `type` into dst.
+ * Returns 0, or -1 for an unknown type or an n that is not a whole number of blocks. */
+int sq_dequantize_row(int type, const void *src, float *dst, int64_t n);
+
+/* Dot product of n elements of a row of `type` with float activations x,
+ * accumulated without quantizing x. Same preconditions as sq_dequantize_row;
+ * returns NaN where it would return -1. */
+float sq_dot_row(int type, const void *row, const float *x, int64_t n);
+
+/* A weight matrix as a view into the mapped GGUF file (never copied). */
+typedef struct {
+    const void *data;      /* first byte of row 0 */
+    int type;              /* enum sq_type */
+    int64_t rows;          /* output features (GGUF ne[1]); 1 for a vector */
+    int64_t cols;          /* input features (GGUF ne[0]), contiguous */
+    int64_t row_bytes;     /* bytes from one row to the next */
+} sq_tensor;
+
+typedef struct {
+    sq_tensor attn_norm;   /* [dim] f32 */
+    sq_tensor wq;          /* [n_heads*head_dim][dim], rows permuted for adjacent-pair RoPE */
+    sq_tensor wk;          /* [n_kv_heads*head_dim][dim], likewise */
+    sq_tensor wv;          /* [n_kv_heads*head_dim][dim] */
+    sq_tensor wo;          /* [dim][n_heads*head_dim] */
+    sq_tensor ffn_norm;    /* [dim] f32 */
+    sq_tensor ffn_gate;    /* [hidden_dim][dim] */
+    sq_tensor ffn_up;      /* [hidden_dim][dim] */
+    sq_tensor ffn_down;    /* [dim][hidden_dim] */
+    int use_rope;          /* 0 on SmolLM3's NoPE layers */
+} sq_layer;
+
+typedef struct {
+    int dim;               /* residual stream width */
+    int hidden_dim;        /* FFN width */
+    int n_layers;
+    int n_heads;           /* query heads */
+    int n_kv_heads;        /* key/value heads (GQA groups) */
+    int head_dim;
+    int vocab_size;
+    int n_ctx;             /* positions the KV cache holds */
+    float rope_theta;      /* RoPE base frequency */
+    float rms_eps;
+} sq_config;
+
+typedef struct {
+    sq_config cfg;
+    sq_tensor token_embd;  /* [vocab_size][dim] */
+    sq_tensor output_norm; /* [dim] f32 */
+    sq_tensor output;      /* [vocab_size][dim]; token_embd when embeddings are tied */
+    sq_layer *layers;      /* [n_layers] */
+} sq_model;
+
+/* A persistent pool of worker threads; the calling thread is worker 0. */
+typedef struct sq_pool sq_pool;
+sq_pool *sq_pool_new(int n_threads);
+int sq_pool_threads(const sq_pool *pool);
+void sq_pool_free(sq_pool *pool);
+
+/* Activation buffers for batches of up to max_batch tokens. */
+typedef struct sq_state sq_state;
+sq_state *sq_state_new(const sq_config *cfg, int max_batch, int n_threads);
+void sq_state_free(sq_state *s);
+
+/* Run tokens[0..n_tokens) at positions n_past.. through every layer.
+ * k_cache, v_cache: [n_layers][n_kv_heads][n_ctx][head_dim] of kv_type (SQ_F32 or SQ_F16);
+ * the new positions are written there. logits: [n_tokens][vocab_size] when all_logits,
+ * else [vocab_size] for the last token. Returns 0, or a negative sq_error. */
+enum sq_error { SQ_OK = 0, SQ_ERR_ARGS = -1, SQ_ERR_TOKEN = -2, SQ_ERR_CONTEXT = -3, SQ_ERR_NOMEM = -4 };
+int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool,
+               void *k_cache, void *v_cache, int kv_type,
+               const int32_t *tokens, int n_tokens, int n_past,
+               float *logits, int all_logits);
+
+/* One decode step of grouped-query attention over positions 0..n_keys-1.
+ * q: [n_heads][head_dim] f32; k_cache, v_cache: [n_kv_heads][n_ctx][head_dim] of kv_type;
+ * out: [n_heads][head_dim]. Query head h reads KV head h / (n_heads / n_kv_heads);
+ * scores are scaled by 1/sqrt(head_dim). */
+void sq_attention(const float *q, const void *k_cache, const void *v_cache, int kv_type,
+                  int n_heads, int n_kv_heads, int n_ctx, int head_dim, int n_keys,
+                  float *out);
+
+#endif
