@@ -14,4 +14,11 @@ static inline float sq_bf16_to_fp32(uint16_t h) {
     return v.f;
 }
 
+/* float32 -> bfloat16, rounding to nearest even; NaN stays a (quiet) NaN. */
+static inline uint16_t sq_fp32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = { f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
 #endif

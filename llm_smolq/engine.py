@@ -1,0 +1,174 @@
+"""The Engine: one loaded model, its KV cache, and the kernel calls that run it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from functools import cached_property
+from typing import Iterable
+
+import numpy as np
+
+from ._kernel import ffi, lib
+from .buffer_gate import Dims, check_buffer
+from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
+from .tokenizer import GGUFTokenizer
+
+KV_DTYPES = {"f32": (np.float32, lib.SQ_F32), "f16": (np.float16, lib.SQ_F16)}
+MAX_BATCH = 256  # tokens per kernel pass during prefill
+
+_FORWARD_ERRORS = {
+    lib.SQ_ERR_ARGS: "invalid arguments",
+    lib.SQ_ERR_TOKEN: "a token id outside the vocabulary",
+    lib.SQ_ERR_CONTEXT: "the context is full",
+    lib.SQ_ERR_NOMEM: "out of memory",
+}
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def load(path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = None, kv_dtype: str = "f32") -> "Engine":
+    """Open a GGUF model: validate it, map its weights, and allocate an empty KV cache."""
+    return Engine(open_model(path), n_ctx=n_ctx, threads=threads, kv_dtype=kv_dtype)
+
+
+class Engine:
+    def __init__(self, model: ModelFile, n_ctx: int = 4096, threads: int | None = None, kv_dtype: str = "f32"):
+        cfg = model.config
+        if not isinstance(n_ctx, int) or not 1 <= n_ctx <= cfg.context_length:
+            raise ValueError(f"n_ctx must be between 1 and {cfg.context_length} (the model's context length), got {n_ctx!r}")
+        threads = default_threads() if threads is None else threads
+        if not isinstance(threads, int) or not 1 <= threads <= 256:
+            raise ValueError(f"threads must be an integer from 1 to 256, got {threads!r}")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+
+        self.model = model
+        self.config: ModelConfig = cfg
+        self.n_ctx = n_ctx
+        self.threads = threads
+        np_dtype, self._kv_type = KV_DTYPES[kv_dtype]
+        cache_shape = (cfg.n_layers, cfg.n_kv_heads, n_ctx, cfg.head_dim)
+        # np.zeros maps pages lazily: only the positions actually used count towards RSS.
+        # Both go through the gate once, here: the engine owns them and hands the same
+        # pointers to every kernel call after.
+        dims = Dims("the model config", n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, n_ctx=n_ctx,
+                    head_dim=cfg.head_dim)
+        cache_dims = ("n_layers", "n_kv_heads", "n_ctx", "head_dim")
+        self._k = check_buffer("k_cache", np.zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
+        self._v = check_buffer("v_cache", np.zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
+        self._n_past = 0
+        self._lock = threading.Lock()
+
+        self._weights = ffi.from_buffer("uint8_t[]", model.data)
+        self._c_model, self._c_layers = self._build_c_model(n_ctx)
+        self._pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
+        self._state = ffi.gc(lib.sq_state_new(ffi.addressof(self._c_model.cfg), MAX_BATCH, threads), lib.sq_state_free)
+        if self._pool == ffi.NULL or self._state == ffi.NULL:
+            raise MemoryError("could not allocate the kernel's thread pool or activation buffers")
+
+    # -- the C view of the model -------------------------------------------------------
+    def _tensor(self, info: TensorInfo):
+        return {
+            "data": self._weights + info.offset,
+            "type": int(info.type),
+            "rows": info.rows,
+            "cols": info.shape[0],
+            "row_bytes": info.row_bytes,
+        }
+
+    def _build_c_model(self, n_ctx: int):
+        cfg, t = self.config, self.model.tensors
+        layers = ffi.new("sq_layer[]", cfg.n_layers)
+        names = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+                 "ffn_norm": "ffn_norm", "ffn_gate": "ffn_gate", "ffn_up": "ffn_up", "ffn_down": "ffn_down"}
+        for i in range(cfg.n_layers):
+            for field, gguf_name in names.items():
+                setattr(layers[i], field, self._tensor(t[f"blk.{i}.{gguf_name}.weight"]))
+            layers[i].use_rope = i not in cfg.nope_layers
+        m = ffi.new("sq_model *")
+        m.cfg = {
+            "dim": cfg.dim, "hidden_dim": cfg.hidden_dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+            "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+            "n_ctx": n_ctx, "rope_theta": cfg.rope_theta, "rms_eps": cfg.rms_eps,
+        }
+        m.token_embd = self._tensor(t["token_embd.weight"])
+        m.output_norm = self._tensor(t["output_norm.weight"])
+        m.output = self._tensor(t["token_embd.weight" if cfg.tied_embeddings else "output.weight"])
+        m.layers = layers
+        return m, layers
+
+    # -- tokens ---------------------------------------------------------------------------
+    @cached_property
+    def tokenizer(self) -> GGUFTokenizer:
+        return GGUFTokenizer.from_metadata(self.model.metadata)
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, special=special)
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # -- the KV cache ---------------------------------------------------------------------
+    @property
+    def k_cache(self) -> np.ndarray:
+        """[n_layers, n_kv_heads, n_ctx, head_dim]; positions >= n_past are stale."""
+        return self._k.array
+
+    @property
+    def v_cache(self) -> np.ndarray:
+        return self._v.array
+
+    @property
+    def n_past(self) -> int:
+        """Tokens now in the KV cache."""
+        return self._n_past
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n cached tokens; later positions are overwritten by the next eval."""
+        if not isinstance(n, (int, np.integer)) or not 0 <= n <= self._n_past:
+            raise ValueError(f"truncate(n) needs 0 <= n <= n_past ({self._n_past}), got {n!r}")
+        self._n_past = int(n)
+
+    # -- running the model ----------------------------------------------------------------
+    def eval(self, ids: Iterable[int], all_logits: bool = False) -> np.ndarray:
+        """Append ids to the KV cache and return float32 logits: [len(ids), vocab] when
+        all_logits, else [vocab] for the last position."""
+        tokens = self._check_tokens(ids)
+        n, vocab = len(tokens), self.config.vocab_size
+        # tokens and logits are made right here, C-contiguous and aligned by numpy.
+        logits = np.empty((n, vocab) if all_logits else (vocab,), np.float32)
+        with self._lock:
+            if self._n_past + n > self.n_ctx:
+                raise ValueError(
+                    f"{n} more tokens do not fit: {self._n_past} of the context's {self.n_ctx} positions are used; "
+                    "call reset()/truncate() or load with a larger n_ctx"
+                )
+            rc = lib.sq_forward(
+                self._c_model, self._state, self._pool,
+                self._k.ptr, self._v.ptr,
+                self._kv_type, ffi.from_buffer("int32_t[]", tokens), n, self._n_past,
+                ffi.from_buffer("float[]", logits, require_writable=True), bool(all_logits),
+            )
+            if rc != lib.SQ_OK:
+                raise RuntimeError(f"the kernel refused the batch: {_FORWARD_ERRORS.get(rc, rc)}")
+            self._n_past += n
+        return logits
+
+    def _check_tokens(self, ids: Iterable[int]) -> np.ndarray:
+        ids = list(ids)
+        if not ids:
+            raise ValueError("eval() needs at least one token id")
+        vocab = self.config.vocab_size
+        for i in ids:
+            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < vocab:
+                raise ValueError(f"token id {i!r} is not in the vocabulary (0..{vocab - 1})")
+        return np.asarray(ids, dtype=np.int32)

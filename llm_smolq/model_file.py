@@ -1,0 +1,223 @@
+"""Reading a GGUF file into a validated model description.
+
+The weights stay in the file's memory map: nothing is copied or dequantized here. Every
+tensor the kernel will read is checked first (type known, byte size = shape x block size,
+offset + size inside the file, alignment as the header says), so a hostile or truncated
+file is a GGUFError at load, never a read past the mapping later.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES
+
+from .errors import GGUFError
+
+#: Tensor types the kernel can read.
+SUPPORTED_TYPES = (
+    QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
+    QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS,
+)
+ARCHITECTURES = ("smollm3", "llama")
+
+LAYER_TENSORS = (
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layers: int
+    dim: int
+    hidden_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int  # positions the model was trained for
+    rope_theta: float
+    rms_eps: float
+    nope_layers: tuple[int, ...]  # layers that skip RoPE (SmolLM3: every 4th)
+    tied_embeddings: bool
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type: QT
+    shape: tuple[int, ...]  # GGUF order: shape[0] is the contiguous dimension
+    offset: int  # absolute byte offset in the file
+    n_bytes: int
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.n_bytes // self.rows
+
+
+@dataclass
+class ModelFile:
+    path: str
+    config: ModelConfig
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, Any]
+    data: np.memmap = field(repr=False)  # the whole file, read-only
+
+
+def open_model(path: str | os.PathLike[str]) -> ModelFile:
+    """Parse and validate a GGUF model file; raises GGUFError saying what is wrong."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise GGUFError(f"{path}: no such file")
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as exc:  # the parser raises whatever numpy or struct gives it
+        raise GGUFError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+    metadata = {name: _field_value(f) for name, f in reader.fields.items()}
+    tensors = _tensor_infos(path, reader)
+    config = _config(path, metadata, tensors)
+    _check_model_tensors(path, config, tensors)
+    return ModelFile(path=path, config=config, tensors=tensors, metadata=metadata, data=reader.data)
+
+
+def _field_value(f) -> Any:
+    if not f.types:
+        return None
+    kind = f.types[0]
+    if kind == GGUFValueType.ARRAY:
+        if f.types[-1] == GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+        return np.concatenate([f.parts[i] for i in f.data]).tolist() if f.data else []
+    if kind == GGUFValueType.STRING:
+        return bytes(f.parts[-1]).decode("utf-8", errors="replace")
+    return f.parts[-1].tolist()[0]
+
+
+def _tensor_infos(path: str, reader: GGUFReader) -> dict[str, TensorInfo]:
+    file_size = len(reader.data)
+    alignment = int(reader.alignment)
+    infos: dict[str, TensorInfo] = {}
+    for t in reader.tensors:
+        where = f"{path}: tensor {t.name!r}"
+        qtype = QT(int(t.tensor_type))
+        if qtype not in SUPPORTED_TYPES:
+            raise GGUFError(
+                f"{where} has type {qtype.name}, which llm-smolq cannot read; supported: "
+                + ", ".join(q.name for q in SUPPORTED_TYPES)
+            )
+        shape = tuple(int(d) for d in t.shape)
+        if not shape or any(d <= 0 for d in shape):
+            raise GGUFError(f"{where} has an invalid shape {list(shape)}")
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        if shape[0] % block:
+            raise GGUFError(f"{where}: row length {shape[0]} is not a multiple of the {qtype.name} block ({block})")
+        n_elements = 1
+        for d in shape:  # Python ints: no overflow, however large the claim
+            n_elements *= d
+        n_bytes = n_elements // block * block_bytes
+        if n_bytes != t.n_bytes:
+            raise GGUFError(f"{where}: shape {list(shape)} needs {n_bytes} bytes, the file claims {t.n_bytes}")
+        if t.data_offset % alignment:
+            raise GGUFError(f"{where}: offset {t.data_offset} is not aligned to {alignment} bytes")
+        if t.data_offset + n_bytes > file_size:
+            raise GGUFError(
+                f"{where} ends at byte {t.data_offset + n_bytes}, past the end of the file ({file_size} bytes); "
+                "the file is truncated or corrupt: download it again"
+            )
+        infos[t.name] = TensorInfo(t.name, qtype, shape, int(t.data_offset), n_bytes)
+    return infos
+
+
+def _config(path: str, meta: dict[str, Any], tensors: dict[str, TensorInfo]) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(
+            f"{path}: architecture {arch!r} is not supported; llm-smolq runs {', '.join(ARCHITECTURES)} models"
+        )
+
+    def get(key: str, default: Any = None, kind: type = int) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise GGUFError(f"{path}: metadata key {arch}.{key} is missing")
+        if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise GGUFError(f"{path}: {arch}.{key} = {value!r} must be a positive integer")
+        if kind is float and (not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0):
+            raise GGUFError(f"{path}: {arch}.{key} = {value!r} must be a positive number")
+        return kind(value)
+
+    n_layers = get("block_count")
+    dim = get("embedding_length")
+    n_heads = get("attention.head_count")
+    n_kv_heads = get("attention.head_count_kv", n_heads)
+    head_dim = get("attention.key_length", dim // n_heads if dim % n_heads == 0 else None)
+    if get("attention.value_length", head_dim) != head_dim:
+        raise GGUFError(f"{path}: key and value head sizes differ, which llm-smolq does not support")
+    if n_heads % n_kv_heads:
+        raise GGUFError(f"{path}: {n_heads} query heads cannot be grouped over {n_kv_heads} KV heads")
+    if head_dim % 2 or get("rope.dimension_count", head_dim) != head_dim:
+        raise GGUFError(f"{path}: partial or odd-sized RoPE is not supported (head size {head_dim})")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise GGUFError(f"{path}: RoPE scaling {scaling!r} is not supported")
+    embd = tensors.get("token_embd.weight")
+    if embd is None or len(embd.shape) != 2:
+        raise GGUFError(f"{path}: token_embd.weight is missing or not a matrix")
+    return ModelConfig(
+        arch=arch,
+        n_layers=n_layers,
+        dim=dim,
+        hidden_dim=get("feed_forward_length"),
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        vocab_size=embd.shape[1],
+        context_length=get("context_length"),
+        rope_theta=get("rope.freq_base", 10000.0, float),
+        rms_eps=get("attention.layer_norm_rms_epsilon", 1e-5, float),
+        nope_layers=tuple(l for l in range(n_layers) if arch == "smollm3" and (l + 1) % 4 == 0),
+        tied_embeddings="output.weight" not in tensors,
+    )
+
+
+def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward pass reads, with its GGUF shape (contiguous dim first)."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (c.dim, c.vocab_size),
+        "output_norm.weight": (c.dim,),
+    }
+    if not c.tied_embeddings:
+        shapes["output.weight"] = (c.dim, c.vocab_size)
+    per_layer = {
+        "attn_norm": (c.dim,), "attn_q": (c.dim, q), "attn_k": (c.dim, kv), "attn_v": (c.dim, kv),
+        "attn_output": (q, c.dim), "ffn_norm": (c.dim,), "ffn_gate": (c.dim, c.hidden_dim),
+        "ffn_up": (c.dim, c.hidden_dim), "ffn_down": (c.hidden_dim, c.dim),
+    }
+    for layer in range(c.n_layers):
+        for name, shape in per_layer.items():
+            shapes[f"blk.{layer}.{name}.weight"] = shape
+    return shapes
+
+
+def _check_model_tensors(path: str, c: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
+    for name, shape in expected_shapes(c).items():
+        info = tensors.get(name)
+        if info is None:
+            raise GGUFError(f"{path}: tensor {name!r} is missing")
+        if info.shape != shape:
+            raise GGUFError(f"{path}: tensor {name!r} has shape {list(info.shape)}, the config implies {list(shape)}")
+        if len(shape) == 1 and info.type != QT.F32:
+            raise GGUFError(f"{path}: norm weight {name!r} is {info.type.name}; llm-smolq reads norms as F32")
+        if info.offset % 4:
+            raise GGUFError(f"{path}: tensor {name!r} at offset {info.offset} is not 4-byte aligned")

@@ -1,0 +1,217 @@
+/* forward.c: a batch of tokens through every layer of a SmolLM (Llama-style) model.
+ *
+ * Per layer: RMSNorm -> q/k/v -> RoPE (skipped on NoPE layers) -> KV cache write ->
+ * causal GQA attention -> output projection + residual -> RMSNorm -> SwiGLU FFN +
+ * residual. Mat-vecs and attention run on the pool; the cheap elementwise steps run on
+ * the calling thread.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "matmul.h"
+#include "pool.h"
+#include "quants.h"
+
+struct sq_state {
+    int max_batch;          /* tokens per chunk */
+    int n_threads;
+    float *x;               /* [max_batch][dim] residual stream */
+    float *xn;              /* [max_batch][dim] normed input / projection output */
+    float *q;               /* [max_batch][n_heads*head_dim] */
+    float *k;               /* [max_batch][n_kv_heads*head_dim] */
+    float *v;               /* [max_batch][n_kv_heads*head_dim] */
+    float *att;             /* [max_batch][n_heads*head_dim] attention output */
+    float *gate;            /* [max_batch][hidden_dim] */
+    float *up;              /* [max_batch][hidden_dim] */
+    sq_workspace ws;        /* mat-mul buffers; ws.stride = max(dim, hidden_dim, n_heads*head_dim) */
+};
+
+static float *alloc_floats(int64_t n) { return malloc((size_t)n * sizeof(float)); }
+
+sq_state *sq_state_new(const sq_config *c, int max_batch, int n_threads) {
+    if (max_batch < 1 || n_threads < 1) return NULL;
+    sq_state *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    int64_t b = max_batch, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    if (qd > widest) widest = qd;
+    s->max_batch = max_batch;
+    s->n_threads = n_threads;
+    s->ws.stride = widest;
+    s->x = alloc_floats(b * c->dim);
+    s->xn = alloc_floats(b * c->dim);
+    s->q = alloc_floats(b * qd);
+    s->k = alloc_floats(b * kvd);
+    s->v = alloc_floats(b * kvd);
+    s->att = alloc_floats(b * qd);
+    s->gate = alloc_floats(b * c->hidden_dim);
+    s->up = alloc_floats(b * c->hidden_dim);
+    s->ws.rows = alloc_floats(n_threads * widest);
+    s->ws.x_round = alloc_floats(b * widest);
+    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->gate || !s->up || !s->ws.rows ||
+        !s->ws.x_round) {
+        sq_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void sq_state_free(sq_state *s) {
+    if (!s) return;
+    free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v);
+    free(s->att); free(s->gate); free(s->up); free(s->ws.rows); free(s->ws.x_round);
+    free(s);
+}
+
+/* out = x / rms(x) * weight; the sum of squares is kept in double, as llama.cpp does. */
+static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
+}
+
+/* GGUF's converter permutes Q and K rows so that each rotated pair is adjacent
+ * (2i, 2i+1) rather than HF's (i, i + head_dim/2). */
+static void rope(float *vec, int n_heads, int head_dim, int pos, float theta_base) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        double freq = pow((double)theta_base, -2.0 * i / head_dim);
+        double angle = pos * freq;
+        float c = (float)cos(angle), s = (float)sin(angle);
+        for (int h = 0; h < n_heads; h++) {
+            float *p = vec + (int64_t)h * head_dim + 2 * i;
+            float a = p[0], b = p[1];
+            p[0] = a * c - b * s;
+            p[1] = a * s + b * c;
+        }
+    }
+}
+
+static void store_kv(void *cache, int kv_type, int64_t offset, const float *src, int n) {
+    if (kv_type == SQ_F32) {
+        memcpy((float *)cache + offset, src, (size_t)n * sizeof(float));
+    } else {
+        uint16_t *dst = (uint16_t *)cache + offset;
+        for (int i = 0; i < n; i++) dst[i] = sq_fp32_to_fp16(src[i]);
+    }
+}
+
+typedef struct {
+    const sq_config *c;
+    const float *q;         /* [n_tokens][n_heads*head_dim] */
+    const uint8_t *k_layer; /* this layer's [n_kv_heads][n_ctx][head_dim] */
+    const uint8_t *v_layer;
+    int kv_type, n_tokens, n_past;
+    float *out;             /* [n_tokens][n_heads*head_dim] */
+} attention_job;
+
+/* Tasks are (token, KV head) pairs; token t sees positions 0..n_past+t. */
+static void attention_worker(void *p, int ith, int nth) {
+    const attention_job *job = p;
+    const sq_config *c = job->c;
+    int group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
+    size_t elem = job->kv_type == SQ_F32 ? 4 : 2;
+    size_t head_bytes = (size_t)c->n_ctx * hd * elem;
+    int n_tasks = job->n_tokens * c->n_kv_heads;
+    for (int task = ith; task < n_tasks; task += nth) {
+        int t = task / c->n_kv_heads, h = task % c->n_kv_heads;
+        int64_t qoff = ((int64_t)t * c->n_heads + (int64_t)h * group) * hd;
+        sq_attention_group(job->q + qoff, group, job->k_layer + h * head_bytes, job->v_layer + h * head_bytes,
+                           job->kv_type, hd, job->n_past + t + 1, job->out + qoff);
+    }
+}
+
+static void add_into(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, uint8_t *k_cache,
+                          uint8_t *v_cache, int kv_type, int n_tok, int n_past) {
+    const sq_config *c = &m->cfg;
+    const sq_layer *L = &m->layers[l];
+    int dim = c->dim, hd = c->head_dim;
+    int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    size_t elem = kv_type == SQ_F32 ? 4 : 2;
+    int64_t layer_elems = (int64_t)c->n_kv_heads * c->n_ctx * hd;
+
+    for (int t = 0; t < n_tok; t++)
+        rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->attn_norm.data, dim, c->rms_eps);
+    sq_matmul_set qkv = {3, {&L->wq, &L->wk, &L->wv}, {s->q, s->k, s->v}, {qd, kvd, kvd}};
+    sq_matmul(pool, &qkv, s->xn, n_tok, &s->ws);
+
+    uint8_t *kl = k_cache + (size_t)l * layer_elems * elem, *vl = v_cache + (size_t)l * layer_elems * elem;
+    for (int t = 0; t < n_tok; t++) {
+        int pos = n_past + t;
+        float *qt = s->q + (int64_t)t * qd, *kt = s->k + (int64_t)t * kvd, *vt = s->v + (int64_t)t * kvd;
+        if (L->use_rope) {
+            rope(qt, c->n_heads, hd, pos, c->rope_theta);
+            rope(kt, c->n_kv_heads, hd, pos, c->rope_theta);
+        }
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            int64_t off = ((int64_t)h * c->n_ctx + pos) * hd;
+            store_kv(kl, kv_type, off, kt + (int64_t)h * hd, hd);
+            store_kv(vl, kv_type, off, vt + (int64_t)h * hd, hd);
+        }
+    }
+    attention_job aj = {c, s->q, kl, vl, kv_type, n_tok, n_past, s->att};
+    sq_pool_run(pool, attention_worker, &aj);
+
+    sq_matmul_set o = {1, {&L->wo}, {s->xn}, {dim}};
+    sq_matmul(pool, &o, s->att, n_tok, &s->ws);
+    add_into(s->x, s->xn, (int64_t)n_tok * dim);
+
+    for (int t = 0; t < n_tok; t++)
+        rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->ffn_norm.data, dim, c->rms_eps);
+    sq_matmul_set gu = {2, {&L->ffn_gate, &L->ffn_up}, {s->gate, s->up}, {c->hidden_dim, c->hidden_dim}};
+    sq_matmul(pool, &gu, s->xn, n_tok, &s->ws);
+    int64_t n_hidden = (int64_t)n_tok * c->hidden_dim;
+    for (int64_t i = 0; i < n_hidden; i++) {
+        float g = s->gate[i];
+        s->gate[i] = g / (1.0f + expf(-g)) * s->up[i];
+    }
+    sq_matmul_set down = {1, {&L->ffn_down}, {s->xn}, {dim}};
+    sq_matmul(pool, &down, s->gate, n_tok, &s->ws);
+    add_into(s->x, s->xn, (int64_t)n_tok * dim);
+}
+
+/* One chunk of at most max_batch tokens; logits rows for the tokens in [first_out, n_tok). */
+static void chunk_forward(const sq_model *m, sq_state *s, sq_pool *pool, uint8_t *k_cache, uint8_t *v_cache,
+                          int kv_type, const int32_t *tokens, int n_tok, int n_past, float *logits, int first_out) {
+    const sq_config *c = &m->cfg;
+    int dim = c->dim;
+    for (int t = 0; t < n_tok; t++) {
+        const uint8_t *row = (const uint8_t *)m->token_embd.data + (int64_t)tokens[t] * m->token_embd.row_bytes;
+        sq_dequantize_row(m->token_embd.type, row, s->x + (int64_t)t * dim, dim);
+    }
+    for (int l = 0; l < c->n_layers; l++) layer_forward(m, l, s, pool, k_cache, v_cache, kv_type, n_tok, n_past);
+
+    int n_out = n_tok - first_out;
+    if (n_out <= 0) return;
+    for (int t = 0; t < n_out; t++)
+        rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)(first_out + t) * dim, m->output_norm.data, dim, c->rms_eps);
+    sq_matmul_set out = {1, {&m->output}, {logits}, {c->vocab_size}};
+    sq_matmul(pool, &out, s->xn, n_out, &s->ws);
+}
+
+int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool, void *k_cache, void *v_cache, int kv_type,
+               const int32_t *tokens, int n_tokens, int n_past, float *logits, int all_logits) {
+    if (!m || !s || !pool || !k_cache || !v_cache || !tokens || !logits || n_tokens < 1 || n_past < 0)
+        return SQ_ERR_ARGS;
+    const sq_config *c = &m->cfg;
+    if (kv_type != SQ_F32 && kv_type != SQ_F16) return SQ_ERR_ARGS;
+    if (s->n_threads < sq_pool_threads(pool)) return SQ_ERR_ARGS;
+    if (n_tokens > c->n_ctx - n_past) return SQ_ERR_CONTEXT;
+    for (int t = 0; t < n_tokens; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab_size) return SQ_ERR_TOKEN;
+
+    for (int start = 0; start < n_tokens; start += s->max_batch) {
+        int n_tok = n_tokens - start < s->max_batch ? n_tokens - start : s->max_batch;
+        int last_chunk = start + n_tok == n_tokens;
+        float *rows = all_logits ? logits + (int64_t)start * c->vocab_size : logits;
+        int first_out = all_logits ? 0 : (last_chunk ? n_tok - 1 : n_tok);
+        chunk_forward(m, s, pool, k_cache, v_cache, kv_type, tokens + start, n_tok, n_past + start, rows, first_out);
+    }
+    return SQ_OK;
+}

