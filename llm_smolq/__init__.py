@@ -1,6 +1,21 @@
 """llm-smolq: quantized SmolLM3 / SmolLM2 GGUF models on the CPU, for the llm tool."""
 
-from .engine import Engine, load
+from typing import Any
+
 from .errors import DeviceError, GGUFError, LayoutError
 
-__all__ = ["DeviceError", "Engine", "GGUFError", "LayoutError", "load"]
+__all__ = ["DeviceError", "Engine", "GGUFError", "LayoutError", "kernel", "load"]
+
+
+def __getattr__(name: str) -> Any:
+    # The engine pulls in the compiled kernel, numpy and gguf; `llm` imports this package
+    # on every start just to list models, so those load on first use instead.
+    if name in ("Engine", "load"):
+        from . import engine
+
+        return getattr(engine, name)
+    if name == "kernel":
+        from . import kernel
+
+        return kernel
+    raise AttributeError(f"module 'llm_smolq' has no attribute {name!r}")

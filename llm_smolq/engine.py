@@ -62,13 +62,13 @@ class Engine:
         cache_dims = ("n_layers", "n_kv_heads", "n_ctx", "head_dim")
         self._k = check_buffer("k_cache", np.zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
         self._v = check_buffer("v_cache", np.zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
-        self._n_past = 0
+        self._tokens: list[int] = []  # the ids whose keys and values are in the cache
         self._lock = threading.Lock()
 
         self._weights = ffi.from_buffer("uint8_t[]", model.data)
         self._c_model, self._c_layers = self._build_c_model(n_ctx)
         self._pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
-        self._state = ffi.gc(lib.sq_state_new(ffi.addressof(self._c_model.cfg), MAX_BATCH, threads), lib.sq_state_free)
+        self._state = ffi.gc(lib.sq_state_new(ffi.addressof(self._c_model.cfg), MAX_BATCH), lib.sq_state_free)
         if self._pool == ffi.NULL or self._state == ffi.NULL:
             raise MemoryError("could not allocate the kernel's thread pool or activation buffers")
 
@@ -127,16 +127,22 @@ class Engine:
     @property
     def n_past(self) -> int:
         """Tokens now in the KV cache."""
-        return self._n_past
+        return len(self._tokens)
+
+    @property
+    def tokens(self) -> list[int]:
+        """A copy of the ids now in the KV cache, oldest first."""
+        return list(self._tokens)
 
     def reset(self) -> None:
         self.truncate(0)
 
     def truncate(self, n: int) -> None:
         """Keep the first n cached tokens; later positions are overwritten by the next eval."""
-        if not isinstance(n, (int, np.integer)) or not 0 <= n <= self._n_past:
-            raise ValueError(f"truncate(n) needs 0 <= n <= n_past ({self._n_past}), got {n!r}")
-        self._n_past = int(n)
+        if not isinstance(n, (int, np.integer)) or not 0 <= n <= self.n_past:
+            raise ValueError(f"truncate(n) needs 0 <= n <= n_past ({self.n_past}), got {n!r}")
+        with self._lock:
+            del self._tokens[int(n):]
 
     # -- running the model ----------------------------------------------------------------
     def eval(self, ids: Iterable[int], all_logits: bool = False) -> np.ndarray:
@@ -147,20 +153,21 @@ class Engine:
         # tokens and logits are made right here, C-contiguous and aligned by numpy.
         logits = np.empty((n, vocab) if all_logits else (vocab,), np.float32)
         with self._lock:
-            if self._n_past + n > self.n_ctx:
+            n_past = len(self._tokens)
+            if n_past + n > self.n_ctx:
                 raise ValueError(
-                    f"{n} more tokens do not fit: {self._n_past} of the context's {self.n_ctx} positions are used; "
+                    f"{n} more tokens do not fit: {n_past} of the context's {self.n_ctx} positions are used; "
                     "call reset()/truncate() or load with a larger n_ctx"
                 )
             rc = lib.sq_forward(
                 self._c_model, self._state, self._pool,
                 self._k.ptr, self._v.ptr,
-                self._kv_type, ffi.from_buffer("int32_t[]", tokens), n, self._n_past,
+                self._kv_type, ffi.from_buffer("int32_t[]", tokens), n, n_past,
                 ffi.from_buffer("float[]", logits, require_writable=True), bool(all_logits),
             )
             if rc != lib.SQ_OK:
                 raise RuntimeError(f"the kernel refused the batch: {_FORWARD_ERRORS.get(rc, rc)}")
-            self._n_past += n
+            self._tokens.extend(tokens.tolist())
         return logits
 
     def _check_tokens(self, ids: Iterable[int]) -> np.ndarray:

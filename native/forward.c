@@ -16,7 +16,6 @@
 
 struct sq_state {
     int max_batch;          /* tokens per chunk */
-    int n_threads;
     float *x;               /* [max_batch][dim] residual stream */
     float *xn;              /* [max_batch][dim] normed input / projection output */
     float *q;               /* [max_batch][n_heads*head_dim] */
@@ -25,21 +24,19 @@ struct sq_state {
     float *att;             /* [max_batch][n_heads*head_dim] attention output */
     float *gate;            /* [max_batch][hidden_dim] */
     float *up;              /* [max_batch][hidden_dim] */
-    sq_workspace ws;        /* mat-mul buffers; ws.stride = max(dim, hidden_dim, n_heads*head_dim) */
+    void *xq;               /* [max_batch][widest] 2-byte slots: mat-mul inputs in vec-dot format */
 };
 
 static float *alloc_floats(int64_t n) { return malloc((size_t)n * sizeof(float)); }
 
-sq_state *sq_state_new(const sq_config *c, int max_batch, int n_threads) {
-    if (max_batch < 1 || n_threads < 1) return NULL;
+sq_state *sq_state_new(const sq_config *c, int max_batch) {
+    if (max_batch < 1) return NULL;
     sq_state *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     int64_t b = max_batch, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     int64_t widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
     if (qd > widest) widest = qd;
     s->max_batch = max_batch;
-    s->n_threads = n_threads;
-    s->ws.stride = widest;
     s->x = alloc_floats(b * c->dim);
     s->xn = alloc_floats(b * c->dim);
     s->q = alloc_floats(b * qd);
@@ -48,10 +45,8 @@ sq_state *sq_state_new(const sq_config *c, int max_batch, int n_threads) {
     s->att = alloc_floats(b * qd);
     s->gate = alloc_floats(b * c->hidden_dim);
     s->up = alloc_floats(b * c->hidden_dim);
-    s->ws.rows = alloc_floats(n_threads * widest);
-    s->ws.x_round = alloc_floats(b * widest);
-    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->gate || !s->up || !s->ws.rows ||
-        !s->ws.x_round) {
+    s->xq = malloc((size_t)(b * widest) * 2);
+    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->gate || !s->up || !s->xq) {
         sq_state_free(s);
         return NULL;
     }
@@ -61,7 +56,7 @@ sq_state *sq_state_new(const sq_config *c, int max_batch, int n_threads) {
 void sq_state_free(sq_state *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v);
-    free(s->att); free(s->gate); free(s->up); free(s->ws.rows); free(s->ws.x_round);
+    free(s->att); free(s->gate); free(s->up); free(s->xq);
     free(s);
 }
 
@@ -139,7 +134,7 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
     for (int t = 0; t < n_tok; t++)
         rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->attn_norm.data, dim, c->rms_eps);
     sq_matmul_set qkv = {3, {&L->wq, &L->wk, &L->wv}, {s->q, s->k, s->v}, {qd, kvd, kvd}};
-    sq_matmul(pool, &qkv, s->xn, n_tok, &s->ws);
+    sq_matmul(pool, &qkv, s->xn, n_tok, s->xq);
 
     uint8_t *kl = k_cache + (size_t)l * layer_elems * elem, *vl = v_cache + (size_t)l * layer_elems * elem;
     for (int t = 0; t < n_tok; t++) {
@@ -159,20 +154,20 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
     sq_pool_run(pool, attention_worker, &aj);
 
     sq_matmul_set o = {1, {&L->wo}, {s->xn}, {dim}};
-    sq_matmul(pool, &o, s->att, n_tok, &s->ws);
+    sq_matmul(pool, &o, s->att, n_tok, s->xq);
     add_into(s->x, s->xn, (int64_t)n_tok * dim);
 
     for (int t = 0; t < n_tok; t++)
         rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->ffn_norm.data, dim, c->rms_eps);
     sq_matmul_set gu = {2, {&L->ffn_gate, &L->ffn_up}, {s->gate, s->up}, {c->hidden_dim, c->hidden_dim}};
-    sq_matmul(pool, &gu, s->xn, n_tok, &s->ws);
+    sq_matmul(pool, &gu, s->xn, n_tok, s->xq);
     int64_t n_hidden = (int64_t)n_tok * c->hidden_dim;
     for (int64_t i = 0; i < n_hidden; i++) {
         float g = s->gate[i];
         s->gate[i] = g / (1.0f + expf(-g)) * s->up[i];
     }
     sq_matmul_set down = {1, {&L->ffn_down}, {s->xn}, {dim}};
-    sq_matmul(pool, &down, s->gate, n_tok, &s->ws);
+    sq_matmul(pool, &down, s->gate, n_tok, s->xq);
     add_into(s->x, s->xn, (int64_t)n_tok * dim);
 }
 
@@ -192,7 +187,7 @@ static void chunk_forward(const sq_model *m, sq_state *s, sq_pool *pool, uint8_t
     for (int t = 0; t < n_out; t++)
         rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)(first_out + t) * dim, m->output_norm.data, dim, c->rms_eps);
     sq_matmul_set out = {1, {&m->output}, {logits}, {c->vocab_size}};
-    sq_matmul(pool, &out, s->xn, n_out, &s->ws);
+    sq_matmul(pool, &out, s->xn, n_out, s->xq);
 }
 
 int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool, void *k_cache, void *v_cache, int kv_type,
@@ -201,7 +196,6 @@ int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool, void *k_cache, voi
         return SQ_ERR_ARGS;
     const sq_config *c = &m->cfg;
     if (kv_type != SQ_F32 && kv_type != SQ_F16) return SQ_ERR_ARGS;
-    if (s->n_threads < sq_pool_threads(pool)) return SQ_ERR_ARGS;
     if (n_tokens > c->n_ctx - n_past) return SQ_ERR_CONTEXT;
     for (int t = 0; t < n_tokens; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size) return SQ_ERR_TOKEN;

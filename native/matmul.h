@@ -1,4 +1,4 @@
-/* matmul.h: threaded products of quantized weight matrices with float activations. */
+/* matmul.h: threaded products of quantized weight matrices with activations. */
 #ifndef SMOLQ_MATMUL_H
 #define SMOLQ_MATMUL_H
 #include "smolq.h"
@@ -15,17 +15,8 @@ typedef struct {
     int64_t ldy[SQ_MATMUL_MAX];
 } sq_matmul_set;
 
-/* Buffers a mat-mul needs besides its operands; `stride` >= the widest input row. */
-typedef struct {
-    float *rows;     /* [n_threads][stride]: each thread's decoded weight row */
-    float *x_round;  /* [max_batch][stride]: activations rounded to F16/BF16 precision */
-    int64_t stride;
-} sq_workspace;
-
-/* x: [n_tokens][cols], n_tokens <= the workspace's max_batch. */
-void sq_matmul(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, const sq_workspace *ws);
-
-/* Plain float dot product, written so the compiler vectorizes it. */
-float sq_dot_f32(const float *a, const float *b, int64_t n);
+/* x: [n_tokens][cols] f32. xq: room for n_tokens rows of cols activations in any
+ * vec-dot format (2 bytes per element is enough for all of them). */
+void sq_matmul(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq);
 
 #endif

@@ -16,8 +16,8 @@
  *    therefore exactly the dequantized ones, and both loops are simple enough to
  *    auto-vectorize. Partial sums are float within a tile and double across
  *    tiles, which keeps long rows accurate at one double add per tile.
- *  - Decoders hoist per-group scales out of the element loops and use constant
- *    shifts inside them, the shape compilers vectorize.
+ *  - Decoders hoist per-group scales out of the element loops and shift only
+ *    by loop-invariant amounts inside them: the shape compilers vectorize.
  */
 #include <assert.h>
 #include <stddef.h>
@@ -223,7 +223,8 @@ static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
 
 /* Bit 4 of each of the 32 elements of a Q5_0/Q5_1 block, as 0 or 16. Testing
  * against a table of masks, not shifting by the element index, because SSE2
- * and NEON lack per-lane variable shifts and the loop would stay scalar. */
+ * has no per-lane variable shift and that loop would stay scalar; bytes, not
+ * ints, because the narrower lanes halve the decode's instruction count. */
 static inline void q5_high_bits(const uint8_t *qh, uint8_t *hb) {
     static const uint32_t bit[16] = {
         1u << 0, 1u << 1, 1u << 2, 1u << 3, 1u << 4, 1u << 5, 1u << 6, 1u << 7,
@@ -521,8 +522,9 @@ typedef struct {
 } block_iq4_nl;
 static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
 
-/* Scaling the 16 grid values once and then looking codes up costs 16
- * multiplies instead of 32 (IQ4_NL) and gives the same floats. */
+/* 32 elements from 16 bytes of grid indices. Scaling the 16 grid values once
+ * and looking the codes up gives the same floats as scaling every element, at
+ * half the multiplies. */
 static inline void iq4_decode32(const uint8_t *restrict qs, float d, float *restrict y) {
     float t[16];
     for (int i = 0; i < 16; i++)

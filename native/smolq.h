@@ -8,11 +8,12 @@
 #define SMOLQ_H
 #include <stdint.h>
 
-/* GGUF tensor types the kernel reads, numbered as in the GGUF file format. */
+/* GGUF tensor types the kernel reads, numbered as in the GGUF file format.
+ * Q8_1 and Q8_K only ever hold activations (see sq_vec_dot_type). */
 enum sq_type {
     SQ_F32 = 0, SQ_F16 = 1, SQ_Q4_0 = 2, SQ_Q4_1 = 3, SQ_Q5_0 = 6, SQ_Q5_1 = 7,
-    SQ_Q8_0 = 8, SQ_Q2_K = 10, SQ_Q3_K = 11, SQ_Q4_K = 12, SQ_Q5_K = 13, SQ_Q6_K = 14,
-    SQ_IQ4_NL = 20, SQ_IQ4_XS = 23, SQ_BF16 = 30
+    SQ_Q8_0 = 8, SQ_Q8_1 = 9, SQ_Q2_K = 10, SQ_Q3_K = 11, SQ_Q4_K = 12, SQ_Q5_K = 13,
+    SQ_Q6_K = 14, SQ_Q8_K = 15, SQ_IQ4_NL = 20, SQ_IQ4_XS = 23, SQ_BF16 = 30
 };
 
 /* Block geometry of a type: elements per block and bytes per block; 0 if unknown. */
@@ -27,6 +28,20 @@ int sq_dequantize_row(int type, const void *src, float *dst, int64_t n);
  * accumulated without quantizing x. Same preconditions as sq_dequantize_row;
  * returns NaN where it would return -1. */
 float sq_dot_row(int type, const void *row, const float *x, int64_t n);
+
+/* The engine's mat-vecs work as llama.cpp's CPU backend does: the activations are first
+ * converted to the format paired with the weight type (Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL,
+ * Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants and IQ4_XS, F16/BF16/F32 for the float
+ * types), then multiplied block by block in integer arithmetic. -1 for an unknown type. */
+int sq_vec_dot_type(int type);
+
+/* Convert n floats into blocks of vec_type (Q8_0, Q8_1, Q8_K, F16, BF16 or F32) at dst;
+ * n must be a whole number of its blocks. Returns 0, or -1 as sq_dequantize_row does. */
+int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n);
+
+/* Dot product of n elements of a weight row of `type` with activations xq already in
+ * sq_vec_dot_type(type) format. Returns NaN on the error cases of sq_dequantize_row. */
+float sq_vec_dot(int type, const void *row, const void *xq, int64_t n);
 
 /* A weight matrix as a view into the mapped GGUF file (never copied). */
 typedef struct {
@@ -79,7 +94,7 @@ void sq_pool_free(sq_pool *pool);
 
 /* Activation buffers for batches of up to max_batch tokens. */
 typedef struct sq_state sq_state;
-sq_state *sq_state_new(const sq_config *cfg, int max_batch, int n_threads);
+sq_state *sq_state_new(const sq_config *cfg, int max_batch);
 void sq_state_free(sq_state *s);
 
 /* Run tokens[0..n_tokens) at positions n_past.. through every layer.

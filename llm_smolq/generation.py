@@ -1,0 +1,237 @@
+"""Turning logits into text: sampling, stop rules, KV-cache prefix reuse, streaming."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .engine import Engine
+
+# Control tokens that end an assistant turn in the SmolLM chat formats.
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
+REPEAT_WINDOW = 64  # tokens the repeat penalty looks back over, as llama.cpp's default
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 0  # 0: no top-k cut
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+
+
+class Sampler:
+    """llama.cpp's default chain in order: repeat penalty, top-k, top-p, min-p,
+    temperature, then a draw. Temperature 0 is plain argmax: greedy and deterministic."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, recent: Sequence[int]) -> int:
+        p = self.params
+        logits = logits.astype(np.float64)
+        if p.repeat_penalty != 1.0 and recent:
+            ids = np.unique(np.asarray(recent[-REPEAT_WINDOW:]))
+            seen = logits[ids]
+            logits[ids] = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+        if p.temperature <= 0:
+            return int(np.argmax(logits))
+        order = np.argsort(-logits, kind="stable")
+        if p.top_k > 0:
+            order = order[: p.top_k]
+        probs = _softmax(logits[order])
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
+            order, probs = order[:keep], probs[:keep]
+        if p.min_p > 0.0:
+            keep = probs >= p.min_p * probs[0]
+            order = order[keep]
+        probs = _softmax(logits[order] / p.temperature)
+        return int(order[self.rng.choice(len(order), p=probs)])
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+@dataclass
+class Completion:
+    """What a generation did, filled in as it runs (usable after an interrupt too)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        n = len(self.output_ids) - 1  # the first token comes out of the prefill
+        return round(n / self.decode_seconds, 2) if n > 0 and self.decode_seconds > 0 else None
+
+
+def prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
+    """Evaluate prompt_ids, reusing the longest prefix already in the KV cache.
+    Returns the last position's logits and how many tokens were reused."""
+    cached = engine.tokens
+    common = 0
+    for a, b in zip(cached, prompt_ids):
+        if a != b:
+            break
+        common += 1
+    common = min(common, len(prompt_ids) - 1)  # the last token must run to give logits
+    engine.truncate(common)
+    return engine.eval(list(prompt_ids[common:])), common
+
+
+class TextStream:
+    """Incremental detokenization: bytes in, complete UTF-8 text out, holding back any
+    tail that could still become one of the stop strings."""
+
+    def __init__(self, stops: Sequence[str]):
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = [s for s in stops if s]
+        self._pending = ""
+        self.text = ""  # everything released so far
+        self.stopped = False
+
+    def push(self, data: bytes) -> str:
+        self._pending += self._utf8.decode(data)
+        for stop in self._stops:
+            at = self._pending.find(stop)
+            if at >= 0:
+                self._pending = self._pending[:at]
+                self.stopped = True
+        release = len(self._pending) if self.stopped else self._safe_length()
+        out, self._pending = self._pending[:release], self._pending[release:]
+        self.text += out
+        return out
+
+    def flush(self) -> str:
+        out = self._pending + ("" if self.stopped else self._utf8.decode(b"", final=True))
+        self._pending = ""
+        self.text += out
+        return out
+
+    def _safe_length(self) -> int:
+        """Length of pending text that cannot be the start of a stop string."""
+        keep = max((_partial_suffix(self._pending, stop) for stop in self._stops), default=0)
+        return len(self._pending) - keep
+
+
+def end_of_turn_ids(engine: Engine) -> set[int]:
+    tok = engine.tokenizer
+    ids = {tok.token_id(t) for t in END_OF_TURN} | {tok.eos_id}
+    return {i for i in ids if i is not None}
+
+
+def generate(
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    max_tokens: int,
+    stops: Sequence[str] = (),
+    completion: Completion | None = None,
+) -> Iterator[str]:
+    """Yield text as it is produced. Stops at an end-of-turn token, a stop string,
+    max_tokens, or a full context; `completion` records which, and the counts."""
+    done = completion if completion is not None else Completion()
+    done.prompt_tokens = len(prompt_ids)
+    sampler, enders, stream = Sampler(params), end_of_turn_ids(engine), TextStream(stops)
+    started = time.perf_counter()
+    logits, done.cached_tokens = prefill(engine, prompt_ids)
+    done.prefill_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    recent = list(prompt_ids[-REPEAT_WINDOW:])
+    try:
+        while True:
+            token = sampler(logits, recent)
+            if token in enders:
+                done.finish_reason = "stop"
+                break
+            done.output_ids.append(token)
+            recent.append(token)
+            text = stream.push(engine.tokenizer.token_to_bytes(token))
+            if text:
+                yield text
+            if stream.stopped:
+                done.finish_reason = "stop"
+                break
+            if len(done.output_ids) >= max_tokens:
+                done.finish_reason = "length"
+                break
+            if engine.n_past >= engine.n_ctx:
+                done.finish_reason = "context"
+                break
+            logits = engine.eval([token])
+        tail = stream.flush()
+        if tail:
+            yield tail
+    finally:
+        done.decode_seconds = time.perf_counter() - started
+
+
+class ReasoningSplitter:
+    """Separates SmolLM3's `<think>…</think>` preamble from the answer in a text stream.
+    push() returns (kind, text) pieces, kind "reasoning" or "text"."""
+
+    OPEN, CLOSE = "<think>", "</think>"
+
+    def __init__(self) -> None:
+        self._state = "start"  # start -> thinking -> answer, or start -> answer
+        self._buf = ""
+
+    def push(self, text: str) -> list[tuple[str, str]]:
+        self._buf += text
+        out: list[tuple[str, str]] = []
+        if self._state == "start":
+            head = self._buf.lstrip()
+            if head.startswith(self.OPEN):
+                self._buf, self._state = head[len(self.OPEN):].lstrip("\n"), "thinking"
+            elif self.OPEN.startswith(head):
+                return out  # not enough text yet to tell
+            else:
+                self._state = "answer"
+        if self._state == "thinking":
+            at = self._buf.find(self.CLOSE)
+            if at < 0:
+                keep = _partial_suffix(self._buf, self.CLOSE)
+                if len(self._buf) > keep:
+                    out.append(("reasoning", self._buf[: len(self._buf) - keep]))
+                    self._buf = self._buf[len(self._buf) - keep:]
+                return out
+            if at:
+                out.append(("reasoning", self._buf[:at]))
+            self._buf, self._state = self._buf[at + len(self.CLOSE):], "after_think"
+        if self._state == "after_think":
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return out
+            self._state = "answer"
+        if self._state == "answer" and self._buf:
+            out.append(("text", self._buf))
+            self._buf = ""
+        return out
+
+    def flush(self) -> list[tuple[str, str]]:
+        kind = "reasoning" if self._state == "thinking" else "text"
+        out = [(kind, self._buf)] if self._buf else []
+        self._buf = ""
+        return out
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `marker`."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0

@@ -1,0 +1,202 @@
+"""The llm hooks: models, their options, and the `llm smolq` commands."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, AsyncIterator, Iterator, Optional, Union
+
+import llm
+from pydantic import Field, field_validator
+
+from . import catalog
+
+if TYPE_CHECKING:  # the kernel, gguf and jinja2 load on first use, not on every `llm` start
+    from .chat_template import ChatTemplate
+    from .engine import Engine
+
+DEFAULT_MAX_TOKENS = 1024
+
+
+@llm.hookimpl
+def register_models(register):
+    for record in catalog.list_models():
+        register(SmolQModel(record.id), AsyncSmolQModel(record.id), aliases=tuple(record.aliases))
+
+
+@llm.hookimpl
+def register_commands(cli):
+    from .commands import register_commands as add_commands
+
+    add_commands(cli)
+
+
+class SmolQOptions(llm.Options):
+    max_tokens: Optional[int] = Field(
+        default=None, ge=1, description=f"Most tokens to generate (default {DEFAULT_MAX_TOKENS})"
+    )
+    temperature: Optional[float] = Field(
+        default=None, ge=0.0, le=5.0, description="Sampling temperature; 0 is greedy (default per model card)"
+    )
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling: keep this much probability")
+    top_k: Optional[int] = Field(default=None, ge=0, description="Keep only the k likeliest tokens; 0 keeps all")
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0, description="Drop tokens below min_p x the top probability")
+    repeat_penalty: Optional[float] = Field(default=None, gt=0.0, le=5.0, description="Penalty for the last 64 tokens (1.0: off)")
+    seed: Optional[int] = Field(default=None, ge=0, description="Random seed for reproducible sampling")
+    stop: Optional[Union[str, list[str]]] = Field(default=None, description="Stop when this text (or any of these) appears")
+    n_ctx: Optional[int] = Field(default=None, ge=16, le=131072, description="Context length in tokens (default 4096)")
+    threads: Optional[int] = Field(default=None, ge=1, le=256, description="CPU threads (default: all cores)")
+    thinking: Optional[bool] = Field(default=None, description="SmolLM3: reason in <think> before answering (default true)")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_are_text(cls, value):
+        stops = [value] if isinstance(value, str) else value
+        if stops is not None and not all(stops):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+
+@dataclass
+class Loaded:
+    """A model file in memory: its engine (weights + KV cache), chat template, and the
+    lock that lets one generation at a time use the cache."""
+
+    engine: Engine
+    template: ChatTemplate
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+# Kept at module level, keyed by file, so a chat's next turn (and a second get_model())
+# reuses the weights and the KV cache instead of loading again.
+_loaded: dict[str, Loaded] = {}
+_loaded_lock = threading.Lock()
+
+
+def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
+    from .chat_template import ChatTemplate
+    from .engine import Engine
+    from .model_file import open_model
+
+    key = str(path.resolve())
+    with _loaded_lock:
+        hit = _loaded.get(key)
+        if hit and hit.engine.n_ctx == n_ctx and threads in (None, hit.engine.threads):
+            return hit
+        _loaded.pop(key, None)  # let a differently sized engine go before loading another
+        try:
+            model = open_model(path)
+            engine = Engine(model, n_ctx=min(n_ctx, model.config.context_length), threads=threads)
+            template = ChatTemplate.from_metadata(model.metadata)
+        except ValueError as exc:  # GGUFError, ChatTemplateError and bad sizes
+            raise llm.ModelError(str(exc)) from None
+        _loaded[key] = Loaded(engine, template)
+        return _loaded[key]
+
+
+class _SmolQ:
+    can_stream = True
+    Options = SmolQOptions
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+
+    def __str__(self) -> str:
+        return f"SmolQ: {self.model_id}"
+
+    def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, llm.StreamEvent]]:
+        from .chat_template import ChatTemplateError
+        from .generation import Completion, ReasoningSplitter, SamplingParams, generate
+
+        opts = prompt.options
+        try:
+            path = catalog.resolve(self.model_id)
+        except catalog.ModelNotFound as exc:
+            raise llm.ModelError(str(exc)) from None
+        loaded = load_model(path, opts.n_ctx or 4096, opts.threads)
+        engine = loaded.engine
+        smollm3 = engine.config.arch == "smollm3"
+        try:
+            text = loaded.template.render(
+                template_messages(prompt), add_generation_prompt=True,
+                **({"enable_thinking": opts.thinking is not False} if smollm3 else {}),
+            )
+        except ChatTemplateError as exc:
+            raise llm.ModelError(f"the model's chat template failed: {exc}") from None
+        ids = engine.tokenize(text, special=True)
+        if engine.tokenizer.add_bos and engine.tokenizer.bos_id is not None:
+            ids = [engine.tokenizer.bos_id] + ids
+        if len(ids) >= engine.n_ctx:
+            raise llm.ModelError(
+                f"the prompt is {len(ids)} tokens but the context holds {engine.n_ctx}; "
+                f"shorten it or raise the context with -o n_ctx {min(len(ids) * 2, 131072)}"
+            )
+        params = SamplingParams(
+            temperature=_pick(opts.temperature, 0.6 if smollm3 else 0.2),
+            top_p=_pick(opts.top_p, 0.95 if smollm3 else 0.9),
+            top_k=_pick(opts.top_k, 0),
+            min_p=_pick(opts.min_p, 0.0),
+            repeat_penalty=_pick(opts.repeat_penalty, 1.0),
+            seed=opts.seed,
+        )
+        stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
+        done = Completion()
+        splitter = ReasoningSplitter() if smollm3 else None
+        try:
+            with loaded.lock:
+                for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done):
+                    yield from _events(splitter, splitter.push(chunk) if splitter else [("text", chunk)])
+                if splitter:
+                    yield from _events(splitter, splitter.flush())
+        finally:
+            response.set_usage(
+                input=done.prompt_tokens, output=len(done.output_ids), details={"cached": done.cached_tokens}
+            )
+            response.response_json = {
+                "finish_reason": done.finish_reason or "interrupted",
+                "tokens_per_second": done.tokens_per_second,
+                "prefill_seconds": round(done.prefill_seconds, 3),
+                "model_file": str(path),
+            }
+
+
+def _events(splitter, pieces):
+    for kind, text in pieces:
+        yield text if kind == "text" else llm.StreamEvent(type="reasoning", chunk=text)
+
+
+def _pick(value, default):
+    return default if value is None else value
+
+
+def template_messages(prompt: llm.Prompt) -> list[dict[str, str]]:
+    """llm's Message parts as the {role, content} dicts chat templates read. Reasoning
+    from earlier turns is dropped (SmolLM3's template leaves it out as well)."""
+    out = []
+    for message in prompt.messages:
+        texts = []
+        for part in message.parts:
+            kind = type(part).__name__
+            if kind == "TextPart":
+                texts.append(part.text)
+            elif kind == "ToolResultPart":
+                texts.append(str(part.output))
+        if texts or message.role != "assistant":
+            out.append({"role": message.role, "content": "".join(texts)})
+    return out
+
+
+class SmolQModel(_SmolQ, llm.Model):
+    def execute(self, prompt, stream, response, conversation):
+        yield from self.run(prompt, response)
+
+
+class AsyncSmolQModel(_SmolQ, llm.AsyncModel):
+    async def execute(self, prompt, stream, response, conversation) -> AsyncIterator:
+        # The kernel releases the GIL, so a worker thread keeps the event loop free.
+        chunks = self.run(prompt, response)
+        done = object()
+        while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+            yield chunk
