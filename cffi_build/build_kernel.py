@@ -42,6 +42,9 @@ ffibuilder.set_source(
 
 if __name__ == "__main__":
     ffibuilder.compile(tmpdir=str(ROOT / "build" / "cffi"), verbose="-v" in sys.argv)
-    # compile() leaves the module under tmpdir/llm_smolq/; move it next to the package.
+    # compile() leaves the module under tmpdir/llm_smolq/; move it next to the package,
+    # replacing any earlier build (pip's may carry another suffix and would shadow it).
+    for old in (ROOT / "llm_smolq").glob("_kernel*.so"):
+        old.unlink()
     for built in (ROOT / "build" / "cffi" / "llm_smolq").glob("_kernel*.so"):
         built.replace(ROOT / "llm_smolq" / built.name)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from .engine import Engine
+if TYPE_CHECKING:
+    from .engine import Engine
 
 # Control tokens that end an assistant turn in the SmolLM chat formats.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
@@ -189,6 +190,7 @@ class ReasoningSplitter:
     def __init__(self) -> None:
         self._state = "start"  # start -> thinking -> answer, or start -> answer
         self._buf = ""
+        self._fresh = True  # nothing of the reasoning emitted yet
 
     def push(self, text: str) -> list[tuple[str, str]]:
         self._buf += text
@@ -196,12 +198,17 @@ class ReasoningSplitter:
         if self._state == "start":
             head = self._buf.lstrip()
             if head.startswith(self.OPEN):
-                self._buf, self._state = head[len(self.OPEN):].lstrip("\n"), "thinking"
+                self._buf, self._state = head[len(self.OPEN):], "thinking"
             elif self.OPEN.startswith(head):
                 return out  # not enough text yet to tell
             else:
                 self._state = "answer"
         if self._state == "thinking":
+            if self._fresh:  # the template's newline after <think> is not reasoning
+                self._buf = self._buf.lstrip("\n")
+                if not self._buf:
+                    return out
+                self._fresh = False
             at = self._buf.find(self.CLOSE)
             if at < 0:
                 keep = _partial_suffix(self._buf, self.CLOSE)

@@ -134,6 +134,50 @@ static inline float dot_any(const float *a, const float *b, int k) {
     }                                                                              \
     DOT_BY_TILES(name, QK, block_##name, dot_lanes)
 
+/* Integer dot products for the vec_dot functions (the llama.cpp path: weights
+ * times activations already quantized to 8 bits). A block's codes are widened
+ * to int16, the weights with their group scale already multiplied in, and the
+ * products summed in int32: the shape GCC compiles to pmaddwd on plain x86-64.
+ * (int8 operands read straight from the blocks compile to a slower unpack and
+ * pmullw sequence instead.) Folding the scales in is exact: |scale * code| is
+ * at most 4096 in every type and a super-block's sum stays below 2^28. Being
+ * integer, the sum is the same in any order; only the float steps around it
+ * (scale products, the running sum over blocks) follow llama.cpp's. */
+static inline void widen_i8(const int8_t *restrict q, int16_t *restrict w, int k) {
+    for (int j = 0; j < k; j++)
+        w[j] = q[j];
+}
+
+static inline int32_t dot_i16(const int16_t *restrict a, const int16_t *restrict b, int k) {
+    int32_t s = 0;
+    for (int j = 0; j < k; j++)
+        s += a[j] * b[j];
+    return s;
+}
+
+/* Round to the nearest integer, ties to even, for |v| < 2^22: llama.cpp's
+ * nearest_int, and what its AVX code's _mm256_round_ps(_MM_ROUND_NEAREST) does.
+ * Adding 1.5 * 2^23 leaves the integer in the low mantissa bits. No float to int
+ * conversion (undefined out of range, e.g. on NaN), and it vectorizes on SSE2. */
+static inline int32_t nearest_int(float v) {
+    const uint32_t u = f32_to_bits(v + 12582912.f);
+    return (int32_t)(u & 0x007fffffu) - 0x00400000;
+}
+
+/* Float dot products of the 1-element types with activations in the weights'
+ * own format, shaped as llama.cpp's ggml_vec_dot_f32/f16/bf16 on AVX: 32 lanes
+ * (four 8-float registers) each accumulating the products of its elements, a
+ * pairwise reduction, and the last n % 32 products added in double. */
+#define LANES 32
+static inline float lanes_total(const float *acc) {
+    float r[8], t[4];
+    for (int l = 0; l < 8; l++)
+        r[l] = (acc[l] + acc[16 + l]) + (acc[8 + l] + acc[24 + l]);
+    for (int l = 0; l < 4; l++)
+        t[l] = r[l] + r[4 + l];
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
 /* ---------------------------------------------------------------------------
  * F32, F16, BF16: one element per "block"; rows of any length.
  * ------------------------------------------------------------------------- */
@@ -164,6 +208,195 @@ static void dequant_bf16(const void *src, float *restrict dst, int64_t n) {
 }
 DOT_BY_TILES(bf16, 1, uint16_t, dot_any)
 
+/* The 1-element types as activations: x converted element by element (F16 and
+ * BF16 round to nearest even, as llama.cpp's F16C and scalar conversions do). */
+static void quant_f32(const float *restrict x, void *restrict dst, int64_t n) {
+    memcpy(dst, x, (size_t)n * sizeof(float));
+}
+
+static void quant_f16(const float *restrict x, void *restrict dst, int64_t n) {
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i++)
+        h[i] = sq_fp32_to_fp16(x[i]);
+}
+
+static void quant_bf16(const float *restrict x, void *restrict dst, int64_t n) {
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i++)
+        h[i] = sq_fp32_to_bf16(x[i]);
+}
+
+/* The lane dot product of two rows of a 1-element type, given its decoder. */
+#define VEC_DOT_LANES(name, unit_t, to_f32)                                         \
+    static float vec_dot_##name(const void *row, const void *xq, int64_t n) {      \
+        const unit_t *a = row, *b = xq;                                            \
+        float acc[LANES] = {0};                                                    \
+        int64_t i = 0;                                                             \
+        for (; i + LANES <= n; i += LANES)                                         \
+            for (int j = 0; j < LANES; j++) {                                      \
+                const float p = to_f32(a[i + j]) * to_f32(b[i + j]);               \
+                acc[j] += p;                                                       \
+            }                                                                      \
+        double sum = lanes_total(acc);                                             \
+        for (; i < n; i++)                                                         \
+            sum += (double)(to_f32(a[i]) * to_f32(b[i]));                          \
+        return (float)sum;                                                         \
+    }
+
+static inline float f32_id(float f) { return f; }
+VEC_DOT_LANES(f32, float, f32_id)
+VEC_DOT_LANES(f16, uint16_t, half_to_float)
+VEC_DOT_LANES(bf16, uint16_t, sq_bf16_to_fp32)
+
+/* ---------------------------------------------------------------------------
+ * Q8_0: 32 elements, y = d * q, q a signed byte. A weight type, and the
+ * activation format of Q4_0, Q5_0, Q8_0 and IQ4_NL weights.
+ * ------------------------------------------------------------------------- */
+
+#define QK8_0 32
+typedef struct {
+    uint16_t d;              /* f16 scale */
+    int8_t qs[QK8_0];
+} block_q8_0;
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+
+static inline void decode_q8_0(const block_q8_0 *restrict b, float *restrict y) {
+    const float d = half_to_float(b->d);
+    for (int j = 0; j < QK8_0; j++)
+        y[j] = d * (float)b->qs[j];
+}
+ROW_FUNCS(q8_0, QK8_0)
+
+/* Codes of 32 activations for Q8_0 and Q8_1, as llama.cpp's x86 (AVX and AVX2)
+ * quantize_row_q8_0/_1 make them: q = round(x * (127 / amax)), ties to even.
+ * Returns d = amax / 127, unrounded; the blocks store it as f16, and the dot
+ * products use that rounded d while the codes came from the exact one. (Its
+ * scalar reference code, and gguf's, multiply by 1 / d and round ties away from
+ * zero; the codes differ only where x * 127 / amax is within an ulp or two of a
+ * half.) All-zero blocks get d = 0 and codes 0. x must be finite. */
+static inline float q8_32_codes(const float *restrict x, int8_t *restrict qs) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const float a = fabsf(x[j]);
+        amax = a > amax ? a : amax;
+    }
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const float v = x[j] * id;
+        qs[j] = (int8_t)nearest_int(v);
+    }
+    return amax / 127.f;
+}
+
+static void quant_q8_0(const float *restrict x, void *restrict dst, int64_t nb) {
+    block_q8_0 *y = dst;
+    for (int64_t i = 0; i < nb; i++)
+        y[i].d = sq_fp32_to_fp16(q8_32_codes(x + i * QK8_0, y[i].qs));
+}
+
+/* Q8_0 weights . Q8_0 activations: per block (dx * dy) * sum(qx * qy), summed in float. */
+static float vec_dot_q8_0(const void *row, const void *xq, int64_t nb) {
+    const block_q8_0 *x = row, *y = xq;
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK8_0], a[QK8_0];
+        widen_i8(x[i].qs, w, QK8_0);
+        widen_i8(y[i].qs, a, QK8_0);
+        const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
+        sumf += d * (float)dot_i16(w, a, QK8_0);
+    }
+    return sumf;
+}
+
+/* ---------------------------------------------------------------------------
+ * Q8_1: 32 elements, y = d * q, q a signed byte, plus s = d * sum(q). Only an
+ * activation format (of Q4_1 and Q5_1 weights, whose offset m then contributes
+ * m * s to a block's dot product without touching the codes).
+ * ------------------------------------------------------------------------- */
+
+#define QK8_1 32
+typedef struct {
+    uint16_t d;              /* f16 scale */
+    uint16_t s;              /* f16 of d * sum(qs), d the unrounded scale (llama.cpp's x86 code) */
+    int8_t qs[QK8_1];
+} block_q8_1;
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
+
+static inline void decode_q8_1(const block_q8_1 *restrict b, float *restrict y) {
+    const float d = half_to_float(b->d);
+    for (int j = 0; j < QK8_1; j++)
+        y[j] = d * (float)b->qs[j];
+}
+ROW_FUNCS(q8_1, QK8_1)
+
+static void quant_q8_1(const float *restrict x, void *restrict dst, int64_t nb) {
+    block_q8_1 *y = dst;
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = q8_32_codes(x + i * QK8_1, y[i].qs);
+        int sum = 0;
+        for (int j = 0; j < QK8_1; j++)
+            sum += y[i].qs[j];
+        y[i].d = sq_fp32_to_fp16(d);
+        y[i].s = sq_fp32_to_fp16(d * (float)sum);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Q8_K: 256 elements, y = d * q, q a signed byte in -127..127, d a float. Only
+ * an activation format (of the K-quants and IQ4_XS). bsums lets the types with
+ * per-group offsets (mins in Q2_K/Q4_K/Q5_K) apply them as mn * sum(q) per group.
+ * The float d makes the block 4-byte aligned: rows of it must start so.
+ * ------------------------------------------------------------------------- */
+
+typedef struct {
+    float d;                   /* scale; negative when the block's largest-magnitude value is positive */
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];  /* bsums[g] = sum of qs[16g .. 16g + 16) */
+} block_q8_K;
+static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+
+static inline void decode_q8_K(const block_q8_K *restrict b, float *restrict y) {
+    for (int j = 0; j < QK_K; j++)
+        y[j] = b->d * (float)b->qs[j];
+}
+ROW_FUNCS(q8_K, QK_K)
+
+/* llama.cpp's quantize_row_q8_K_ref, which its x86 backend uses as is: max is
+ * the first element of largest magnitude, with its sign; iscale = -127 / max,
+ * q = min(127, nearest_int(iscale * x)) (so max itself becomes -127) and
+ * d = 1 / iscale. An all-zero block gets d = 0, codes 0 and (unlike llama.cpp,
+ * which leaves them as they were) bsums 0. x must be finite. */
+static void quant_q8_K(const float *restrict x, void *restrict dst, int64_t nb) {
+    block_q8_K *y = dst;
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < QK_K; j++) {
+            const float ax = fabsf(x[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = x[j];
+            }
+        }
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        const float iscale = -127.f / max;
+        for (int j = 0; j < QK_K; j++) {
+            const float v = iscale * x[j];
+            const int32_t q = nearest_int(v);
+            y[i].qs[j] = (int8_t)(q < 127 ? q : 127);
+        }
+        for (int g = 0; g < QK_K / 16; g++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++)
+                sum += y[i].qs[16 * g + j];
+            y[i].bsums[g] = (int16_t)sum;
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
 /* ---------------------------------------------------------------------------
  * Q4_0: 32 elements, y = d * (q - 8), q a 4-bit code.
  * Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble.
@@ -184,6 +417,24 @@ static inline void decode_q4_0(const block_q4_0 *restrict b, float *restrict y) 
     }
 }
 ROW_FUNCS(q4_0, QK4_0)
+
+/* . Q8_0 activations: per block (dx * dy) * sum((q - 8) * qy), summed in float. */
+static float vec_dot_q4_0(const void *row, const void *xq, int64_t nb) {
+    const block_q4_0 *x = row;
+    const block_q8_0 *y = xq;
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK4_0], a[QK4_0];
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            w[j] = (int16_t)((x[i].qs[j] & 0x0f) - 8);
+            w[j + QK4_0 / 2] = (int16_t)((x[i].qs[j] >> 4) - 8);
+        }
+        widen_i8(y[i].qs, a, QK4_0);
+        const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
+        sumf += d * (float)dot_i16(w, a, QK4_0);
+    }
+    return sumf;
+}
 
 /* ---------------------------------------------------------------------------
  * Q4_1: 32 elements, y = d * q + m, q a 4-bit code; nibble order as Q4_0.
@@ -207,6 +458,27 @@ static inline void decode_q4_1(const block_q4_1 *restrict b, float *restrict y) 
     }
 }
 ROW_FUNCS(q4_1, QK4_1)
+
+/* . Q8_1 activations: per block (dx * dy) * sum(q * qy) + m * s. As in
+ * llama.cpp's x86 code the offset terms m * s have their own float sum. */
+static float vec_dot_q4_1(const void *row, const void *xq, int64_t nb) {
+    const block_q4_1 *x = row;
+    const block_q8_1 *y = xq;
+    float sumf = 0.0f, summs = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK4_1], a[QK4_1];
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            w[j] = (int16_t)(x[i].qs[j] & 0x0f);
+            w[j + QK4_1 / 2] = (int16_t)(x[i].qs[j] >> 4);
+        }
+        widen_i8(y[i].qs, a, QK4_1);
+        const float ms = half_to_float(x[i].m) * half_to_float(y[i].s);
+        summs += ms;
+        const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
+        sumf += d * (float)dot_i16(w, a, QK4_1);
+    }
+    return sumf + summs;
+}
 
 /* ---------------------------------------------------------------------------
  * Q5_0: 32 elements, y = d * (q - 16), q a 5-bit code. The low 4 bits are laid
@@ -249,6 +521,26 @@ static inline void decode_q5_0(const block_q5_0 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q5_0, QK5_0)
 
+/* . Q8_0 activations: per block (dx * dy) * sum((q - 16) * qy), summed in float. */
+static float vec_dot_q5_0(const void *row, const void *xq, int64_t nb) {
+    const block_q5_0 *x = row;
+    const block_q8_0 *y = xq;
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK5_0], a[QK5_0];
+        uint8_t hb[QK5_0];
+        q5_high_bits(x[i].qh, hb);
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            w[j] = (int16_t)(((x[i].qs[j] & 0x0f) | hb[j]) - 16);
+            w[j + QK5_0 / 2] = (int16_t)(((x[i].qs[j] >> 4) | hb[j + QK5_0 / 2]) - 16);
+        }
+        widen_i8(y[i].qs, a, QK5_0);
+        const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
+        sumf += d * (float)dot_i16(w, a, QK5_0);
+    }
+    return sumf;
+}
+
 /* ---------------------------------------------------------------------------
  * Q5_1: 32 elements, y = d * q + m, q a 5-bit code laid out as in Q5_0.
  * ------------------------------------------------------------------------- */
@@ -275,23 +567,27 @@ static inline void decode_q5_1(const block_q5_1 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q5_1, QK5_1)
 
-/* ---------------------------------------------------------------------------
- * Q8_0: 32 elements, y = d * q, q a signed byte.
- * ------------------------------------------------------------------------- */
-
-#define QK8_0 32
-typedef struct {
-    uint16_t d;              /* f16 scale */
-    int8_t qs[QK8_0];
-} block_q8_0;
-static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
-
-static inline void decode_q8_0(const block_q8_0 *restrict b, float *restrict y) {
-    const float d = half_to_float(b->d);
-    for (int j = 0; j < QK8_0; j++)
-        y[j] = d * (float)b->qs[j];
+/* . Q8_1 activations: as Q4_1, with 5-bit codes. */
+static float vec_dot_q5_1(const void *row, const void *xq, int64_t nb) {
+    const block_q5_1 *x = row;
+    const block_q8_1 *y = xq;
+    float sumf = 0.0f, summs = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK5_1], a[QK5_1];
+        uint8_t hb[QK5_1];
+        q5_high_bits(x[i].qh, hb);
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            w[j] = (int16_t)((x[i].qs[j] & 0x0f) | hb[j]);
+            w[j + QK5_1 / 2] = (int16_t)((x[i].qs[j] >> 4) | hb[j + QK5_1 / 2]);
+        }
+        widen_i8(y[i].qs, a, QK5_1);
+        const float ms = half_to_float(x[i].m) * half_to_float(y[i].s);
+        summs += ms;
+        const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
+        sumf += d * (float)dot_i16(w, a, QK5_1);
+    }
+    return sumf + summs;
 }
-ROW_FUNCS(q8_0, QK8_0)
 
 /* ---------------------------------------------------------------------------
  * Q2_K: 256 elements in 16 groups of 16; y = (d * sc) * q - (dmin * mn),
@@ -336,6 +632,43 @@ static inline void decode_q2_K(const block_q2_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q2_K, QK_K)
 
+/* . Q8_K activations: per block (dy * d) * sum(sc * q * qy) - (dy * dmin) * sum(mn * bsum),
+ * the integer sums over the whole block (mn * bsum per group of 16). */
+static float vec_dot_q2_K(const void *row, const void *xq, int64_t nb) {
+    const block_q2_K *x = row;
+    const block_q8_K *y = xq;
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK_K], a[QK_K], sc[16];
+        int32_t summs = 0;
+        for (int g = 0; g < 16; g++) {
+            sc[g] = (int16_t)(x[i].scales[g] & 0x0f);
+            summs += y[i].bsums[g] * (x[i].scales[g] >> 4);
+        }
+        /* Element order as in decode_q2_K. */
+        for (int h = 0; h < 2; h++) {
+            for (int k = 0; k < 2; k++) {
+                const uint8_t *q = x[i].qs + 32 * h + 16 * k;
+                int16_t *o = w + 128 * h + 16 * k;
+                const int g = 8 * h + k;
+                for (int l = 0; l < 16; l++) {
+                    o[l] = (int16_t)(sc[g] * (q[l] & 3));
+                    o[32 + l] = (int16_t)(sc[g + 2] * ((q[l] >> 2) & 3));
+                    o[64 + l] = (int16_t)(sc[g + 4] * ((q[l] >> 4) & 3));
+                    o[96 + l] = (int16_t)(sc[g + 6] * (q[l] >> 6));
+                }
+            }
+        }
+        widen_i8(y[i].qs, a, QK_K);
+        const int32_t isum = dot_i16(w, a, QK_K);
+        const float dall = y[i].d * half_to_float(x[i].d);
+        const float dmin = y[i].d * half_to_float(x[i].dmin);
+        const float pos = dall * (float)isum, neg = dmin * (float)summs;
+        sumf += pos - neg;
+    }
+    return sumf;
+}
+
 /* ---------------------------------------------------------------------------
  * Q3_K: 256 elements in 16 groups of 16; y = (d * (sc - 32)) * q with
  * q = low2 - (hbit ? 0 : 4) in -4..3. The 2-bit codes are laid out as in Q2_K.
@@ -379,6 +712,40 @@ static inline void decode_q3_K(const block_q3_K *restrict b, float *restrict y) 
     }
 }
 ROW_FUNCS(q3_K, QK_K)
+
+/* . Q8_K activations: per block (dy * d) * sum((sc - 32) * q * qy), q in -4..3. */
+static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
+    const block_q3_K *x = row;
+    const block_q8_K *y = xq;
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK_K], a[QK_K], sc[16];
+        for (int g = 0; g < 16; g++) {
+            const int lo4 = (x[i].scales[g % 8] >> (4 * (g / 8))) & 0x0f;
+            const int hi2 = (x[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+            sc[g] = (int16_t)((lo4 | hi2 << 4) - 32);
+        }
+        /* Element order and high bits as in decode_q3_K. */
+        for (int h = 0; h < 2; h++) {
+            for (int k = 0; k < 2; k++) {
+                const uint8_t *q = x[i].qs + 32 * h + 16 * k, *hm = x[i].hmask + 16 * k;
+                int16_t *o = w + 128 * h + 16 * k;
+                const int g = 8 * h + k;
+                for (int l = 0; l < 16; l++) {
+                    const int hb = hm[l] >> (4 * h);
+                    o[l] = (int16_t)(sc[g] * ((q[l] & 3) - 4 + ((hb & 1) << 2)));
+                    o[32 + l] = (int16_t)(sc[g + 2] * (((q[l] >> 2) & 3) - 4 + ((hb & 2) << 1)));
+                    o[64 + l] = (int16_t)(sc[g + 4] * (((q[l] >> 4) & 3) - 4 + (hb & 4)));
+                    o[96 + l] = (int16_t)(sc[g + 6] * ((q[l] >> 6) - 4 + ((hb & 8) >> 1)));
+                }
+            }
+        }
+        widen_i8(y[i].qs, a, QK_K);
+        const float d = y[i].d * half_to_float(x[i].d);
+        sumf += d * (float)dot_i16(w, a, QK_K);
+    }
+    return sumf;
+}
 
 /* ---------------------------------------------------------------------------
  * 6-bit scale/min pairs shared by Q4_K and Q5_K: 8 pairs in 12 bytes.
@@ -438,6 +805,40 @@ static inline void decode_q4_K(const block_q4_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q4_K, QK_K)
 
+/* . Q8_K activations: per block (dy * d) * sum(sc * q * qy) - (dy * dmin) * sum(mn * bsum),
+ * mn * bsum per group of 32 (two bsums). As in llama.cpp's x86 code the min terms
+ * have their own float sum. */
+static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
+    const block_q4_K *x = row;
+    const block_q8_K *y = xq;
+    float sumf = 0.0f, summ = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK_K], a[QK_K], sc[8];
+        int32_t summs = 0;
+        for (int g = 0; g < 8; g++) {
+            int s, m;
+            k_scale_min(x[i].scales, g, &s, &m);
+            sc[g] = (int16_t)s;
+            summs += m * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+        }
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = x[i].qs + 32 * c;
+            int16_t *o = w + 64 * c;
+            for (int l = 0; l < 32; l++) {
+                o[l] = (int16_t)(sc[2 * c] * (q[l] & 0x0f));
+                o[32 + l] = (int16_t)(sc[2 * c + 1] * (q[l] >> 4));
+            }
+        }
+        widen_i8(y[i].qs, a, QK_K);
+        const float d = y[i].d * half_to_float(x[i].d);
+        const float dmin = y[i].d * half_to_float(x[i].dmin);
+        const float m = dmin * (float)summs;
+        summ += m;
+        sumf += d * (float)dot_i16(w, a, QK_K);
+    }
+    return sumf - summ;
+}
+
 /* ---------------------------------------------------------------------------
  * Q5_K: Q4_K plus a fifth bit: bit 4 of element l of group g is bit g of qh[l].
  * ------------------------------------------------------------------------- */
@@ -467,6 +868,39 @@ static inline void decode_q5_K(const block_q5_K *restrict b, float *restrict y) 
     }
 }
 ROW_FUNCS(q5_K, QK_K)
+
+/* . Q8_K activations: as Q4_K, with 5-bit codes. */
+static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
+    const block_q5_K *x = row;
+    const block_q8_K *y = xq;
+    float sumf = 0.0f, summ = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK_K], a[QK_K], sc[8];
+        int32_t summs = 0;
+        for (int g = 0; g < 8; g++) {
+            int s, m;
+            k_scale_min(x[i].scales, g, &s, &m);
+            sc[g] = (int16_t)s;
+            summs += m * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+        }
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = x[i].qs + 32 * c;
+            int16_t *o = w + 64 * c;
+            for (int l = 0; l < 32; l++) {
+                const int hb = x[i].qh[l] >> (2 * c); /* bits for groups 2c, 2c+1 */
+                o[l] = (int16_t)(sc[2 * c] * ((q[l] & 0x0f) | (hb & 1) << 4));
+                o[32 + l] = (int16_t)(sc[2 * c + 1] * ((q[l] >> 4) | (hb & 2) << 3));
+            }
+        }
+        widen_i8(y[i].qs, a, QK_K);
+        const float d = y[i].d * half_to_float(x[i].d);
+        const float dmin = y[i].d * half_to_float(x[i].dmin);
+        const float m = dmin * (float)summs;
+        summ += m;
+        sumf += d * (float)dot_i16(w, a, QK_K);
+    }
+    return sumf - summ;
+}
 
 /* ---------------------------------------------------------------------------
  * Q6_K: 256 elements in 16 groups of 16; y = (d * sc) * (q - 32), q a 6-bit
@@ -506,6 +940,36 @@ static inline void decode_q6_K(const block_q6_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q6_K, QK_K)
 
+/* . Q8_K activations: per block (dy * d) * sum(sc * (q - 32) * qy). */
+static float vec_dot_q6_K(const void *row, const void *xq, int64_t nb) {
+    const block_q6_K *x = row;
+    const block_q8_K *y = xq;
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK_K], a[QK_K], sc[16];
+        for (int g = 0; g < 16; g++)
+            sc[g] = x[i].scales[g];
+        /* Element order as in decode_q6_K. */
+        for (int h = 0; h < 2; h++) {
+            for (int k = 0; k < 2; k++) {
+                const uint8_t *ql = x[i].ql + 64 * h + 16 * k, *qh = x[i].qh + 32 * h + 16 * k;
+                int16_t *o = w + 128 * h + 16 * k;
+                const int g = 8 * h + k;
+                for (int l = 0; l < 16; l++) {
+                    o[l] = (int16_t)(sc[g] * (((ql[l] & 0x0f) | (qh[l] & 3) << 4) - 32));
+                    o[32 + l] = (int16_t)(sc[g + 2] * (((ql[32 + l] & 0x0f) | (qh[l] & 0x0c) << 2) - 32));
+                    o[64 + l] = (int16_t)(sc[g + 4] * (((ql[l] >> 4) | (qh[l] & 0x30)) - 32));
+                    o[96 + l] = (int16_t)(sc[g + 6] * (((ql[32 + l] >> 4) | (qh[l] & 0xc0) >> 2) - 32));
+                }
+            }
+        }
+        widen_i8(y[i].qs, a, QK_K);
+        const float d = y[i].d * half_to_float(x[i].d);
+        sumf += d * (float)dot_i16(w, a, QK_K);
+    }
+    return sumf;
+}
+
 /* ---------------------------------------------------------------------------
  * IQ4_NL: 32 elements, y = d * kvalues[q], q a 4-bit index into a fixed
  * non-linear grid (denser near zero, where weights cluster); nibble order as Q4_0.
@@ -540,6 +1004,32 @@ static inline void decode_iq4_nl(const block_iq4_nl *restrict b, float *restrict
 }
 ROW_FUNCS(iq4_nl, QK4_NL)
 
+/* 32 weights from 16 bytes of grid indices, as int16 grid values times s. */
+static inline void iq4_codes32(const uint8_t *restrict qs, int s, int16_t *restrict w) {
+    int16_t t[16];
+    for (int i = 0; i < 16; i++)
+        t[i] = (int16_t)(s * kvalues_iq4nl[i]);
+    for (int j = 0; j < 16; j++) {
+        w[j] = t[qs[j] & 0x0f];
+        w[j + 16] = t[qs[j] >> 4];
+    }
+}
+
+/* . Q8_0 activations: per block (dx * dy) * sum(kvalues[q] * qy), summed in float. */
+static float vec_dot_iq4_nl(const void *row, const void *xq, int64_t nb) {
+    const block_iq4_nl *x = row;
+    const block_q8_0 *y = xq;
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK4_NL], a[QK4_NL];
+        iq4_codes32(x[i].qs, 1, w);
+        widen_i8(y[i].qs, a, QK4_NL);
+        const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
+        sumf += d * (float)dot_i16(w, a, QK4_NL);
+    }
+    return sumf;
+}
+
 /* ---------------------------------------------------------------------------
  * IQ4_XS: 256 elements in 8 groups of 32, each group an IQ4_NL block whose
  * scale is d * (s - 32), s a 6-bit code: low 4 bits in nibble g % 2 of
@@ -563,6 +1053,24 @@ static inline void decode_iq4_xs(const block_iq4_xs *restrict b, float *restrict
 }
 ROW_FUNCS(iq4_xs, QK_K)
 
+/* . Q8_K activations: per block (d * dy) * sum((s - 32) * kvalues[q] * qy). */
+static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
+    const block_iq4_xs *x = row;
+    const block_q8_K *y = xq;
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int16_t w[QK_K], a[QK_K];
+        for (int g = 0; g < 8; g++) {
+            const int s = ((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((x[i].scales_h >> (2 * g)) & 3) << 4;
+            iq4_codes32(x[i].qs + 16 * g, s - 32, w + 32 * g);
+        }
+        widen_i8(y[i].qs, a, QK_K);
+        const float d = half_to_float(x[i].d) * y[i].d;
+        sumf += d * (float)dot_i16(w, a, QK_K);
+    }
+    return sumf;
+}
+
 /* ---------------------------------------------------------------------------
  * Dispatch
  * ------------------------------------------------------------------------- */
@@ -572,26 +1080,42 @@ typedef struct {
     int elems, bytes;
     void (*dequant)(const void *src, float *dst, int64_t nb);
     float (*dot)(const void *row, const float *x, int64_t nb);
+    /* Weight types: the activation format and the dot product with a row of it. */
+    int vec_type;
+    float (*vec_dot)(const void *row, const void *xq, int64_t nb);
+    /* Activation formats: the conversion from floats. */
+    void (*quantize)(const float *x, void *dst, int64_t nb);
 } type_traits;
 
-#define TRAITS(name, QK) { QK, (int)sizeof(block_##name), dequant_##name, dot_##name }
+#define TRAITS(name, QK) \
+    .elems = QK, .bytes = (int)sizeof(block_##name), .dequant = dequant_##name, .dot = dot_##name
+#define WEIGHT(name, vec) .vec_type = vec, .vec_dot = vec_dot_##name
 static const type_traits traits[SQ_BF16 + 1] = {
-    [SQ_F32] = { 1, 4, dequant_f32, dot_f32 },
-    [SQ_F16] = { 1, 2, dequant_f16, dot_f16 },
-    [SQ_BF16] = { 1, 2, dequant_bf16, dot_bf16 },
-    [SQ_Q4_0] = TRAITS(q4_0, QK4_0),
-    [SQ_Q4_1] = TRAITS(q4_1, QK4_1),
-    [SQ_Q5_0] = TRAITS(q5_0, QK5_0),
-    [SQ_Q5_1] = TRAITS(q5_1, QK5_1),
-    [SQ_Q8_0] = TRAITS(q8_0, QK8_0),
-    [SQ_Q2_K] = TRAITS(q2_K, QK_K),
-    [SQ_Q3_K] = TRAITS(q3_K, QK_K),
-    [SQ_Q4_K] = TRAITS(q4_K, QK_K),
-    [SQ_Q5_K] = TRAITS(q5_K, QK_K),
-    [SQ_Q6_K] = TRAITS(q6_K, QK_K),
-    [SQ_IQ4_NL] = TRAITS(iq4_nl, QK4_NL),
-    [SQ_IQ4_XS] = TRAITS(iq4_xs, QK_K),
+    [SQ_F32] = { .elems = 1, .bytes = 4, .dequant = dequant_f32, .dot = dot_f32,
+                 WEIGHT(f32, SQ_F32), .quantize = quant_f32 },
+    [SQ_F16] = { .elems = 1, .bytes = 2, .dequant = dequant_f16, .dot = dot_f16,
+                 WEIGHT(f16, SQ_F16), .quantize = quant_f16 },
+    [SQ_BF16] = { .elems = 1, .bytes = 2, .dequant = dequant_bf16, .dot = dot_bf16,
+                  WEIGHT(bf16, SQ_BF16), .quantize = quant_bf16 },
+    [SQ_Q8_0] = { TRAITS(q8_0, QK8_0), WEIGHT(q8_0, SQ_Q8_0), .quantize = quant_q8_0 },
+    [SQ_Q8_1] = { TRAITS(q8_1, QK8_1), .quantize = quant_q8_1 },
+    [SQ_Q8_K] = { TRAITS(q8_K, QK_K), .quantize = quant_q8_K },
+    [SQ_Q4_0] = { TRAITS(q4_0, QK4_0), WEIGHT(q4_0, SQ_Q8_0) },
+    [SQ_Q4_1] = { TRAITS(q4_1, QK4_1), WEIGHT(q4_1, SQ_Q8_1) },
+    [SQ_Q5_0] = { TRAITS(q5_0, QK5_0), WEIGHT(q5_0, SQ_Q8_0) },
+    [SQ_Q5_1] = { TRAITS(q5_1, QK5_1), WEIGHT(q5_1, SQ_Q8_1) },
+    [SQ_Q2_K] = { TRAITS(q2_K, QK_K), WEIGHT(q2_K, SQ_Q8_K) },
+    [SQ_Q3_K] = { TRAITS(q3_K, QK_K), WEIGHT(q3_K, SQ_Q8_K) },
+    [SQ_Q4_K] = { TRAITS(q4_K, QK_K), WEIGHT(q4_K, SQ_Q8_K) },
+    [SQ_Q5_K] = { TRAITS(q5_K, QK_K), WEIGHT(q5_K, SQ_Q8_K) },
+    [SQ_Q6_K] = { TRAITS(q6_K, QK_K), WEIGHT(q6_K, SQ_Q8_K) },
+    [SQ_IQ4_NL] = { TRAITS(iq4_nl, QK4_NL), WEIGHT(iq4_nl, SQ_Q8_0) },
+    [SQ_IQ4_XS] = { TRAITS(iq4_xs, QK_K), WEIGHT(iq4_xs, SQ_Q8_K) },
 };
+/* Every weight type's activations come in blocks of its own size, so one block
+ * count serves both rows of a vec_dot. */
+static_assert(QK4_0 == QK8_0 && QK5_0 == QK8_0 && QK4_NL == QK8_0, "Q8_0 pairs");
+static_assert(QK4_1 == QK8_1 && QK5_1 == QK8_1, "Q8_1 pairs");
 
 /* The traits of type, or NULL for an unknown type (holes in the table have elems 0). */
 static const type_traits *lookup(int type) {
@@ -626,10 +1150,33 @@ int sq_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     return 0;
 }
 
+/* Also works for Q8_1 and Q8_K rows (their decoded values times x), which tests use. */
 float sq_dot_row(int type, const void *row, const float *x, int64_t n) {
     const type_traits *t = lookup(type);
     int64_t nb = whole_blocks(t, n);
     if (nb < 0)
         return NAN;
     return t->dot(row, x, nb);
+}
+
+int sq_vec_dot_type(int type) {
+    const type_traits *t = lookup(type);
+    return t && t->vec_dot ? t->vec_type : -1;
+}
+
+int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
+    const type_traits *t = lookup(vec_type);
+    int64_t nb = whole_blocks(t, n);
+    if (nb < 0 || !t->quantize)
+        return -1;
+    t->quantize(x, dst, nb);
+    return 0;
+}
+
+float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
+    const type_traits *t = lookup(type);
+    int64_t nb = whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot)
+        return NAN;
+    return t->vec_dot(row, xq, nb);
 }

@@ -1,9 +1,10 @@
-"""The row decoders and dot products of native/quants.c against gguf's numpy reference."""
+"""The row decoders and dot products of native/quants.c against gguf's numpy reference, and
+the llama.cpp path: activations quantized to a vec_dot type, then integer block dot products."""
 
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 from llm_smolq._kernel import ffi, lib
 
@@ -105,7 +106,7 @@ def test_f16_all_bit_patterns():
     assert np.array_equal(out.view(np.uint32)[~nan], ref.view(np.uint32)[~nan])
 
 
-@pytest.mark.parametrize("qtype", [9, 99, -1, 4, 31, 1 << 20])
+@pytest.mark.parametrize("qtype", [99, -1, 4, 5, 16, 31, 1 << 20])
 def test_unknown_type(qtype):
     raw = np.zeros(4096, dtype=np.uint8)
     x = np.zeros(256, dtype=np.float32)
@@ -124,3 +125,294 @@ def test_bad_length(qtype):
         rc, out = c_dequantize(qtype, raw, n, out_len=512)
         assert rc == -1 and np.isnan(out).all(), f"n={n}"
         assert np.isnan(c_dot(qtype, raw, x, n)), f"n={n}"
+
+
+# ---------------------------------------------------------------------------
+# The llama.cpp path: activations converted to the weight type's vec_dot type
+# (sq_quantize_row), then multiplied block by block in integers (sq_vec_dot).
+# ---------------------------------------------------------------------------
+
+# ggml-cpu's type_traits_cpu[type].vec_dot_type for every weight type we read.
+VEC_DOT_TYPE = {
+    T.F32: T.F32, T.F16: T.F16, T.BF16: T.BF16,
+    T.Q4_0: T.Q8_0, T.Q5_0: T.Q8_0, T.Q8_0: T.Q8_0, T.IQ4_NL: T.Q8_0,
+    T.Q4_1: T.Q8_1, T.Q5_1: T.Q8_1,
+    T.Q2_K: T.Q8_K, T.Q3_K: T.Q8_K, T.Q4_K: T.Q8_K, T.Q5_K: T.Q8_K, T.Q6_K: T.Q8_K, T.IQ4_XS: T.Q8_K,
+}
+ACT_TYPES = [T.Q8_0, T.Q8_1, T.Q8_K, T.F16, T.BF16, T.F32]
+# ggml's block sizes. gguf-py still lists Q8_1 as 40 bytes (the old float d and s);
+# ggml's block_q8_1 has f16 d and s: 36.
+ACT_GEOMETRY = {T.Q8_0: (32, 34), T.Q8_1: (32, 36), T.Q8_K: (256, 292),
+                T.F16: (1, 2), T.BF16: (1, 2), T.F32: (1, 4)}
+GUARD = 16  # bytes past a quantized row that must stay untouched
+
+
+def c_quantize(vtype: int, x: np.ndarray, n: int | None = None) -> tuple[int, np.ndarray]:
+    """sq_quantize_row into a fresh buffer; returns rc and the row's bytes plus GUARD guard bytes."""
+    n = len(x) if n is None else n
+    elems, size = ACT_GEOMETRY.get(vtype, (1, 4))
+    nbytes = max(n, 0) // elems * size if elems else 0
+    # float64 storage: 8-byte aligned, as Q8_K's float d needs.
+    buf = np.full((nbytes + GUARD + 7) // 8, np.nan).view(np.uint8)[:nbytes + GUARD]
+    buf[:] = 0xAB
+    rc = lib.sq_quantize_row(int(vtype), ffi.from_buffer("float[]", x), ffi.from_buffer(buf), n)
+    return rc, buf
+
+
+def c_vec_dot(qtype: int, raw: np.ndarray, xq: np.ndarray, n: int) -> float:
+    return lib.sq_vec_dot(int(qtype), ffi.from_buffer(raw), ffi.from_buffer(xq), n)
+
+
+def activations(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Normal activations with a few outliers and an all-zero 32-block, as real rows have."""
+    x = rng.standard_normal(n, dtype=np.float32)
+    x[rng.integers(0, n, max(1, n // 100))] *= 20
+    if n >= 64:
+        x[32:64] = 0
+    return x
+
+
+def q8_0_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    b = raw.reshape(-1, 34)
+    return b[:, :2].copy().view(np.float16).astype(np.float32)[:, 0], b[:, 2:].view(np.int8)
+
+
+def q8_1_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    b = raw.reshape(-1, 36)
+    h = b[:, :4].copy().view(np.float16).astype(np.float32)
+    return h[:, 0], h[:, 1], b[:, 4:].view(np.int8)
+
+
+def q8_k_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    b = raw.reshape(-1, 292)
+    return b[:, :4].copy().view(np.float32)[:, 0], b[:, 4:260].view(np.int8), b[:, 260:].copy().view(np.int16)
+
+
+def test_vec_dot_type_table():
+    for qtype in TYPES:
+        assert lib.sq_vec_dot_type(qtype) == VEC_DOT_TYPE[qtype], qtype.name
+    # Activation-only formats and unknown types have no vec_dot.
+    for other in (T.Q8_1, T.Q8_K, 4, 5, 16, 31, 99, -1, 1 << 20):
+        assert lib.sq_vec_dot_type(int(other)) == -1, other
+
+
+@pytest.mark.parametrize("vtype", [T.Q8_1, T.Q8_K], ids=lambda t: t.name)
+def test_activation_geometry(vtype):
+    assert (lib.sq_block_elems(vtype), lib.sq_block_bytes(vtype)) == ACT_GEOMETRY[vtype]
+
+
+def test_quantize_q8_0_matches_gguf():
+    """Bytes equal gguf's (= llama.cpp's reference C) except where rounding ties decide:
+    llama.cpp's x86 code and ours multiply by 127/amax and round ties to even, gguf and the
+    reference multiply by 1/(amax/127) and round ties away from zero."""
+    rng = np.random.default_rng(80)
+    n = 4096
+    x = activations(n, rng)
+    rc, buf = c_quantize(T.Q8_0, x)
+    assert rc == 0 and (buf[-GUARD:] == 0xAB).all()
+    ours = buf[:-GUARD].reshape(-1, 34)
+    ref = quantize(x.reshape(-1, 32), T.Q8_0).reshape(-1, 34)
+    assert np.array_equal(ours[:, :2], ref[:, :2])  # d = f16(amax / 127)
+    q_ours, q_ref = ours[:, 2:].view(np.int8), ref[:, 2:].view(np.int8)
+    amax = np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(amax > 0, x.reshape(-1, 32) * 127.0 / amax, 0.0)
+    near_tie = np.abs(np.abs(v) % 1 - 0.5) < 1e-4
+    differ = q_ours != q_ref
+    assert not (differ & ~near_tie).any()
+    assert (np.abs(q_ours.astype(int) - q_ref) <= 1).all()
+    # Exact ties: amax 127 makes the multiplier 1.
+    ties = np.array([127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5] + [0] * 24, dtype=np.float32)
+    rc, buf = c_quantize(T.Q8_0, ties)
+    assert list(buf[2:10].view(np.int8)) == [127, 0, 2, 2, 0, -2, -2, 126]
+    assert list(quantize(ties, T.Q8_0)[2:10].view(np.int8)) == [127, 1, 2, 3, -1, -2, -3, 127]
+
+
+def test_quantize_q8_0_round_trip():
+    rng = np.random.default_rng(81)
+    x = activations(1024, rng)
+    rc, buf = c_quantize(T.Q8_0, x)
+    raw = buf[:-GUARD]
+    d16, q = q8_0_fields(raw)
+    rc, deq = c_dequantize(T.Q8_0, raw, len(x))
+    assert rc == 0 and np.array_equal(deq, dequantize(raw, T.Q8_0).reshape(-1))
+    assert np.array_equal(deq.reshape(-1, 32), d16[:, None] * q)
+    d = np.abs(x.reshape(-1, 32)).max(axis=1).astype(np.float64) / 127
+    # Half a step, plus what storing d as f16 moves the largest codes.
+    tol = 0.5 * d + 127 * np.abs(d16 - d) + 1e-6 * d
+    assert (np.abs(deq.reshape(-1, 32) - x.reshape(-1, 32)) <= tol[:, None]).all()
+
+
+def test_quantize_q8_1():
+    rng = np.random.default_rng(82)
+    x = activations(1024, rng)
+    rc, buf = c_quantize(T.Q8_1, x)
+    assert rc == 0 and (buf[-GUARD:] == 0xAB).all()
+    raw = buf[:-GUARD]
+    d16, s16, q = q8_1_fields(raw)
+    # Codes and d exactly as Q8_0's.
+    rc0, buf0 = c_quantize(T.Q8_0, x)
+    d0, q0 = q8_0_fields(buf0[:-GUARD])
+    assert np.array_equal(q, q0) and np.array_equal(d16, d0)
+    # s = f16(d * sum(q)) with the float32 d = amax / 127 before its f16 rounding.
+    amax = np.abs(x.reshape(-1, 32)).max(axis=1)
+    d32 = amax / np.float32(127)
+    s_ref = (d32 * q.astype(np.int32).sum(axis=1).astype(np.float32)).astype(np.float16).astype(np.float32)
+    assert np.array_equal(s16, s_ref)
+    rc, deq = c_dequantize(T.Q8_1, raw, len(x))
+    assert rc == 0 and np.array_equal(deq.reshape(-1, 32), d16[:, None] * q)
+    d = amax.astype(np.float64) / 127
+    tol = 0.5 * d + 127 * np.abs(d16 - d) + 1e-6 * d
+    assert (np.abs(deq.reshape(-1, 32) - x.reshape(-1, 32)) <= tol[:, None]).all()
+
+
+def test_quantize_q8_k():
+    rng = np.random.default_rng(83)
+    n = 2048
+    x = activations(n, rng)
+    rc, buf = c_quantize(T.Q8_K, x)
+    assert rc == 0 and (buf[-GUARD:] == 0xAB).all()
+    raw = buf[:-GUARD]
+    d, q, bsums = q8_k_fields(raw)
+    xb = x.reshape(-1, 256)
+    assert np.array_equal(bsums, q.reshape(-1, 16, 16).astype(np.int32).sum(axis=2))
+    assert q.min() >= -127 and q.max() <= 127
+    # The first element of largest magnitude becomes -127; d = 1 / (-127 / max) in float32.
+    first = np.abs(xb).argmax(axis=1)
+    mx = xb[np.arange(len(xb)), first]
+    assert (q[np.arange(len(xb)), first] == -127).all()
+    assert np.array_equal(d, np.float32(1) / (np.float32(-127) / mx))
+    # Codes: round(iscale * x) with ties to even, computed in float32 as llama.cpp does.
+    iscale = (np.float32(-127) / mx)[:, None]
+    assert np.array_equal(q, np.minimum(np.rint(iscale * xb), 127).astype(np.int8))
+    rc, deq = c_dequantize(T.Q8_K, raw, n)
+    assert rc == 0 and np.array_equal(deq.reshape(-1, 256), d[:, None] * q)
+    tol = np.abs(d.astype(np.float64)) * (0.5 + 1e-4)
+    assert (np.abs(deq.reshape(-1, 256) - xb) <= tol[:, None]).all()
+
+
+def test_quantize_q8_k_sign_ties():
+    """Equal magnitudes of both signs: the first one decides the sign of d."""
+    x = np.zeros(256, dtype=np.float32)
+    x[5], x[9] = 2.0, -2.0
+    d, q, _ = q8_k_fields(c_quantize(T.Q8_K, x)[1][:-GUARD])
+    assert d[0] < 0 and q[0, 5] == -127 and q[0, 9] == 127
+    x[5], x[9] = -2.0, 2.0
+    d, q, _ = q8_k_fields(c_quantize(T.Q8_K, x)[1][:-GUARD])
+    assert d[0] > 0 and q[0, 5] == -127 and q[0, 9] == 127
+
+
+def test_quantize_float_formats():
+    rng = np.random.default_rng(84)
+    x = activations(999, rng)
+    x[:4] = [65520.0, -1e-8, 3e-5, np.float32(1) + np.float32(2.0**-11)]  # overflow, subnormal, tie
+    rc, buf = c_quantize(T.F16, x)
+    assert rc == 0 and (buf[-GUARD:] == 0xAB).all()
+    with np.errstate(over="ignore"):
+        assert np.array_equal(buf[:-GUARD].view(np.uint16), x.astype(np.float16).view(np.uint16))
+    rc, buf = c_quantize(T.BF16, x)
+    assert rc == 0 and (buf[-GUARD:] == 0xAB).all()
+    assert np.array_equal(buf[:-GUARD], quantize(x, T.BF16).view(np.uint8).reshape(-1))
+    rc, buf = c_quantize(T.F32, x)
+    assert rc == 0 and (buf[-GUARD:] == 0xAB).all()
+    assert np.array_equal(buf[:-GUARD].view(np.float32), x)
+
+
+def test_quantize_zero_rows():
+    x = np.zeros(512, dtype=np.float32)
+    x[300] = -0.0
+    for vtype in (T.Q8_0, T.Q8_1, T.Q8_K):
+        rc, buf = c_quantize(vtype, x)
+        assert rc == 0 and (buf[:-GUARD] == 0).all() and (buf[-GUARD:] == 0xAB).all(), vtype.name
+        rc, deq = c_dequantize(vtype, buf[:-GUARD], len(x))
+        assert rc == 0 and (deq == 0).all()
+
+
+def expected_vec_dot(qtype: T, raw: np.ndarray, xq: np.ndarray, n: int) -> np.ndarray:
+    """Terms of the exact dot product of the dequantized rows, in float64.
+    Q4_1/Q5_1 (as llama.cpp) take a block's offset term as m * s, with Q8_1's stored s
+    in place of d * sum(q); that correction is returned as one extra term."""
+    vtype = VEC_DOT_TYPE[qtype]
+    w = dequantize(raw, qtype).astype(np.float64).reshape(-1)
+    rc, xd = c_dequantize(vtype, xq, n)
+    assert rc == 0
+    terms = w * xd.astype(np.float64)
+    if vtype == T.Q8_1:
+        d16, s16, q = q8_1_fields(xq[:n // 32 * 36])
+        m = raw.reshape(n // 32, -1)[:, 2:4].copy().view(np.float16).astype(np.float64)[:, 0]
+        fix = m * (s16.astype(np.float64) - d16.astype(np.float64) * q.astype(np.int64).sum(axis=1))
+        terms = np.append(terms, fix.sum())
+    return terms
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_vec_dot_matches_dequantized(qtype):
+    rng = np.random.default_rng(200 + int(qtype))
+    vtype = VEC_DOT_TYPE[qtype]
+    for n in sizes(qtype) + ([5, 33, 1000] if GGML_QUANT_SIZES[qtype][0] == 1 else []):
+        for _ in range(3):
+            raw = random_row(qtype, n, rng)
+            x = activations(n, rng)
+            rc, buf = c_quantize(vtype, x)
+            assert rc == 0
+            xq = buf[:-GUARD]
+            got = c_vec_dot(qtype, raw, xq, n)
+            terms = expected_vec_dot(qtype, raw, xq, n)
+            scale = np.abs(terms).sum()
+            assert abs(got - terms.sum()) <= 1e-5 * scale, f"{qtype.name} n={n}"
+            # Sanity: close to the float-activation dot product. (Without the outliers, which
+            # coarsen a block's step enough to move a 32-element dot product by a few %.)
+            x = rng.standard_normal(n, dtype=np.float32)
+            xq = c_quantize(vtype, x)[1][:-GUARD]
+            got, want = c_vec_dot(qtype, raw, xq, n), c_dot(qtype, raw, x, n)
+            scale = np.abs(dequantize(raw, qtype).astype(np.float64).reshape(-1) * x).sum()
+            assert abs(got - want) <= 1e-2 * scale, f"{qtype.name} n={n}"
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_vec_dot_extreme_codes(qtype):
+    """All-ones code bytes (largest codes) against activations at +-127: no int16 overflow."""
+    if GGML_QUANT_SIZES[qtype][0] == 1:
+        pytest.skip("float type")
+    rng = np.random.default_rng(300 + int(qtype))
+    n = 512
+    vtype = VEC_DOT_TYPE[qtype]
+    for fill in (0x00, 0xFF, 0x80, 0x7F):
+        raw = random_row(qtype, n, rng)
+        blocks = raw.reshape(n // GGML_QUANT_SIZES[qtype][0], -1)
+        keep = np.zeros(blocks.shape[1], dtype=bool)
+        for off in F16_FIELDS[qtype]:
+            keep[off:off + 2] = True
+        blocks[:, ~keep] = fill
+        x = np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32)
+        xq = c_quantize(vtype, x)[1][:-GUARD]
+        terms = expected_vec_dot(qtype, raw, xq, n)
+        got = c_vec_dot(qtype, raw, xq, n)
+        assert abs(got - terms.sum()) <= 1e-5 * np.abs(terms).sum() + 1e-30, f"{qtype.name} fill={fill:#x}"
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_1, T.Q8_K, 4, 5, 16, 31, 99, -1, 1 << 20], ids=str)
+def test_vec_dot_unknown_type(qtype):
+    raw = np.zeros(4096, dtype=np.uint8)
+    assert np.isnan(c_vec_dot(int(qtype), raw, raw, 256))
+
+
+@pytest.mark.parametrize("vtype", [T.Q4_0, T.Q4_1, T.Q2_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, 4, 31, 99, -1, 1 << 20],
+                         ids=str)
+def test_quantize_unsupported_format(vtype):
+    x = np.ones(256, dtype=np.float32)
+    rc, buf = c_quantize(int(vtype), x)
+    assert rc == -1 and (buf == 0xAB).all()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_vec_dot_bad_length(qtype):
+    block_elems = GGML_QUANT_SIZES[qtype][0]
+    vtype = VEC_DOT_TYPE[qtype]
+    raw = np.zeros(4096, dtype=np.uint8)
+    x = np.ones(512, dtype=np.float32)
+    bad = [0, -block_elems] + ([block_elems + 1, block_elems // 2] if block_elems > 1 else [])
+    for n in bad:
+        assert np.isnan(c_vec_dot(qtype, raw, raw, n)), f"n={n}"
+        rc, buf = c_quantize(vtype, x, n)
+        assert rc == -1 and (buf == 0xAB).all(), f"n={n}"

