@@ -76,7 +76,7 @@ _loaded_lock = threading.Lock()
 
 
 def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
-    from .chat_template import ChatTemplate
+    from .chat_template import chat_template_from_metadata
     from .engine import Engine
     from .model_file import open_model
 
@@ -89,7 +89,7 @@ def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
         try:
             model = open_model(path)
             engine = Engine(model, n_ctx=min(n_ctx, model.config.context_length), threads=threads)
-            template = ChatTemplate.from_metadata(model.metadata)
+            template = chat_template_from_metadata(model.metadata)
         except ValueError as exc:  # GGUFError, ChatTemplateError and bad sizes
             raise llm.ModelError(str(exc)) from None
         _loaded[key] = Loaded(engine, template)
