@@ -1,0 +1,158 @@
+"""llm-smolq as llm users meet it: the CLI, chat, options, logs and the Python API."""
+
+import asyncio
+import json
+import sqlite3
+
+import llm
+import pytest
+from click.testing import CliRunner
+from llm.cli import cli
+
+from llm_smolq import plugin
+from llm_smolq.chat_template import chat_template_from_gguf
+
+QUICK = ["-o", "max_tokens", "6", "-o", "temperature", "0"]
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch, smollm2_gguf):
+    """A fresh llm home whose store holds the SmolLM2 file (linked, not copied)."""
+    monkeypatch.setenv("LLM_USER_PATH", str(tmp_path))
+    store = tmp_path / "smolq"
+    store.mkdir()
+    (store / smollm2_gguf.name).symlink_to(smollm2_gguf)
+    return tmp_path
+
+
+def run(*args, input=None):
+    result = CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+    return result
+
+
+def last_logs(user_dir, n=1):
+    db = sqlite3.connect(user_dir / "logs.db")
+    db.row_factory = sqlite3.Row
+    return db.execute("select * from turns order by rowid desc limit ?", (n,)).fetchall()[::-1]
+
+
+def test_prompt_streams_text_and_logs_token_counts(user_dir):
+    result = run("-m", "smollm2-q", *QUICK, "What is the capital of France?")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip()
+    row = last_logs(user_dir)[0]
+    assert row["model"] == "smollm2-q"
+    assert row["input_tokens"] == 37 and row["output_tokens"] == 6
+    assert json.loads(row["response_json"])["finish_reason"] == "length"
+    assert "cached" in json.loads(row["token_details"])
+
+
+def test_no_stream_gives_the_same_text(user_dir):
+    streamed = run("-m", "smollm2-q", *QUICK, "Name a colour.")
+    whole = run("-m", "smollm2-q", *QUICK, "--no-stream", "Name a colour.")
+    assert whole.exit_code == 0, whole.output
+    assert whole.output == streamed.output and whole.output.strip()
+
+
+def test_greedy_is_deterministic_and_seeded_sampling_repeats(user_dir):
+    sampled = ["-o", "temperature", "1.2", "-o", "max_tokens", "8", "Tell me a story."]
+    first = run("-m", "smollm2-q", "-o", "seed", "7", *sampled).output
+    again = run("-m", "smollm2-q", "-o", "seed", "7", *sampled).output
+    assert first == again and first.strip()
+    assert run("-m", "smollm2-q", *QUICK, "Hello").output == run("-m", "smollm2-q", *QUICK, "Hello").output
+
+
+def test_input_tokens_equal_the_chat_references_prompt_ids(user_dir, reference_dir):
+    """What llm sends renders, through the GGUF's template, to exactly llama.cpp's ids."""
+    cases = json.loads((reference_dir / "smollm2-chat-A.json").read_text())["cases"]
+    model = llm.get_model("smollm2-q")
+    build = {"system": llm.system, "user": llm.user, "assistant": llm.assistant}
+    for case in cases:
+        messages = [build[m["role"]](m["content"]) for m in case["messages"]]
+        response = model.prompt(messages=messages, max_tokens=1, temperature=0)
+        response.text()
+        assert response.input_tokens == len(case["prompt_ids"]), case["messages"]
+        engine = plugin._loaded[str(model_path(user_dir))].engine
+        assert engine.tokens[: len(case["prompt_ids"])] == case["prompt_ids"]
+
+
+def model_path(user_dir):
+    return (user_dir / "smolq" / "SmolLM2-135M-Instruct.Q4_1.gguf").resolve()
+
+
+def test_chat_reuses_the_kv_cache_between_turns(user_dir):
+    result = run("chat", "-m", "smollm2-q", *QUICK, input="Hi there\nWhat is two plus two?\nThanks!\nquit\n")
+    assert result.exit_code == 0, result.output
+    rows = last_logs(user_dir, 3)
+    cached = [json.loads(r["token_details"])["cached"] for r in rows]
+    inputs = [r["input_tokens"] for r in rows]
+    assert len({r["thread_id"] for r in rows}) == 1
+    assert inputs[0] < inputs[1] < inputs[2]
+    # Each turn re-reads only what the previous turn did not leave in the cache.
+    assert cached[1] > inputs[0] and cached[2] > inputs[1]
+
+
+def test_get_model_twice_loads_the_weights_once(user_dir):
+    a, b = llm.get_model("smollm2-q"), llm.get_model("smollm2-q")
+    a.prompt("One", max_tokens=2, temperature=0).text()
+    engine = plugin._loaded[str(model_path(user_dir))].engine
+    b.prompt("Two", max_tokens=2, temperature=0).text()
+    assert plugin._loaded[str(model_path(user_dir))].engine is engine
+
+
+def test_async_model(user_dir):
+    async def ask():
+        model = llm.get_async_model("smollm2-q")
+        response = model.prompt("Say hi", max_tokens=4, temperature=0)
+        return [chunk async for chunk in response], response
+
+    chunks, response = asyncio.run(ask())
+    sync = llm.get_model("smollm2-q").prompt("Say hi", max_tokens=4, temperature=0).text()
+    assert "".join(chunks) == sync and sync.strip()
+
+
+@pytest.mark.parametrize(
+    "option, value, says",
+    [("temperature", "-1", "temperature"), ("top_p", "1.5", "top_p"), ("max_tokens", "0", "max_tokens"),
+     ("seed", "abc", "seed"), ("stop", "", "stop"), ("no_such_option", "1", "no_such_option")],
+)
+def test_bad_options_are_clear_errors(user_dir, option, value, says):
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", option, value, "hi"])
+    assert result.exit_code != 0
+    assert says in result.output and "Traceback" not in result.output
+
+
+def test_missing_weights_is_one_line_with_the_download_command(user_dir):
+    result = CliRunner().invoke(cli, ["-m", "smollm3-q", "hi"])
+    assert result.exit_code == 1
+    assert "llm smolq download smollm3-q" in result.output and "GB" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_prompt_longer_than_the_context_is_refused_up_front(user_dir):
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "n_ctx", "32", "-o", "max_tokens", "2", "a " * 100])
+    assert result.exit_code == 1
+    assert "context" in result.output and "n_ctx" in result.output
+
+
+def test_stop_strings_end_the_answer(user_dir):
+    free = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "12", "Count to five.").output
+    word = free.split()[1]
+    stopped = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "12", "-o", "stop", word,
+                  "Count to five.").output
+    assert word not in stopped and free.startswith(stopped.rstrip("\n"))
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_smollm3_template_and_thinking_switch(user_dir, reference_dir, thinking):
+    path = reference_dir / "tiny-smollm3-chat-Q8_0.gguf"
+    assert run("smolq", "register", str(path), "--alias", "tiny3").exit_code == 0
+    args = ["-m", "tiny3", *QUICK, "-s", "Be brief.", "Hi there"]
+    result = run(*args) if thinking else run(*args, "-o", "thinking", "false")
+    assert result.exit_code == 0, result.output
+    template = chat_template_from_gguf(path)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    rendered = template.render(messages, add_generation_prompt=True, enable_thinking=thinking)
+    assert ("/no_think" in rendered) is not thinking
+    engine = plugin._loaded[str(path.resolve())].engine
+    assert last_logs(user_dir)[0]["input_tokens"] == len(engine.tokenize(rendered, special=True))
