@@ -1,7 +1,10 @@
 /* quants.c: GGUF block layouts, row decoders and row dot products.
  *
  * Every quantized type gets one section: the block layout, a one-block decoder,
- * then the row decoder and row dot product built from it (ROW_FUNCS below).
+ * then the row decoder and row dot product built from it (ROW_FUNCS below), and
+ * its vec_dot: the dot product with activations already converted to the block
+ * format llama.cpp pairs with the type. Those activation formats (Q8_0, also a
+ * weight type, Q8_1 and Q8_K) have sections of their own with their quantizers.
  *
  * Conventions that hold throughout:
  *  - Multi-byte fields are little-endian, as GGUF stores them; like the rest of
@@ -18,6 +21,10 @@
  *    tiles, which keeps long rows accurate at one double add per tile.
  *  - Decoders hoist per-group scales out of the element loops and shift only
  *    by loop-invariant amounts inside them: the shape compilers vectorize.
+ *  - The vec_dot functions follow llama.cpp's CPU backend instead of the gguf
+ *    decoders: an exact integer sum per block (see "Integer dot products"),
+ *    scaled by the float product of the two blocks' scales and summed in float.
+ *    The activation quantizers reproduce llama.cpp's x86 code bit for bit.
  */
 #include <assert.h>
 #include <stddef.h>
@@ -236,7 +243,8 @@ static void quant_bf16(const float *restrict x, void *restrict dst, int64_t n) {
         h[i] = sq_fp32_to_bf16(x[i]);
 }
 
-/* The lane dot product of two rows of a 1-element type, given its decoder. */
+/* The lane dot product of two rows of a 1-element type, given its decoder.
+ * (Decoding F16 costs most of its time: plain x86-64 has no half conversion.) */
 #define VEC_DOT_LANES(name, unit_t, to_f32)                                         \
     static float vec_dot_##name(const void *row, const void *xq, int64_t n) {      \
         const unit_t *a = row, *b = xq;                                            \
@@ -280,10 +288,11 @@ ROW_FUNCS(q8_0, QK8_0)
 /* Codes of 32 activations for Q8_0 and Q8_1, as llama.cpp's x86 (AVX and AVX2)
  * quantize_row_q8_0/_1 make them: q = round(x * (127 / amax)), ties to even.
  * Returns d = amax / 127, unrounded; the blocks store it as f16, and the dot
- * products use that rounded d while the codes came from the exact one. (Its
- * scalar reference code, and gguf's, multiply by 1 / d and round ties away from
- * zero; the codes differ only where x * 127 / amax is within an ulp or two of a
- * half.) All-zero blocks get d = 0 and codes 0. x must be finite. */
+ * products use that rounded d while the codes came from the exact one.
+ * (llama.cpp's scalar reference code, and gguf's, multiply by 1 / d and round
+ * ties away from zero; the codes differ only where x * 127 / amax is within an
+ * ulp or two of a half.) All-zero blocks get d = 0 and codes 0. Non-finite x
+ * give unspecified codes (but no undefined behaviour). */
 static inline float q8_32_codes(const float *restrict x, int8_t *restrict qs) {
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) {
@@ -375,7 +384,8 @@ ROW_FUNCS(q8_K, QK_K)
  * the first element of largest magnitude, with its sign; iscale = -127 / max,
  * q = min(127, nearest_int(iscale * x)) (so max itself becomes -127) and
  * d = 1 / iscale. An all-zero block gets d = 0, codes 0 and (unlike llama.cpp,
- * which leaves them as they were) bsums 0. x must be finite. */
+ * which leaves them as they were) bsums 0. For finite x, |iscale * x| <= 127
+ * up to rounding, so the min() never acts; it is kept as llama.cpp has it. */
 static void quant_q8_K(const float *restrict x, void *restrict dst, int64_t nb) {
     block_q8_K *y = dst;
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
@@ -1014,14 +1024,34 @@ static inline void decode_iq4_nl(const block_iq4_nl *restrict b, float *restrict
 }
 ROW_FUNCS(iq4_nl, QK4_NL)
 
-/* 32 weights from 16 bytes of grid indices, as int16 grid values times s. */
-static inline void iq4_codes32(const uint8_t *restrict qs, int s, int16_t *restrict w) {
-    int16_t t[16];
-    for (int i = 0; i < 16; i++)
-        t[i] = (int16_t)(s * kvalues_iq4nl[i]);
+/* The vec_dot functions look grid values up a byte (two codes) at a time: entry b
+ * of iq4_pairs holds kvalues[b & 15] in its low int16 and kvalues[b >> 4] in its
+ * high one. The 32 weights of a block then come out in the order of elements
+ * 0, 16, 1, 17, ..., and the activations are interleaved to match. (Plain x86-64
+ * has no vector table lookup, so these stay scalar: 16 per block, not 32.) */
+#define IQ4_KV(i) ((i) == 0 ? -127 : (i) == 1 ? -104 : (i) == 2 ? -83 : (i) == 3 ? -65 :   \
+                   (i) == 4 ? -49 : (i) == 5 ? -35 : (i) == 6 ? -22 : (i) == 7 ? -10 :      \
+                   (i) == 8 ? 1 : (i) == 9 ? 13 : (i) == 10 ? 25 : (i) == 11 ? 38 :         \
+                   (i) == 12 ? 53 : (i) == 13 ? 69 : (i) == 14 ? 89 : 113)
+#define IQ4_PAIR(b) ((uint32_t)(uint16_t)IQ4_KV((b) & 15) | (uint32_t)(uint16_t)IQ4_KV((b) >> 4) << 16)
+#define IQ4_P4(b) IQ4_PAIR(b), IQ4_PAIR((b) + 1), IQ4_PAIR((b) + 2), IQ4_PAIR((b) + 3)
+#define IQ4_P16(b) IQ4_P4(b), IQ4_P4((b) + 4), IQ4_P4((b) + 8), IQ4_P4((b) + 12)
+#define IQ4_P64(b) IQ4_P16(b), IQ4_P16((b) + 16), IQ4_P16((b) + 32), IQ4_P16((b) + 48)
+static const uint32_t iq4_pairs[256] = { IQ4_P64(0), IQ4_P64(64), IQ4_P64(128), IQ4_P64(192) };
+
+/* 32 int16 grid values from 16 bytes of indices, interleaved as above. */
+static inline void iq4_codes32(const uint8_t *restrict qs, int16_t *restrict w) {
+    uint32_t p[16];
+    for (int j = 0; j < 16; j++)
+        p[j] = iq4_pairs[qs[j]];
+    memcpy(w, p, sizeof(p));
+}
+
+/* The 32 activations of a block in the same interleaved order. */
+static inline void interleave32(const int8_t *restrict q, int16_t *restrict a) {
     for (int j = 0; j < 16; j++) {
-        w[j] = t[qs[j] & 0x0f];
-        w[j + 16] = t[qs[j] >> 4];
+        a[2 * j] = q[j];
+        a[2 * j + 1] = q[j + 16];
     }
 }
 
@@ -1032,8 +1062,8 @@ static float vec_dot_iq4_nl(const void *row, const void *xq, int64_t nb) {
     float sumf = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK4_NL], a[QK4_NL];
-        iq4_codes32(x[i].qs, 1, w);
-        widen_i8(y[i].qs, a, QK4_NL);
+        iq4_codes32(x[i].qs, w);
+        interleave32(y[i].qs, a);
         const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
         sumf += d * (float)dot_i16(w, a, QK4_NL);
     }
@@ -1071,10 +1101,14 @@ static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K];
         for (int g = 0; g < 8; g++) {
-            const int s = ((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((x[i].scales_h >> (2 * g)) & 3) << 4;
-            iq4_codes32(x[i].qs + 16 * g, s - 32, w + 32 * g);
+            const int16_t s = (int16_t)((((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f)
+                                         | ((x[i].scales_h >> (2 * g)) & 3) << 4) - 32);
+            int16_t *o = w + 32 * g;
+            iq4_codes32(x[i].qs + 16 * g, o);
+            for (int j = 0; j < 32; j++)
+                o[j] = (int16_t)(s * o[j]);
+            interleave32(y[i].qs + 32 * g, a + 32 * g);
         }
-        widen_i8(y[i].qs, a, QK_K);
         const float d = scale_to_float(x[i].d) * y[i].d;
         sumf += d * (float)dot_i16(w, a, QK_K);
     }
@@ -1160,7 +1194,8 @@ int sq_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     return 0;
 }
 
-/* Also works for Q8_1 and Q8_K rows (their decoded values times x), which tests use. */
+/* Also serves Q8_1 and Q8_K rows (their decoded values times x); their vec_dot
+ * entries are empty, so sq_vec_dot_type gives -1 and sq_vec_dot NaN for them. */
 float sq_dot_row(int type, const void *row, const float *x, int64_t n) {
     const type_traits *t = lookup(type);
     int64_t nb = whole_blocks(t, n);

@@ -201,6 +201,16 @@ def test_activation_geometry(vtype):
     assert (lib.sq_block_elems(vtype), lib.sq_block_bytes(vtype)) == ACT_GEOMETRY[vtype]
 
 
+def test_dot_row_of_activation_formats():
+    """sq_dot_row also takes Q8_1 and Q8_K rows: their decoded values times x."""
+    rng = np.random.default_rng(86)
+    for vtype in (T.Q8_1, T.Q8_K):
+        raw = c_quantize(vtype, activations(1024, rng))[1][:-GUARD]
+        x = rng.standard_normal(1024, dtype=np.float32)
+        terms = c_dequantize(vtype, raw, 1024)[1].astype(np.float64) * x
+        assert abs(c_dot(vtype, raw, x, 1024) - terms.sum()) <= 1e-5 * np.abs(terms).sum()
+
+
 def test_quantize_q8_0_matches_gguf():
     """Bytes equal gguf's (= llama.cpp's reference C) except where rounding ties decide:
     llama.cpp's x86 code and ours multiply by 127/amax and round ties to even, gguf and the
@@ -226,6 +236,24 @@ def test_quantize_q8_0_matches_gguf():
     rc, buf = c_quantize(T.Q8_0, ties)
     assert list(buf[2:10].view(np.int8)) == [127, 0, 2, 2, 0, -2, -2, 126]
     assert list(quantize(ties, T.Q8_0)[2:10].view(np.int8)) == [127, 1, 2, 3, -1, -2, -3, 127]
+
+
+def test_quantize_q8_0_is_llama_cpp_x86():
+    """Exactly llama.cpp's AVX quantize_row_q8_0: codes rint(x * (127 / amax)) in float32."""
+    rng = np.random.default_rng(85)
+    x = activations(4096, rng).reshape(-1, 32)
+    d16, q = q8_0_fields(c_quantize(T.Q8_0, x.reshape(-1))[1][:-GUARD])
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        idv = np.where(amax > 0, np.float32(127) / amax, np.float32(0))
+    assert np.array_equal(q, np.rint(x * idv).astype(np.int8))
+    assert np.array_equal(d16, (amax[:, 0] / np.float32(127)).astype(np.float16).astype(np.float32))
+    # A block where the multiplier matters: x * (127 / amax) is exactly 122.5 (ties to 122),
+    # x * (1 / (amax / 127)) is 122.50001 (123 for gguf and llama.cpp's reference C).
+    block = np.zeros(32, dtype=np.float32)
+    block[:2] = [1.4099537134170532, 1.3599947690963745]
+    assert list(q8_0_fields(c_quantize(T.Q8_0, block)[1][:-GUARD])[1][0, :2]) == [127, 122]
+    assert list(quantize(block, T.Q8_0)[2:4].view(np.int8)) == [127, 123]
 
 
 def test_quantize_q8_0_round_trip():
@@ -369,11 +397,10 @@ def test_vec_dot_matches_dequantized(qtype):
             assert abs(got - want) <= 1e-2 * scale, f"{qtype.name} n={n}"
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
 def test_vec_dot_extreme_codes(qtype):
-    """All-ones code bytes (largest codes) against activations at +-127: no int16 overflow."""
-    if GGML_QUANT_SIZES[qtype][0] == 1:
-        pytest.skip("float type")
+    """Code bytes all 0x00, 0xFF, 0x80 or 0x7F (the extreme codes and scales) against
+    activations at +-127: nothing overflows the integer sums."""
     rng = np.random.default_rng(300 + int(qtype))
     n = 512
     vtype = VEC_DOT_TYPE[qtype]
