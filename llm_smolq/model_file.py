@@ -14,16 +14,17 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader, GGUFValueType
 from gguf.constants import GGML_QUANT_SIZES
 
 from .errors import GGUFError
+from .gguf_file import GGUFHeader, read_header, type_name
 
 #: Tensor types the kernel can read.
 SUPPORTED_TYPES = (
     QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
     QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS,
 )
+_SUPPORTED_IDS = {int(q) for q in SUPPORTED_TYPES}
 ARCHITECTURES = ("smollm3", "llama")
 
 LAYER_TENSORS = (
@@ -80,62 +81,41 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise GGUFError(f"{path}: no such file")
-    try:
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # the parser raises whatever numpy or struct gives it
-        raise GGUFError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-    metadata = {name: _field_value(f) for name, f in reader.fields.items()}
-    tensors = _tensor_infos(path, reader)
-    config = _config(path, metadata, tensors)
+    header = read_header(path)
+    tensors = _tensor_infos(path, header)
+    config = _config(path, header.metadata, tensors)
     _check_model_tensors(path, config, tensors)
-    return ModelFile(path=path, config=config, tensors=tensors, metadata=metadata, data=reader.data)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    return ModelFile(path=path, config=config, tensors=tensors, metadata=header.metadata, data=data)
 
 
-def _field_value(f) -> Any:
-    if not f.types:
-        return None
-    kind = f.types[0]
-    if kind == GGUFValueType.ARRAY:
-        if f.types[-1] == GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-        return np.concatenate([f.parts[i] for i in f.data]).tolist() if f.data else []
-    if kind == GGUFValueType.STRING:
-        return bytes(f.parts[-1]).decode("utf-8", errors="replace")
-    return f.parts[-1].tolist()[0]
-
-
-def _tensor_infos(path: str, reader: GGUFReader) -> dict[str, TensorInfo]:
-    file_size = len(reader.data)
-    alignment = int(reader.alignment)
+def _tensor_infos(path: str, header: GGUFHeader) -> dict[str, TensorInfo]:
     infos: dict[str, TensorInfo] = {}
-    for t in reader.tensors:
+    for t in header.tensors:
         where = f"{path}: tensor {t.name!r}"
-        qtype = QT(int(t.tensor_type))
-        if qtype not in SUPPORTED_TYPES:
+        if t.type_id not in _SUPPORTED_IDS:
             raise GGUFError(
-                f"{where} has type {qtype.name}, which llm-smolq cannot read; supported: "
+                f"{where} has type {type_name(t.type_id)}, which llm-smolq cannot read; supported: "
                 + ", ".join(q.name for q in SUPPORTED_TYPES)
             )
-        shape = tuple(int(d) for d in t.shape)
-        if not shape or any(d <= 0 for d in shape):
-            raise GGUFError(f"{where} has an invalid shape {list(shape)}")
+        qtype = QT(t.type_id)
+        if any(d <= 0 for d in t.shape):
+            raise GGUFError(f"{where} has an invalid shape {list(t.shape)}")
         block, block_bytes = GGML_QUANT_SIZES[qtype]
-        if shape[0] % block:
-            raise GGUFError(f"{where}: row length {shape[0]} is not a multiple of the {qtype.name} block ({block})")
+        if t.shape[0] % block:
+            raise GGUFError(f"{where}: row length {t.shape[0]} is not a multiple of the {qtype.name} block ({block})")
         n_elements = 1
-        for d in shape:  # Python ints: no overflow, however large the claim
+        for d in t.shape:  # Python ints: no overflow, however large the claim
             n_elements *= d
         n_bytes = n_elements // block * block_bytes
-        if n_bytes != t.n_bytes:
-            raise GGUFError(f"{where}: shape {list(shape)} needs {n_bytes} bytes, the file claims {t.n_bytes}")
-        if t.data_offset % alignment:
-            raise GGUFError(f"{where}: offset {t.data_offset} is not aligned to {alignment} bytes")
-        if t.data_offset + n_bytes > file_size:
+        if t.offset % header.alignment:
+            raise GGUFError(f"{where}: offset {t.offset} is not aligned to {header.alignment} bytes")
+        if t.offset + n_bytes > header.file_size:
             raise GGUFError(
-                f"{where} ends at byte {t.data_offset + n_bytes}, past the end of the file ({file_size} bytes); "
-                "the file is truncated or corrupt: download it again"
+                f"{where} (shape {list(t.shape)}, {n_bytes} bytes at offset {t.offset}) ends past the end of "
+                f"the file ({header.file_size} bytes); the file is truncated or corrupt: download it again"
             )
-        infos[t.name] = TensorInfo(t.name, qtype, shape, int(t.data_offset), n_bytes)
+        infos[t.name] = TensorInfo(t.name, qtype, t.shape, t.offset, n_bytes)
     return infos
 
 

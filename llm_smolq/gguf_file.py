@@ -1,0 +1,169 @@
+"""A bounds-checked reader for the GGUF header: metadata and tensor index.
+
+gguf.GGUFReader builds a numpy view for every string of every array, which takes seconds
+on a 49k-token vocabulary, and a malformed count or length surfaces from it as whatever
+numpy raises. This reader walks the same format (constants from the `gguf` package) in
+a fraction of a second, checks every length against the bytes that remain before using
+it, and raises GGUFError saying what is wrong and where.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+
+from .errors import GGUFError
+
+MAX_DIMS = 4  # ggml tensors have at most four dimensions
+MAX_ARRAY_DEPTH = 4
+
+_SCALAR_CODES = {
+    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
+    GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
+}
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    name: str
+    type_id: int  # not yet checked against known types
+    shape: tuple[int, ...]  # GGUF order: shape[0] is contiguous
+    offset: int  # absolute byte offset in the file
+
+
+@dataclass
+class GGUFHeader:
+    version: int
+    metadata: dict[str, Any]
+    tensors: list[RawTensor]
+    alignment: int
+    data_offset: int  # where the tensor data section starts
+    file_size: int
+
+
+class _Cursor:
+    def __init__(self, buf: mmap.mmap, path: str, order: str):
+        self.buf, self.path, self.order, self.pos = buf, path, order, 0
+
+    def fail(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {what} (at byte {self.pos} of {len(self.buf)})")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise self.fail(f"{what} needs {n} bytes, past the end of the file; the file is truncated or corrupt")
+
+    def scalar(self, code: str, what: str) -> Any:
+        fmt = struct.Struct(self.order + code)
+        self.need(fmt.size, what)
+        (value,) = fmt.unpack_from(self.buf, self.pos)
+        self.pos += fmt.size
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.scalar("Q", what)
+        self.need(n, f"{what} ({n} bytes)")
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("utf-8", errors="replace")
+
+    def value(self, kind: int, what: str, depth: int = 0) -> Any:
+        if kind == GGUFValueType.STRING:
+            return self.string(what)
+        if kind == GGUFValueType.ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise self.fail(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
+            item = self.scalar("I", what)
+            count = self.scalar("Q", what)
+            code = _SCALAR_CODES.get(item)
+            if code is not None:
+                size = count * struct.calcsize(code)
+                self.need(size, f"{what}: array of {count} items")
+                values = list(struct.unpack_from(f"{self.order}{count}{code}", self.buf, self.pos))
+                self.pos += size
+                return values
+            # strings / nested arrays take at least 8 bytes each: bound the count first
+            self.need(count * 8, f"{what}: array of {count} items")
+            return [self.value(item, what, depth + 1) for _ in range(count)]
+        code = _SCALAR_CODES.get(kind)
+        if code is None:
+            raise self.fail(f"{what} has unknown value type {kind}")
+        return self.scalar(code, what)
+
+
+def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise GGUFError(f"{path}: the file is empty")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise GGUFError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return _parse(buf, path)
+    finally:
+        buf.close()
+
+
+def _parse(buf: mmap.mmap, path: str) -> GGUFHeader:
+    if len(buf) < 24 or struct.unpack_from("<I", buf, 0)[0] != GGUF_MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
+    # A version whose low half is zero was written on a machine of the other byte order.
+    order = "<" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF else ">"
+    cur = _Cursor(buf, path, order)
+    cur.pos = 4
+    version = cur.scalar("I", "version")
+    if version not in (2, 3):
+        raise GGUFError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+    n_tensors = cur.scalar("Q", "tensor count")
+    n_kv = cur.scalar("Q", "metadata count")
+    remaining = len(buf) - cur.pos
+    if n_kv > remaining // 12 or n_tensors > remaining // 24:  # smallest possible entries
+        raise cur.fail(f"header claims {n_kv} metadata entries and {n_tensors} tensors, more than the file can hold")
+
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string("metadata key")
+        kind = cur.scalar("I", f"type of {key!r}")
+        metadata[key] = cur.value(kind, f"metadata {key!r}")
+
+    raw: list[tuple[str, int, tuple[int, ...], int]] = []
+    for i in range(n_tensors):
+        name = cur.string(f"name of tensor {i}")
+        n_dims = cur.scalar("I", f"dimensions of {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        shape = tuple(cur.scalar("Q", f"shape of {name!r}") for _ in range(n_dims))
+        type_id = cur.scalar("I", f"type of {name!r}")
+        offset = cur.scalar("Q", f"offset of {name!r}")
+        raw.append((name, type_id, shape, offset))
+
+    alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"{path}: general.alignment = {alignment!r} is not a power of two")
+    data_offset = -(-cur.pos // alignment) * alignment
+    names = set()
+    tensors = []
+    for name, type_id, shape, offset in raw:
+        if name in names:
+            raise GGUFError(f"{path}: tensor {name!r} appears twice")
+        names.add(name)
+        tensors.append(RawTensor(name, type_id, shape, data_offset + offset))
+    return GGUFHeader(version, metadata, tensors, alignment, data_offset, len(buf))
+
+
+def type_name(type_id: int) -> str:
+    try:
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"unknown type {type_id}"
