@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Iterator, Optional, Union
 
 import llm
+from llm.parts import StreamEvent
 from pydantic import Field, field_validator
 
 from . import catalog
@@ -106,7 +107,7 @@ class _SmolQ:
     def __str__(self) -> str:
         return f"SmolQ: {self.model_id}"
 
-    def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, llm.StreamEvent]]:
+    def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, StreamEvent]]:
         from .chat_template import ChatTemplateError
         from .generation import Completion, ReasoningSplitter, SamplingParams, generate
 
@@ -164,7 +165,7 @@ class _SmolQ:
 
 def _events(splitter, pieces):
     for kind, text in pieces:
-        yield text if kind == "text" else llm.StreamEvent(type="reasoning", chunk=text)
+        yield text if kind == "text" else StreamEvent(type="reasoning", chunk=text)
 
 
 def _pick(value, default):

@@ -156,3 +156,22 @@ def test_smollm3_template_and_thinking_switch(user_dir, reference_dir, thinking)
     assert ("/no_think" in rendered) is not thinking
     engine = plugin._loaded[str(path.resolve())].engine
     assert last_logs(user_dir)[0]["input_tokens"] == len(engine.tokenize(rendered, special=True))
+
+
+def test_smollm3_reasoning_streams_as_reasoning_events(user_dir, reference_dir, monkeypatch):
+    """A random-weight model never writes <think>; stand in for its text generator and
+    check that llm receives the thought as reasoning and the rest as the answer."""
+    import llm_smolq.generation
+
+    def scripted(engine, prompt_ids, params, max_tokens, stops, completion):
+        completion.prompt_tokens = len(prompt_ids)
+        completion.output_ids = [1, 2, 3]
+        completion.finish_reason = "stop"
+        yield from ["<th", "ink>\nLet me see", ". 2+2=4</thi", "nk>\n\nIt is ", "4."]
+
+    monkeypatch.setattr(llm_smolq.generation, "generate", scripted)
+    assert run("smolq", "register", str(reference_dir / "tiny-smollm3-chat-Q8_0.gguf"), "--alias", "tiny3").exit_code == 0
+    response = llm.get_model("tiny3").prompt("What is 2+2?")
+    assert response.text() == "It is 4."
+    reasoning = "".join(e.chunk for e in response.stream_events() if e.type == "reasoning")
+    assert reasoning == "Let me see. 2+2=4"
