@@ -147,8 +147,13 @@ class _SmolQ:
         splitter = ReasoningSplitter() if smollm3 else None
         try:
             with loaded.lock:
-                for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done):
-                    yield from _events(splitter, splitter.push(chunk) if splitter else [("text", chunk)])
+                try:
+                    for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done):
+                        yield from _events(splitter, splitter.push(chunk) if splitter else [("text", chunk)])
+                except KeyboardInterrupt:
+                    # Ctrl-C ends the answer, not the program: llm logs what was produced
+                    # and `llm chat` goes on. The KV cache holds only completed steps.
+                    done.finish_reason = "interrupted"
                 if splitter:
                     yield from _events(splitter, splitter.flush())
         finally:

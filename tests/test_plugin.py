@@ -175,3 +175,28 @@ def test_smollm3_reasoning_streams_as_reasoning_events(user_dir, reference_dir, 
     assert response.text() == "It is 4."
     reasoning = "".join(e.chunk for e in response.stream_events() if e.type == "reasoning")
     assert reasoning == "Let me see. 2+2=4"
+
+
+def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypatch):
+    import llm_smolq.generation
+
+    real = llm_smolq.generation.generate
+
+    def interrupted(*args, **kwargs):
+        for i, chunk in enumerate(real(*args, **kwargs)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield chunk
+
+    monkeypatch.setattr(llm_smolq.generation, "generate", interrupted)
+    result = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "20", "What is the capital of France?")
+    assert result.exit_code == 0 and result.output.strip()
+    row = last_logs(user_dir)[0]
+    assert json.loads(row["response_json"])["finish_reason"] == "interrupted"
+    assert row["output_tokens"] >= 3
+    monkeypatch.setattr(llm_smolq.generation, "generate", real)
+    again = run("-m", "smollm2-q", *QUICK, "What is the capital of France?").output
+    fresh = llm_smolq.load(model_path(user_dir), n_ctx=256, threads=1)
+    ids = plugin._loaded[str(model_path(user_dir))].engine.tokens[:37]
+    expected = fresh.detokenize([int(fresh.eval(ids).argmax())])
+    assert again.startswith(expected)
