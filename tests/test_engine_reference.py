@@ -15,18 +15,37 @@ def max_row_error(kind: str) -> float:
     return {"F32": 1e-3, "F16": 1e-2, "BF16": 1e-2}.get(kind, 5e-2)
 
 
+class MedianAboveBound(AssertionError):
+    """The median row error exceeds 1e-2 while every other check holds."""
+
+
+# (type, feeding) pairs whose median row error is still above the issue's 1e-2: each row
+# matches llama.cpp to ~1e-7 until one 8-bit activation code rounds the other way (an ulp
+# of difference upstream), and these random-weight models carry that ~1% into every later
+# row. The checks of max error and top-1 still run first and must pass; strict xfail
+# turns green into a failure the day the gap closes, so this list cannot go stale.
+MEDIAN_GAP: set[tuple[str, str]] = set()
+
+
 def assert_rows_match(ours: np.ndarray, ref: np.ndarray, kind: str, what: str) -> np.ndarray:
-    """Per-row relative L2 error within the type's bound (median <= 1e-2), and the same
-    top-1 wherever llama.cpp's top-1/top-2 margin exceeds 1% of the row's range."""
+    """Per-row relative L2 error within the type's bound, the same top-1 wherever
+    llama.cpp's top-1/top-2 margin exceeds 1% of the row's range, then median <= 1e-2."""
     assert ours.shape == ref.shape, what
     err = np.linalg.norm(ours - ref, axis=1) / np.linalg.norm(ref, axis=1)
     assert err.max() <= max_row_error(kind), f"{what}: worst row error {err.max():.3g} at row {err.argmax()}"
-    assert np.median(err) <= 1e-2, f"{what}: median row error {np.median(err):.3g}"
     top2 = np.sort(ref, axis=1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > 0.01 * (ref.max(axis=1) - ref.min(axis=1))
     agree = ours.argmax(axis=1) == ref.argmax(axis=1)
     assert agree[clear].all(), f"{what}: top-1 differs at clear rows {np.flatnonzero(clear & ~agree)}"
+    if np.median(err) > 1e-2:
+        raise MedianAboveBound(f"{what}: median row error {np.median(err):.3g}")
     return err
+
+
+def expect_gap(request, kind: str, feeding: str) -> None:
+    if (kind, feeding) in MEDIAN_GAP:
+        request.applymarker(pytest.mark.xfail(raises=MedianAboveBound, strict=True,
+                                              reason=f"{kind} {feeding}: median row error above 1e-2"))
 
 
 @pytest.fixture(scope="module", params=TYPES)
@@ -36,8 +55,9 @@ def tiny(request, reference_dir):
     return kind, eng, np.load(reference_dir / f"tiny-smollm3-{kind}.npz")
 
 
-def test_tiny_one_batch(tiny):
+def test_tiny_one_batch(tiny, request):
     kind, eng, ref = tiny
+    expect_gap(request, kind, "one batch")
     tokens, greedy = ref["tokens"].tolist(), ref["greedy"].tolist()
     eng.reset()
     rows = eng.eval(tokens + greedy[:-1], all_logits=True)
@@ -47,8 +67,9 @@ def test_tiny_one_batch(tiny):
     assert eng.n_past == n + len(greedy) - 1
 
 
-def test_tiny_prefill_then_decode(tiny):
+def test_tiny_prefill_then_decode(tiny, request):
     kind, eng, ref = tiny
+    expect_gap(request, kind, "prefill then decode")
     tokens, greedy = ref["tokens"].tolist(), ref["greedy"].tolist()
     eng.reset()
     prompt_rows = eng.eval(tokens, all_logits=True)
@@ -58,7 +79,8 @@ def test_tiny_prefill_then_decode(tiny):
 
 
 @pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_K_M"])
-def test_long_context(kind, reference_dir):
+def test_long_context(kind, reference_dir, request):
+    expect_gap(request, kind, "long context")
     ref = np.load(reference_dir / f"long-tiny-smollm3-{kind}.npz")
     eng = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=4096, threads=2)
     tokens, start = ref["tokens"].tolist(), int(ref["tail_start"])
@@ -68,7 +90,8 @@ def test_long_context(kind, reference_dir):
     assert_rows_match(np.stack(steps), ref["greedy_logits"], kind, f"{kind} decode at 3000+")
 
 
-def test_f16_kv_cache_stays_close(reference_dir):
+def test_f16_kv_cache_stays_close(reference_dir, request):
+    expect_gap(request, "Q8_0", "F16 KV cache")
     ref = np.load(reference_dir / "tiny-smollm3-Q8_0.npz")
     eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=256, threads=2, kv_dtype="f16")
     assert eng.k_cache.dtype == np.float16

@@ -1,0 +1,197 @@
+"""Benchmark: prefill and decode speed, load time and peak memory on one GGUF file.
+
+    python -m llm_smolq.bench MODEL.gguf [--threads N] [--prefill 256] [--decode 128]
+                              [--repeat 5] [--json] [--vs-llama-cpp]
+
+Every measurement runs in a fresh child process, so load time and peak RSS are those of
+a cold start, and with --vs-llama-cpp the two engines alternate (A B A B ...) so that
+machine noise falls on both alike. Figures are medians over repeats, with min-max.
+Decode is memory-bound: the report sets the weight bytes read per token x decode tok/s
+beside this machine's measured read bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ENGINES = ("llm-smolq", "llama.cpp")
+
+
+def _peak_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _token_ids(vocab: int, n: int, seed: int = 0) -> list[int]:
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def run_ours(path: str, threads: int, n_prefill: int, n_decode: int) -> dict:
+    started = time.perf_counter()
+    import llm_smolq
+
+    eng = llm_smolq.load(path, n_ctx=n_prefill + n_decode + 8, threads=threads)
+    load_s = time.perf_counter() - started
+    ids = _token_ids(eng.config.vocab_size, n_prefill + n_decode)
+    t = time.perf_counter()
+    eng.eval(ids[:n_prefill])
+    prefill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    for token in ids[n_prefill:]:
+        eng.eval([token])
+    decode_s = time.perf_counter() - t
+    return _result(load_s, n_prefill, prefill_s, n_decode, decode_s)
+
+
+def run_llama_cpp(path: str, threads: int, n_prefill: int, n_decode: int) -> dict:
+    started = time.perf_counter()
+    from llama_cpp import Llama
+
+    model = Llama(model_path=path, n_ctx=n_prefill + n_decode + 8, n_threads=threads, n_threads_batch=threads,
+                  n_batch=512, verbose=False)
+    load_s = time.perf_counter() - started
+    ids = _token_ids(model.n_vocab(), n_prefill + n_decode)
+    t = time.perf_counter()
+    model.eval(ids[:n_prefill])
+    prefill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    for token in ids[n_prefill:]:
+        model.eval([token])
+    decode_s = time.perf_counter() - t
+    return _result(load_s, n_prefill, prefill_s, n_decode, decode_s)
+
+
+def _result(load_s, n_prefill, prefill_s, n_decode, decode_s) -> dict:
+    return {
+        "load_s": load_s,
+        "prefill_tok_s": n_prefill / prefill_s,
+        "decode_tok_s": n_decode / decode_s,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def _child(engine: str, args) -> dict:
+    cmd = [sys.executable, "-m", "llm_smolq.bench", args.model, "--child", engine, "--threads", str(args.threads),
+           "--prefill", str(args.prefill), "--decode", str(args.decode)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{engine} run failed:\n{done.stderr.strip()}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def weight_bytes_per_token(path: str) -> int:
+    """Bytes of weights one decode step reads: every mat-vec matrix once (with tied
+    embeddings the output projection reads all of token_embd; the lookup, one row)."""
+    from .model_file import open_model
+
+    model = open_model(path)
+    skip = set() if model.config.tied_embeddings else {"token_embd.weight"}
+    return sum(t.n_bytes for name, t in model.tensors.items() if name not in skip)
+
+
+def read_bandwidth_gb_s(threads: int, size_mb: int = 1024) -> float:
+    """Best of three: `threads` numpy threads each summing its share of a large array."""
+    import numpy as np
+
+    data = np.ones(size_mb * (1 << 20) // 8, dtype=np.float64)
+    parts = np.array_split(data, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(3):
+            t = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - t)
+    return data.nbytes / best / 1e9
+
+
+def summarize(runs: list[dict]) -> dict:
+    out = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m llm_smolq.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="path to a GGUF file")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--prefill", type=int, default=256, help="prompt tokens (default 256)")
+    parser.add_argument("--decode", type=int, default=128, help="generated tokens (default 128)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--vs-llama-cpp", action="store_true", help="also run llama-cpp-python, interleaved")
+    parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        run = run_ours if args.child == "llm-smolq" else run_llama_cpp
+        print(json.dumps(run(args.model, args.threads, args.prefill, args.decode)))
+        return
+    if args.vs_llama_cpp:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            parser.error("--vs-llama-cpp needs llama-cpp-python: pip install -e '.[bench]'")
+
+    engines = ENGINES if args.vs_llama_cpp else ENGINES[:1]
+    runs: dict[str, list[dict]] = {e: [] for e in engines}
+    for _ in range(args.repeat):
+        for engine in engines:
+            runs[engine].append(_child(engine, args))
+    report = {
+        "model": args.model,
+        "threads": args.threads,
+        "prefill_tokens": args.prefill,
+        "decode_tokens": args.decode,
+        "repeat": args.repeat,
+        "weight_bytes_per_token": weight_bytes_per_token(args.model),
+        "machine_read_gb_s": read_bandwidth_gb_s(args.threads),
+        "engines": {e: summarize(r) for e, r in runs.items()},
+    }
+    for stats in report["engines"].values():
+        stats["decode_gb_s"] = report["weight_bytes_per_token"] * stats["decode_tok_s"]["median"] / 1e9
+    if args.vs_llama_cpp:
+        ours, theirs = runs["llm-smolq"], runs["llama.cpp"]
+        report["ratios"] = {
+            key: summarize([{key: a[key] / b[key]} for a, b in zip(ours, theirs)])[key]
+            for key in ("prefill_tok_s", "decode_tok_s", "load_s", "peak_rss_mb")
+        }
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        f"{r['model']}: {r['threads']} threads, prefill {r['prefill_tokens']}, decode {r['decode_tokens']}, "
+        f"median of {r['repeat']} (min-max)",
+        f"weights read per token: {r['weight_bytes_per_token'] / 1e6:.1f} MB; "
+        f"machine read bandwidth: {r['machine_read_gb_s']:.1f} GB/s",
+    ]
+    fmt = {"prefill_tok_s": "prefill tok/s", "decode_tok_s": "decode tok/s", "load_s": "load s",
+           "peak_rss_mb": "peak RSS MB"}
+    for engine, stats in r["engines"].items():
+        parts = [f"{label} {stats[k]['median']:.2f} ({stats[k]['min']:.2f}-{stats[k]['max']:.2f})"
+                 for k, label in fmt.items()]
+        lines.append(f"  {engine:10s} " + ", ".join(parts) + f", decode bandwidth {stats['decode_gb_s']:.1f} GB/s")
+    if "ratios" in r:
+        parts = [f"{fmt[k]} x{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["ratios"].items()]
+        lines.append("  llm-smolq / llama.cpp: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
