@@ -60,11 +60,14 @@ void sq_state_free(sq_state *s) {
     free(s);
 }
 
-/* out = x / rms(x) * weight; the sum of squares is kept in double, as llama.cpp does. */
+/* out = x / rms(x) * weight, rounded as llama.cpp rounds it: squares in float, their sum
+ * in double, the mean back in float. Matching it to the bit matters: the next mat-vec
+ * quantizes these values to 8 bits, and an ulp can flip a code. */
 static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     double ss = 0.0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    float mean = (float)(ss / n);
+    float scale = 1.0f / sqrtf(mean + eps);
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
 }
 
