@@ -28,20 +28,28 @@ def _compile_args() -> list[str]:
     return args
 
 
-ffibuilder = FFI()
-ffibuilder.cdef(_cdef_text())
-ffibuilder.set_source(
-    "llm_smolq._kernel",
-    '#include "smolq.h"',
-    sources=sorted(str(p) for p in NATIVE.glob("*.c")),
-    include_dirs=[str(NATIVE)],
-    extra_compile_args=_compile_args(),
-    extra_link_args=["-pthread"],
-    libraries=["m"],
-)
+def make_builder(absolute_sources: bool = False) -> FFI:
+    # setuptools insists on sources relative to the project; cffi's own compile() runs
+    # the compiler from its temporary directory, where only absolute paths resolve.
+    sources = sorted(NATIVE.glob("*.c"))
+    builder = FFI()
+    builder.cdef(_cdef_text())
+    builder.set_source(
+        "llm_smolq._kernel",
+        '#include "smolq.h"',
+        sources=[str(p if absolute_sources else p.relative_to(ROOT)) for p in sources],
+        include_dirs=[str(NATIVE)],
+        extra_compile_args=_compile_args(),
+        extra_link_args=["-pthread"],
+        libraries=["m"],
+    )
+    return builder
+
+
+ffibuilder = make_builder()
 
 if __name__ == "__main__":
-    ffibuilder.compile(tmpdir=str(ROOT / "build" / "cffi"), verbose="-v" in sys.argv)
+    make_builder(absolute_sources=True).compile(tmpdir=str(ROOT / "build" / "cffi"), verbose="-v" in sys.argv)
     # compile() leaves the module under tmpdir/llm_smolq/; move it next to the package,
     # replacing any earlier build (pip's may carry another suffix and would shadow it).
     for old in (ROOT / "llm_smolq").glob("_kernel*.so"):
