@@ -40,42 +40,33 @@ def _token_ids(vocab: int, n: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
-def run_ours(path: str, threads: int, n_prefill: int, n_decode: int) -> dict:
-    started = time.perf_counter()
-    import llm_smolq
+def _load(engine: str, path: str, threads: int, n_ctx: int):
+    """Returns (eval function taking a list of ids, vocabulary size)."""
+    if engine == "llm-smolq":
+        import llm_smolq
 
-    eng = llm_smolq.load(path, n_ctx=n_prefill + n_decode + 8, threads=threads)
-    load_s = time.perf_counter() - started
-    ids = _token_ids(eng.config.vocab_size, n_prefill + n_decode)
-    t = time.perf_counter()
-    eng.eval(ids[:n_prefill])
-    prefill_s = time.perf_counter() - t
-    t = time.perf_counter()
-    for token in ids[n_prefill:]:
-        eng.eval([token])
-    decode_s = time.perf_counter() - t
-    return _result(load_s, n_prefill, prefill_s, n_decode, decode_s)
-
-
-def run_llama_cpp(path: str, threads: int, n_prefill: int, n_decode: int) -> dict:
-    started = time.perf_counter()
+        eng = llm_smolq.load(path, n_ctx=n_ctx, threads=threads)
+        return eng.eval, eng.config.vocab_size
     from llama_cpp import Llama
 
-    model = Llama(model_path=path, n_ctx=n_prefill + n_decode + 8, n_threads=threads, n_threads_batch=threads,
-                  n_batch=512, verbose=False)
+    model = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                  verbose=False)
+    return model.eval, model.n_vocab()
+
+
+def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int) -> dict:
+    """One cold run: load, prefill n_prefill random ids, decode n_decode more one by one."""
+    started = time.perf_counter()
+    evaluate, vocab = _load(engine, path, threads, n_prefill + n_decode + 8)
     load_s = time.perf_counter() - started
-    ids = _token_ids(model.n_vocab(), n_prefill + n_decode)
+    ids = _token_ids(vocab, n_prefill + n_decode)
     t = time.perf_counter()
-    model.eval(ids[:n_prefill])
+    evaluate(ids[:n_prefill])
     prefill_s = time.perf_counter() - t
     t = time.perf_counter()
     for token in ids[n_prefill:]:
-        model.eval([token])
+        evaluate([token])
     decode_s = time.perf_counter() - t
-    return _result(load_s, n_prefill, prefill_s, n_decode, decode_s)
-
-
-def _result(load_s, n_prefill, prefill_s, n_decode, decode_s) -> dict:
     return {
         "load_s": load_s,
         "prefill_tok_s": n_prefill / prefill_s,
@@ -139,8 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     if args.child:
-        run = run_ours if args.child == "llm-smolq" else run_llama_cpp
-        print(json.dumps(run(args.model, args.threads, args.prefill, args.decode)))
+        print(json.dumps(run(args.child, args.model, args.threads, args.prefill, args.decode)))
         return
     if args.vs_llama_cpp:
         try:
