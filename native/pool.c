@@ -7,12 +7,16 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "pool.h"
 
-enum { SPIN_ROUNDS = 200000 };
+/* Spin briefly, then yield the core (a thread that spins while the thread it waits for
+ * is descheduled only delays it: with more runnable threads than cores, pure spinning
+ * turns each hand-off into a scheduler time slice), then sleep. */
+enum { SPIN_ROUNDS = 4000, YIELD_ROUNDS = 20000 };
 
 typedef struct {
     sq_pool *pool;
@@ -42,10 +46,13 @@ static inline void cpu_relax(void) {
 
 /* Waits until the generation differs from `seen`; returns the new one. */
 static int wait_for_job(sq_pool *pool, int seen) {
-    for (int i = 0; i < SPIN_ROUNDS; i++) {
+    for (int i = 0; i < SPIN_ROUNDS + YIELD_ROUNDS; i++) {
         int g = atomic_load_explicit(&pool->generation, memory_order_acquire);
         if (g != seen) return g;
-        cpu_relax();
+        if (i < SPIN_ROUNDS)
+            cpu_relax();
+        else
+            sched_yield();
     }
     pthread_mutex_lock(&pool->mu);
     int g;
@@ -116,7 +123,12 @@ void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx) {
     }
     publish(pool, fn, ctx);
     fn(ctx, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) cpu_relax();
+    for (int i = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++) {
+        if (i < SPIN_ROUNDS)
+            cpu_relax();
+        else
+            sched_yield();
+    }
 }
 
 void sq_pool_free(sq_pool *pool) {
