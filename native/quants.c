@@ -27,7 +27,9 @@
  *    The activation quantizers reproduce llama.cpp's x86 code bit for bit.
  */
 #include <assert.h>
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -1218,10 +1220,64 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
     return 0;
 }
 
+/* ---------------------------------------------------------------------------
+ * SIMD selection: AVX2/FMA versions of some vec_dot functions (quants_avx2.c),
+ * taking the place of the table's entries while enabled. The setting is made on
+ * first use (CPU support, and SMOLQ_SIMD unless it is "0") and then only changed
+ * by sq_set_simd; it is one atomic int, read relaxed on every call.
+ * ------------------------------------------------------------------------- */
+
+typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
+
+#ifdef SQ_HAVE_AVX2_KERNELS
+static const vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
+    [SQ_Q4_0] = sq_vec_dot_q4_0_avx2, [SQ_Q4_1] = sq_vec_dot_q4_1_avx2,
+    [SQ_Q8_0] = sq_vec_dot_q8_0_avx2, [SQ_Q4_K] = sq_vec_dot_q4_K_avx2,
+    [SQ_Q6_K] = sq_vec_dot_q6_K_avx2,
+};
+
+/* The kernels also use F16C, which every AVX2 CPU has; checked all the same.
+ * libgcc's (and compiler-rt's) checks include the OS saving the YMM registers. */
+static int simd_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+#else
+static int simd_supported(void) { return 0; }
+#endif
+
+static atomic_int simd_state = -1; /* -1 until first use, then 1 (SIMD) or 0 (scalar) */
+
+static int simd_enabled(void) {
+    int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
+    if (s >= 0)
+        return s;
+    const char *env = getenv("SMOLQ_SIMD");
+    int want = simd_supported() && !(env && strcmp(env, "0") == 0);
+    /* Racing first uses compute the same value; an sq_set_simd in between wins. */
+    int expected = -1;
+    if (!atomic_compare_exchange_strong(&simd_state, &expected, want))
+        return expected;
+    return want;
+}
+
+const char *sq_simd_name(void) {
+    return simd_enabled() ? "avx2" : "scalar";
+}
+
+int sq_set_simd(int enabled) {
+    simd_enabled(); /* settle the first-use choice, so it cannot overwrite this one */
+    return atomic_exchange(&simd_state, enabled != 0 && simd_supported());
+}
+
 float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
     const type_traits *t = lookup(type);
     int64_t nb = whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot)
         return NAN;
+#ifdef SQ_HAVE_AVX2_KERNELS
+    if (simd_vec_dot[type] && simd_enabled())
+        return simd_vec_dot[type](row, xq, nb);
+#endif
     return t->vec_dot(row, xq, nb);
 }

@@ -21,4 +21,16 @@ static inline uint16_t sq_fp32_to_bf16(float f) {
     return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
 }
 
+/* AVX2/FMA vec_dot functions (quants_avx2.c), same contract as quants.c's scalar
+ * vec_dot_<type>: nb blocks of weights times activations in the paired format.
+ * Compiled with target attributes; call only when the CPU has AVX2, FMA and F16C. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SQ_HAVE_AVX2_KERNELS 1
+float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb);
+#endif
+
 #endif

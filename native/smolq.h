@@ -43,6 +43,16 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n);
  * sq_vec_dot_type(type) format. Returns NaN on the error cases of sq_dequantize_row. */
 float sq_vec_dot(int type, const void *row, const void *xq, int64_t n);
 
+/* The vec_dot implementations in use: "avx2" (AVX2/FMA versions of the Q4_0, Q4_1,
+ * Q8_0, Q4_K and Q6_K dot products, chosen on first use when the CPU has AVX2 and FMA
+ * and the environment variable SMOLQ_SIMD is not "0") or "scalar". */
+const char *sq_simd_name(void);
+
+/* Switch between the SIMD (enabled != 0) and scalar vec_dot functions; enabling only
+ * takes effect on a CPU that supports them. Returns the previous setting (1 or 0).
+ * Safe at any time: a dot product already running finishes with the set it started on. */
+int sq_set_simd(int enabled);
+
 /* A weight matrix as a view into the mapped GGUF file (never copied). */
 typedef struct {
     const void *data;      /* first byte of row 0 */

@@ -1,6 +1,8 @@
 """The row decoders and dot products of native/quants.c against gguf's numpy reference, and
 the llama.cpp path: activations quantized to a vec_dot type, then integer block dot products."""
 
+import os
+
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
@@ -443,3 +445,75 @@ def test_vec_dot_bad_length(qtype):
         assert np.isnan(c_vec_dot(qtype, raw, raw, n)), f"n={n}"
         rc, buf = c_quantize(vtype, x, n)
         assert rc == -1 and (buf == 0xAB).all(), f"n={n}"
+
+
+# --- SIMD vec_dot (native/quants_avx2.c), selected at run time --------------------------
+
+SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+
+
+def cpu_has_avx2_fma() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx2" in flags and "fma" in flags
+
+
+@pytest.fixture
+def simd_restore():
+    prev = lib.sq_set_simd(1)
+    lib.sq_set_simd(prev)
+    yield
+    lib.sq_set_simd(prev)
+
+
+def test_simd_name(simd_restore):
+    name = ffi.string(lib.sq_simd_name()).decode()
+    assert name in ("avx2", "scalar")
+    if cpu_has_avx2_fma():
+        # Unless the environment turned it off, as SMOLQ_SIMD=0 does.
+        assert name == ("scalar" if os.environ.get("SMOLQ_SIMD") == "0" else "avx2")
+        lib.sq_set_simd(1)
+        assert ffi.string(lib.sq_simd_name()) == b"avx2"
+    prev = lib.sq_set_simd(0)
+    assert prev == (1 if cpu_has_avx2_fma() else 0)
+    assert ffi.string(lib.sq_simd_name()) == b"scalar"
+    assert lib.sq_set_simd(0) == 0
+
+
+@pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
+def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
+    """SIMD and scalar vec_dot: the same exact integer block sums, so they differ only by
+    the order of float roundings, far below 1e-6 of sum |w * x|."""
+    if not cpu_has_avx2_fma():
+        pytest.skip("no AVX2/FMA")
+    rng = np.random.default_rng(400 + int(qtype))
+    vtype = VEC_DOT_TYPE[qtype]
+    for n in sizes(qtype) + [4096]:
+        for _ in range(3):
+            raw = random_row(qtype, n, rng)
+            xq = c_quantize(vtype, activations(n, rng))[1][:-GUARD]
+            lib.sq_set_simd(1)
+            simd = c_vec_dot(qtype, raw, xq, n)
+            lib.sq_set_simd(0)
+            scalar = c_vec_dot(qtype, raw, xq, n)
+            scale = np.abs(expected_vec_dot(qtype, raw, xq, n)).sum()
+            assert abs(simd - scalar) <= 1e-6 * scale, f"{qtype.name} n={n}"
+    # Extreme codes (as test_vec_dot_extreme_codes): nothing saturates in maddubs.
+    for fill in (0x00, 0xFF, 0x80, 0x7F):
+        raw = random_row(qtype, 512, rng)
+        blocks = raw.reshape(512 // GGML_QUANT_SIZES[qtype][0], -1)
+        keep = np.zeros(blocks.shape[1], dtype=bool)
+        for off in F16_FIELDS[qtype]:
+            keep[off:off + 2] = True
+        blocks[:, ~keep] = fill
+        x = np.where(rng.random(512) < 0.5, -1.0, 1.0).astype(np.float32)
+        xq = c_quantize(vtype, x)[1][:-GUARD]
+        lib.sq_set_simd(1)
+        simd = c_vec_dot(qtype, raw, xq, 512)
+        lib.sq_set_simd(0)
+        scalar = c_vec_dot(qtype, raw, xq, 512)
+        scale = np.abs(expected_vec_dot(qtype, raw, xq, 512)).sum()
+        assert abs(simd - scalar) <= 1e-6 * scale + 1e-30, f"{qtype.name} fill={fill:#x}"

@@ -1,0 +1,217 @@
+/* quants_avx2.c: AVX2/FMA versions of the hot vec_dot functions of quants.c.
+ *
+ * quants.c selects these at run time (see sq_simd_name / sq_set_simd) when the CPU
+ * has AVX2 and FMA; the build passes no -march flag, so every function here carries
+ * a target attribute and nothing in this file runs unless that check passed.
+ *
+ * The shape follows llama.cpp's AVX2 kernels: per block, the codes are multiplied
+ * as bytes with maddubs (unsigned x signed, pairs summed to int16), widened with
+ * madd (int16 pairs summed to int32, times a group scale where the type has one),
+ * converted to float and accumulated with an FMA by the block's combined float
+ * scale into 8 float lanes, which a final horizontal sum adds up. The integer part
+ * of every block is exact, so these agree with the scalar functions up to float
+ * rounding order: the scalar code rounds one block total at a time, these 8 lanes.
+ * Offset terms (Q4_1's m * s, the K-quants' mins via bsums) are formed as in the
+ * scalar code and summed separately, as llama.cpp does.
+ *
+ * maddubs saturates int16: every use here stays below it. Q4 nibbles (0..15) and
+ * Q6_K codes (0..63) times activation codes (-127..127, as the quantizers make
+ * them) give pair sums of at most 3810 and 16002; signed x signed (Q8_0, Q4_0)
+ * goes through |x| and sign(y, x), at most 2 * 128 * 127 = 32512.
+ */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <assert.h>
+#include <stdint.h>
+#include <string.h>
+#include <immintrin.h>
+
+#include "quants.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define QK_K 256
+
+/* Block layouts, as in quants.c (which documents them). */
+typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
+typedef struct { uint16_t d, s; int8_t qs[32]; } blk_q8_1;
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } blk_q8_K;
+typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } blk_q4_K;
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } blk_q6_K;
+static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q8_1) == 36 && sizeof(blk_q8_K) == 292, "activation blocks");
+static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20, "Q4 blocks");
+static_assert(sizeof(blk_q4_K) == 144 && sizeof(blk_q6_K) == 210, "K blocks");
+
+/* f16 -> f32 with F16C: exact for every half, as quants.c's conversion is. */
+static inline AVX2 float h2f(uint16_t h) {
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+static inline AVX2 float hsum8(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline AVX2 float hsum4(__m128 r) {
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* 16 bytes of nibbles -> 32 codes 0..15: low nibbles in bytes 0..15, high in 16..31
+ * (the element order of Q4_0/Q4_1 blocks). */
+static inline AVX2 __m256i nibbles32(const uint8_t *p) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+}
+
+/* Sum of 32 products of unsigned bytes u and signed bytes s, as 8 int32 lanes. */
+static inline AVX2 __m256i dot_us8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* The same for two signed operands: |x| times y with x's sign moved onto it. */
+static inline AVX2 __m256i dot_ss8(__m256i x, __m256i y) {
+    return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+AVX2 float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q8_0 *x = row, *y = xq;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q4_0 *x = row;
+    const blk_q8_0 *y = xq;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+        const __m256i qx = _mm256_sub_epi8(nibbles32(x[i].qs), _mm256_set1_epi8(8));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q4_1 *x = row;
+    const blk_q8_1 *y = xq;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const float ms = h2f(x[i].m) * h2f(y[i].s);
+        summs += ms;
+        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(nibbles32(x[i].qs), qy)), acc);
+    }
+    return hsum8(acc) + summs;
+}
+
+/* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block,
+ * rearranged from their 12 packed bytes a 32-bit word at a time (k_scale_min in
+ * quants.c gives the same values one pair at a time). */
+static inline void k_unpack_scales(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    u[0] = a[0] & m6;                                        /* sc 0..3 */
+    u[1] = (a[2] & m4) | ((a[0] >> 6) & m2) << 4;            /* sc 4..7 */
+    u[2] = a[1] & m6;                                        /* mn 0..3 */
+    u[3] = ((a[2] >> 4) & m4) | ((a[1] >> 6) & m2) << 4;     /* mn 4..7 */
+}
+
+AVX2 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q4_K *x = row;
+    const blk_q8_K *y = xq;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        uint32_t u[4];
+        k_unpack_scales(x[i].scales, u);
+        const uint8_t *sc = (const uint8_t *)u;
+
+        /* Min terms: mn[g] * (bsums[2g] + bsums[2g+1]), in 4 int32 lanes. */
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
+        const __m128i bs_lo = _mm_loadu_si128((const __m128i *)y[i].bsums);
+        const __m128i bs_hi = _mm_loadu_si128((const __m128i *)(y[i].bsums + 8));
+        const __m128i prod = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));
+        const float dmin = y[i].d * h2f(x[i].dmin);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+
+        /* Codes: 32 bytes of qs serve groups 2c (low nibbles) and 2c+1 (high). */
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(q4, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            const __m256i y_lo = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
+            const __m256i y_hi = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
+            const __m256i p_lo = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(lo, y_lo));
+            const __m256i p_hi = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi, y_hi));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+        }
+        const float d = y[i].d * h2f(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc) - hsum4(acc_m);
+}
+
+/* Q6_K: the codes q (0..63) multiply the activations unsigned; the -32 offset comes
+ * off each int16 pair sum as maddubs(32, y) before the group scale is applied, so
+ * every int32 lane holds the same partial sum as in llama.cpp's AVX2 code (the float
+ * steps after it then round alike). |q*y pair - 32*y pair| <= 2 * 32 * 127. */
+AVX2 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q6_K *x = row;
+    const blk_q8_K *y = xq;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m32 = _mm256_set1_epi8(32);
+    const __m256i m2 = _mm256_set1_epi8(0x03), m2_2 = _mm256_set1_epi8(0x0c);
+    const __m256i m2_4 = _mm256_set1_epi8(0x30), m2_6 = _mm256_set1_epi8((char)0xc0);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const int8_t *sc = x[i].scales;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            const int8_t *q8 = y[i].qs + 128 * h;
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i b2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            /* Elements 0..31, 32..63, 64..95, 96..127 of the half (order of decode_q6_K). */
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2_2), 2));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(hb, m2_4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+                                   _mm256_srli_epi16(_mm256_and_si256(hb, m2_6), 2));
+            for (int c = 0; c < 4; c++) {
+                const int g = 8 * h + 2 * c; /* groups g (bytes 0..15) and g+1 (16..31) */
+                const __m256i s = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[g])),
+                                                          _mm_set1_epi16(sc[g + 1]), 1);
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(q8 + 32 * c));
+                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[c], qy), _mm256_maddubs_epi16(m32, qy));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p16));
+            }
+        }
+        const float d = y[i].d * h2f(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int sq_quants_avx2_unused;
+#endif
