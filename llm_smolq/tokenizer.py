@@ -254,15 +254,6 @@ class GGUFTokenizer:
         return self.tokenizer.token_to_id(text)
 
 
-def metadata_from_reader(reader: Any) -> dict[str, Any]:
-    """The ``tokenizer.*`` fields of an open ``gguf.GGUFReader`` as plain values."""
-    return {
-        name: field.contents()
-        for name, field in reader.fields.items()
-        if name.startswith("tokenizer.")
-    }
-
-
 def read_tokenizer_metadata(path: str | Path) -> dict[str, Any]:
     """The ``tokenizer.*`` metadata of a GGUF file as plain Python values."""
     from .gguf_file import read_header
