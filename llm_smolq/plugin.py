@@ -47,7 +47,9 @@ class SmolQOptions(llm.Options):
     repeat_penalty: Optional[float] = Field(default=None, gt=0.0, le=5.0, description="Penalty for the last 64 tokens (1.0: off)")
     seed: Optional[int] = Field(default=None, ge=0, description="Random seed for reproducible sampling")
     stop: Optional[Union[str, list[str]]] = Field(default=None, description="Stop when this text (or any of these) appears")
-    n_ctx: Optional[int] = Field(default=None, ge=16, le=131072, description="Context length in tokens (default 4096)")
+    n_ctx: Optional[int] = Field(
+        default=None, ge=16, le=131072, description="Context length in tokens (default 4096; capped at the model's own)"
+    )
     threads: Optional[int] = Field(default=None, ge=1, le=256, description="CPU threads (default: all cores)")
     thinking: Optional[bool] = Field(default=None, description="SmolLM3: reason in <think> before answering (default true)")
 
@@ -84,7 +86,9 @@ def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
     key = str(path.resolve())
     with _loaded_lock:
         hit = _loaded.get(key)
-        if hit and hit.engine.n_ctx == n_ctx and threads in (None, hit.engine.threads):
+        if hit and hit.engine.n_ctx == min(n_ctx, hit.engine.config.context_length) and threads in (
+            None, hit.engine.threads
+        ):
             return hit
         _loaded.pop(key, None)  # let a differently sized engine go before loading another
         try:

@@ -200,3 +200,12 @@ def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypa
     ids = plugin._loaded[str(model_path(user_dir))].engine.tokens[:37]
     expected = fresh.detokenize([int(fresh.eval(ids).argmax())])
     assert again.startswith(expected)
+
+
+def test_a_context_above_the_models_is_capped_and_the_engine_kept(user_dir):
+    model = llm.get_model("smollm2-q")
+    model.prompt("One", max_tokens=1, temperature=0, n_ctx=100000).text()
+    engine = plugin._loaded[str(model_path(user_dir))].engine
+    assert engine.n_ctx == engine.config.context_length == 8192
+    model.prompt("Two", max_tokens=1, temperature=0, n_ctx=100000).text()
+    assert plugin._loaded[str(model_path(user_dir))].engine is engine
