@@ -134,10 +134,10 @@ class _SmolQ:
         if engine.tokenizer.add_bos and engine.tokenizer.bos_id is not None:
             ids = [engine.tokenizer.bos_id] + ids
         if len(ids) >= engine.n_ctx:
-            raise llm.ModelError(
-                f"the prompt is {len(ids)} tokens but the context holds {engine.n_ctx}; "
-                f"shorten it or raise the context with -o n_ctx {min(len(ids) * 2, 131072)}"
-            )
+            limit = engine.config.context_length
+            fix = (f"shorten it or raise the context with -o n_ctx {min(len(ids) * 2, limit)}" if len(ids) < limit
+                   else f"shorten it: the model reads at most {limit} tokens")
+            raise llm.ModelError(f"the prompt is {len(ids)} tokens but the context holds {engine.n_ctx}; {fix}")
         params = SamplingParams(
             temperature=_pick(opts.temperature, 0.6 if smollm3 else 0.2),
             top_p=_pick(opts.top_p, 0.95 if smollm3 else 0.9),
@@ -153,26 +153,26 @@ class _SmolQ:
             with loaded.lock:
                 try:
                     for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done):
-                        yield from _events(splitter, splitter.push(chunk) if splitter else [("text", chunk)])
+                        yield from _events(splitter.push(chunk) if splitter else [("text", chunk)])
                 except KeyboardInterrupt:
                     # Ctrl-C ends the answer, not the program: llm logs what was produced
                     # and `llm chat` goes on. The KV cache holds only completed steps.
                     done.finish_reason = "interrupted"
                 if splitter:
-                    yield from _events(splitter, splitter.flush())
+                    yield from _events(splitter.flush())
         finally:
             response.set_usage(
                 input=done.prompt_tokens, output=len(done.output_ids), details={"cached": done.cached_tokens}
             )
             response.response_json = {
-                "finish_reason": done.finish_reason or "interrupted",
+                "finish_reason": done.finish_reason or "error",
                 "tokens_per_second": done.tokens_per_second,
                 "prefill_seconds": round(done.prefill_seconds, 3),
                 "model_file": str(path),
             }
 
 
-def _events(splitter, pieces):
+def _events(pieces):
     for kind, text in pieces:
         yield text if kind == "text" else StreamEvent(type="reasoning", chunk=text)
 
