@@ -24,6 +24,7 @@ struct sq_state {
     float *att;             /* [max_batch][n_heads*head_dim] attention output */
     float *gate;            /* [max_batch][hidden_dim] */
     float *up;              /* [max_batch][hidden_dim] */
+    float *rope_cs;         /* [max_batch][head_dim/2][2] cos, sin of each token's angles */
     void *xq;               /* [max_batch][widest] 2-byte slots: mat-mul inputs in vec-dot format */
 };
 
@@ -46,7 +47,8 @@ sq_state *sq_state_new(const sq_config *c, int max_batch) {
     s->gate = alloc_floats(b * c->hidden_dim);
     s->up = alloc_floats(b * c->hidden_dim);
     s->xq = malloc((size_t)(b * widest) * 2);
-    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->gate || !s->up || !s->xq) {
+    s->rope_cs = alloc_floats(b * c->head_dim);
+    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->gate || !s->up || !s->xq || !s->rope_cs) {
         sq_state_free(s);
         return NULL;
     }
@@ -56,7 +58,7 @@ sq_state *sq_state_new(const sq_config *c, int max_batch) {
 void sq_state_free(sq_state *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v);
-    free(s->att); free(s->gate); free(s->up); free(s->xq);
+    free(s->att); free(s->gate); free(s->up); free(s->xq); free(s->rope_cs);
     free(s);
 }
 
@@ -71,13 +73,21 @@ static void rmsnorm(float *out, const float *x, const float *weight, int n, floa
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
 }
 
+/* The rotation angles depend only on the position: computed once per token per chunk,
+ * then shared by q and k of every layer. */
+static void rope_angles(float *cs, int head_dim, int pos, float theta_base) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        double angle = pos * pow((double)theta_base, -2.0 * i / head_dim);
+        cs[2 * i] = (float)cos(angle);
+        cs[2 * i + 1] = (float)sin(angle);
+    }
+}
+
 /* GGUF's converter permutes Q and K rows so that each rotated pair is adjacent
  * (2i, 2i+1) rather than HF's (i, i + head_dim/2). */
-static void rope(float *vec, int n_heads, int head_dim, int pos, float theta_base) {
+static void rope(float *vec, int n_heads, int head_dim, const float *cs) {
     for (int i = 0; i < head_dim / 2; i++) {
-        double freq = pow((double)theta_base, -2.0 * i / head_dim);
-        double angle = pos * freq;
-        float c = (float)cos(angle), s = (float)sin(angle);
+        float c = cs[2 * i], s = cs[2 * i + 1];
         for (int h = 0; h < n_heads; h++) {
             float *p = vec + (int64_t)h * head_dim + 2 * i;
             float a = p[0], b = p[1];
@@ -144,8 +154,9 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
         int pos = n_past + t;
         float *qt = s->q + (int64_t)t * qd, *kt = s->k + (int64_t)t * kvd, *vt = s->v + (int64_t)t * kvd;
         if (L->use_rope) {
-            rope(qt, c->n_heads, hd, pos, c->rope_theta);
-            rope(kt, c->n_kv_heads, hd, pos, c->rope_theta);
+            const float *cs = s->rope_cs + (int64_t)t * hd;
+            rope(qt, c->n_heads, hd, cs);
+            rope(kt, c->n_kv_heads, hd, cs);
         }
         for (int h = 0; h < c->n_kv_heads; h++) {
             int64_t off = ((int64_t)h * c->n_ctx + pos) * hd;
@@ -182,6 +193,7 @@ static void chunk_forward(const sq_model *m, sq_state *s, sq_pool *pool, uint8_t
     for (int t = 0; t < n_tok; t++) {
         const uint8_t *row = (const uint8_t *)m->token_embd.data + (int64_t)tokens[t] * m->token_embd.row_bytes;
         sq_dequantize_row(m->token_embd.type, row, s->x + (int64_t)t * dim, dim);
+        rope_angles(s->rope_cs + (int64_t)t * c->head_dim, c->head_dim, n_past + t, c->rope_theta);
     }
     for (int l = 0; l < c->n_layers; l++) layer_forward(m, l, s, pool, k_cache, v_cache, kv_type, n_tok, n_past);
 
