@@ -50,9 +50,10 @@ ffibuilder = make_builder()
 
 if __name__ == "__main__":
     make_builder(absolute_sources=True).compile(tmpdir=str(ROOT / "build" / "cffi"), verbose="-v" in sys.argv)
-    # compile() leaves the module under tmpdir/llm_smolq/; move it next to the package,
-    # replacing any earlier build (pip's may carry another suffix and would shadow it).
+    # compile() leaves the module under tmpdir/llm_smolq/; move it next to the package
+    # under the name `pip install -e .` gives it (cffi builds for the stable ABI), so the
+    # two ways of building replace each other instead of one shadowing the other.
     for old in (ROOT / "llm_smolq").glob("_kernel*.so"):
         old.unlink()
     for built in (ROOT / "build" / "cffi" / "llm_smolq").glob("_kernel*.so"):
-        built.replace(ROOT / "llm_smolq" / built.name)
+        built.replace(ROOT / "llm_smolq" / "_kernel.abi3.so")

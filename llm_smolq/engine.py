@@ -21,7 +21,6 @@ _FORWARD_ERRORS = {
     lib.SQ_ERR_ARGS: "invalid arguments",
     lib.SQ_ERR_TOKEN: "a token id outside the vocabulary",
     lib.SQ_ERR_CONTEXT: "the context is full",
-    lib.SQ_ERR_NOMEM: "out of memory",
 }
 
 

@@ -111,7 +111,7 @@ void sq_state_free(sq_state *s);
  * k_cache, v_cache: [n_layers][n_kv_heads][n_ctx][head_dim] of kv_type (SQ_F32 or SQ_F16);
  * the new positions are written there. logits: [n_tokens][vocab_size] when all_logits,
  * else [vocab_size] for the last token. Returns 0, or a negative sq_error. */
-enum sq_error { SQ_OK = 0, SQ_ERR_ARGS = -1, SQ_ERR_TOKEN = -2, SQ_ERR_CONTEXT = -3, SQ_ERR_NOMEM = -4 };
+enum sq_error { SQ_OK = 0, SQ_ERR_ARGS = -1, SQ_ERR_TOKEN = -2, SQ_ERR_CONTEXT = -3 };
 int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool,
                void *k_cache, void *v_cache, int kv_type,
                const int32_t *tokens, int n_tokens, int n_past,
