@@ -1,122 +1,167 @@
-/* attention.c: one decode step of grouped-query attention.
+/* attention.c: grouped-query attention over one KV head, rounded as llama.cpp rounds it.
  *
- * For each KV head, the `group` query heads that share it walk its keys once with an
- * online softmax: a running max m, a running sum l of exp(score - m) and an unnormalized
- * output acc = sum exp(score - m) * v. When a new score beats m, l and acc are rescaled by
- * exp(m_old - m_new). So K and V are each read exactly once, with no scores buffer, which
- * matters because decode attention is bound by the bytes of cache it reads.
+ * llama.cpp (without flash attention) computes attention as separate steps: scores
+ * K.q with its f32 dot product, a scaled softmax whose exponentials come from its own
+ * exp and whose sum is kept in double, then the weighted sum of V rows as a mat-mul
+ * whose kernel depends on the batch: the f32 dot product for one token, an 8-lane
+ * tiled gemm for several. The outputs feed mat-vecs that quantize them to 8 bits, and
+ * a one-ulp difference can flip a code and move every later logit by ~1%, so each of
+ * those steps is reproduced here with the same operations in the same order.
  *
- * Scalar C11. The loops are written so the compiler can vectorize them without
- * -ffast-math: independent partial sums for dot products, elementwise updates elsewhere.
+ * Per (token, query head) that costs one scores buffer of n_keys floats, and K and V
+ * are each read once per query head group, as with a single-pass softmax.
+ *
+ * The functions are written once (static inline, fmaf) and compiled twice: plainly,
+ * and with AVX2/FMA enabled so fmaf becomes one instruction and the 8-lane loops
+ * vectorize. Both builds compute the same bits; the second is picked at run time.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-
+#include <stdlib.h>
+#include <string.h>
 #include "smolq.h"
 #include "attention.h"
-
-/* Query heads walked together. A group larger than this (no SmolLM has one: SmolLM3
- * uses 4) is split into tiles, and each tile makes its own pass over K and V. */
-#define TILE 16
+#include "quants.h"
+#include "exp_ggml.h"
 
 /* F16 rows are widened to float this many elements at a time, so any head_dim works
  * with a fixed stack buffer (1 KiB); SmolLM's head_dim (64, 128) takes one chunk. */
 #define CHUNK 256
 
-/* Indices below are size_t, not int: Python's build flags include -fwrapv, under which
- * int counters may wrap, and gcc then leaves some of these loops scalar (2x slower). */
-
 static void fill(float *x, size_t n, float value) {
     for (size_t i = 0; i < n; i++) x[i] = value;
 }
 
-/* Dot product with eight independent partial sums: a single running sum is a serial
- * dependency the compiler may not reorder under strict IEEE rules, eight are not. */
-static float dot(const float *a, const float *b, size_t n) {
-    float acc[8] = {0};
-    const size_t body = n & ~(size_t)7;
-    for (size_t i = 0; i < body; i += 8)
-        for (size_t j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
-    float sum = 0.0f;
-    for (size_t i = body; i < n; i++) sum += a[i] * b[i];
-    for (size_t j = 0; j < 8; j++) sum += acc[j];
-    return sum;
-}
-
-/* out = out * c + w * v: rescale the accumulator to the new max and add this row. */
-static void rescale_add(float *restrict out, float c, float w, const float *restrict v,
-                        size_t n) {
-    for (size_t i = 0; i < n; i++) out[i] = out[i] * c + w * v[i];
-}
-
 /* n floats of a K or V row starting at element `at`: a pointer straight into the cache
- * for F32, else the elements widened into buf. The widening goes through quants.c's row
- * decoder, the same conversion as sq_fp16_to_fp32 but one call per chunk instead of one
- * per element: that call overhead made F16 caches ~1.5x slower. */
+ * for F32, else the elements widened into buf. */
 static const float *row_f32(const void *rows, int kv_type, size_t at, size_t n, float *buf) {
     if (kv_type == SQ_F32) return (const float *)rows + at;
     sq_dequantize_row(SQ_F16, (const uint16_t *)rows + at, buf, (int64_t)n);
     return buf;
 }
 
-/* Attention for up to TILE query heads over one KV head's rows; see sq_attention_group. */
-static void attend_tile(const float *q, size_t group, const void *k, const void *v,
-                        int kv_type, size_t head_dim, size_t n_keys, float *out) {
-    float m[TILE], l[TILE];        /* running max and running sum of exp(score - m) */
-    float score[TILE], c[TILE], w[TILE];
+/* Sum of 8 lanes in the order of an AVX register reduction: high half onto low half,
+ * then (0 + 2, 1 + 3), then the two. */
+static inline float hsum8(const float *a) {
+    float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
+/* llama.cpp's f32 dot product: 4 x 8 lanes of fma over 32-element steps, the four
+ * reduced pairwise (0+2, 1+3, then 0+1), the 8 lanes by halves and two horizontal adds,
+ * and any tail (n % 32) added one fma at a time. */
+static inline float dot_f32(const float *x, const float *y, size_t n) {
+    float acc[4][8] = {{0}};
+    const size_t body = n & ~(size_t)31;
+    for (size_t i = 0; i < body; i += 32)
+        for (size_t j = 0; j < 4; j++)
+            for (size_t l = 0; l < 8; l++) acc[j][l] = fmaf(x[i + 8 * j + l], y[i + 8 * j + l], acc[j][l]);
+    float r[8];
+    for (size_t l = 0; l < 8; l++) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    const float h0 = r[0] + r[4], h1 = r[1] + r[5], h2 = r[2] + r[6], h3 = r[3] + r[7];
+    float sum = (h0 + h1) + (h2 + h3);
+    for (size_t i = body; i < n; i++) sum = fmaf(x[i], y[i], sum);
+    return sum;
+}
+
+/* p = softmax(scores * scale) in place over n entries: exponentials in groups of 8
+ * summed as a register, the group sums added in double, then one float reciprocal. */
+static inline void softmax(float *p, size_t n, float scale) {
+    float max = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        p[i] *= scale;
+        max = p[i] > max ? p[i] : max;
+    }
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i += 8) {
+        float lane[8] = {0};
+        const size_t m = n - i < 8 ? n - i : 8;  /* the padding llama.cpp masks: exp = 0 */
+        for (size_t l = 0; l < m; l++) lane[l] = p[i + l] = exp_ggml(p[i + l] - max);
+        sum += (double)hsum8(lane);
+    }
+    const float inv = (float)(1.0 / sum);
+    for (size_t i = 0; i < n; i++) p[i] *= inv;
+}
+
+/* out[d] = sum_t p[t] * v[t][d], in the order of llama.cpp's kernel for this batch
+ * shape: one token -> the f32 dot product over t (4 x 8 lanes); several -> 8 lanes of
+ * fma over t, then the register sum. Positions past n_keys are masked there (p = 0),
+ * so leaving them out changes nothing. */
+static inline void weighted_sum(const float *p, const void *v, int kv_type, size_t head_dim, size_t n_keys,
+                                int batched, float *out) {
+    float buf[CHUNK];
+    if (batched) {
+        float (*acc)[8] = malloc(head_dim * sizeof *acc);
+        if (!acc) { fill(out, head_dim, NAN); return; }
+        memset(acc, 0, head_dim * sizeof *acc);
+        for (size_t t = 0; t < n_keys; t++)
+            for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {
+                const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
+                const float *vr = row_f32(v, kv_type, t * head_dim + d0, n, buf);
+                for (size_t d = 0; d < n; d++) acc[d0 + d][t & 7] = fmaf(vr[d], p[t], acc[d0 + d][t & 7]);
+            }
+        for (size_t d = 0; d < head_dim; d++) out[d] = hsum8(acc[d]);
+        free(acc);
+        return;
+    }
+    float (*acc)[32] = malloc(head_dim * sizeof *acc);
+    if (!acc) { fill(out, head_dim, NAN); return; }
+    memset(acc, 0, head_dim * sizeof *acc);
+    for (size_t t = 0; t < n_keys; t++)
+        for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {
+            const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
+            const float *vr = row_f32(v, kv_type, t * head_dim + d0, n, buf);
+            for (size_t d = 0; d < n; d++) acc[d0 + d][t & 31] = fmaf(vr[d], p[t], acc[d0 + d][t & 31]);
+        }
+    for (size_t d = 0; d < head_dim; d++) {
+        const float *a = acc[d];  /* lane l of accumulator j is a[8 * j + l] */
+        float r[8];
+        for (size_t l = 0; l < 8; l++) r[l] = (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]);
+        const float h0 = r[0] + r[4], h1 = r[1] + r[5], h2 = r[2] + r[6], h3 = r[3] + r[7];
+        out[d] = (h0 + h1) + (h2 + h3);
+    }
+    free(acc);
+}
+
+static inline void attend(const float *q, size_t group, const void *k, const void *v, int kv_type,
+                          size_t head_dim, size_t n_keys, int batched, float *scores, float *out) {
     float buf[CHUNK];
     const float scale = 1.0f / sqrtf((float)head_dim);
-
-    for (size_t g = 0; g < group; g++) m[g] = -INFINITY, l[g] = 0.0f;
-    fill(out, group * head_dim, 0.0f);   /* 0 * c stays 0 on the first key */
-
-    for (size_t t = 0; t < n_keys; t++) {
-        const size_t row = t * head_dim;
-
-        /* Scores: one read of this K row serves every query head of the group. */
-        for (size_t g = 0; g < group; g++) score[g] = 0.0f;
-        for (size_t d = 0; d < head_dim; d += CHUNK) {
-            const size_t n = head_dim - d < CHUNK ? head_dim - d : CHUNK;
-            const float *kr = row_f32(k, kv_type, row + d, n, buf);
-            for (size_t g = 0; g < group; g++)
-                score[g] += dot(q + g * head_dim + d, kr, n);
-        }
-
-        /* Online softmax step. Only a new max costs a rescale (c < 1). A NaN score is
-         * not > m, so w = exp(NaN) = NaN and the NaN reaches out, as it should. */
-        for (size_t g = 0; g < group; g++) {
-            const float x = score[g] * scale;
-            if (x > m[g]) {
-                c[g] = expf(m[g] - x);   /* exp(-inf) = 0 on the first key */
-                w[g] = 1.0f;
-                m[g] = x;
-            } else {
-                c[g] = 1.0f;
-                w[g] = expf(x - m[g]);
-            }
-            l[g] = l[g] * c[g] + w[g];
-        }
-
-        /* Values: likewise one read of this V row for the whole group. */
-        for (size_t d = 0; d < head_dim; d += CHUNK) {
-            const size_t n = head_dim - d < CHUNK ? head_dim - d : CHUNK;
-            const float *vr = row_f32(v, kv_type, row + d, n, buf);
-            for (size_t g = 0; g < group; g++)
-                rescale_add(out + g * head_dim + d, c[g], w[g], vr, n);
-        }
-    }
-
     for (size_t g = 0; g < group; g++) {
-        const float inv = 1.0f / l[g];
-        float *o = out + g * head_dim;
-        for (size_t i = 0; i < head_dim; i++) o[i] *= inv;
+        const float *qg = q + g * head_dim;
+        for (size_t t = 0; t < n_keys; t++) {
+            const float *kr = head_dim <= CHUNK ? row_f32(k, kv_type, t * head_dim, head_dim, buf) : NULL;
+            if (kr) {
+                scores[t] = dot_f32(qg, kr, head_dim);
+            } else {  /* rows wider than a chunk: widen whole rows into out as scratch */
+                float *row = out + g * head_dim;
+                sq_dequantize_row(kv_type, (const uint8_t *)k + t * head_dim * (kv_type == SQ_F32 ? 4 : 2),
+                                  row, (int64_t)head_dim);
+                scores[t] = dot_f32(qg, row, head_dim);
+            }
+        }
+        softmax(scores, n_keys, scale);
+        weighted_sum(scores, v, kv_type, head_dim, n_keys, batched, out + g * head_dim);
     }
 }
 
-/* out doubles as the accumulator, so it must not overlap q, k or v. */
-void sq_attention_group(const float *q, int group, const void *k, const void *v,
-                        int kv_type, int head_dim, int n_keys, float *out) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma")))
+static void attend_avx2(const float *q, size_t group, const void *k, const void *v, int kv_type,
+                        size_t head_dim, size_t n_keys, int batched, float *scores, float *out) {
+    attend(q, group, k, v, kv_type, head_dim, n_keys, batched, scores, out);
+}
+#define HAVE_ATTEND_AVX2 1
+#endif
+
+static void attend_plain(const float *q, size_t group, const void *k, const void *v, int kv_type,
+                         size_t head_dim, size_t n_keys, int batched, float *scores, float *out) {
+    attend(q, group, k, v, kv_type, head_dim, n_keys, batched, scores, out);
+}
+
+void sq_attention_group(const float *q, int group, const void *k, const void *v, int kv_type, int head_dim,
+                        int n_keys, int batched, float *scores, float *out) {
     if (group <= 0 || head_dim <= 0) return;
     const size_t hd = (size_t)head_dim, n_out = (size_t)group * hd;
     if (kv_type != SQ_F32 && kv_type != SQ_F16) {
@@ -127,10 +172,13 @@ void sq_attention_group(const float *q, int group, const void *k, const void *v,
         fill(out, n_out, 0.0f);  /* nothing to attend to; the Python side forbids this */
         return;
     }
-    for (size_t g0 = 0; g0 < (size_t)group; g0 += TILE) {
-        const size_t n = (size_t)group - g0 < TILE ? (size_t)group - g0 : TILE;
-        attend_tile(q + g0 * hd, n, k, v, kv_type, hd, (size_t)n_keys, out + g0 * hd);
+#ifdef HAVE_ATTEND_AVX2
+    if (sq_simd_enabled()) {
+        attend_avx2(q, (size_t)group, k, v, kv_type, hd, (size_t)n_keys, batched, scores, out);
+        return;
     }
+#endif
+    attend_plain(q, (size_t)group, k, v, kv_type, hd, (size_t)n_keys, batched, scores, out);
 }
 
 void sq_attention(const float *q, const void *k_cache, const void *v_cache, int kv_type,
@@ -143,6 +191,11 @@ void sq_attention(const float *q, const void *k_cache, const void *v_cache, int 
         fill(out, (size_t)n_heads * (size_t)head_dim, NAN);
         return;
     }
+    float *scores = malloc((size_t)(n_keys > 0 ? n_keys : 1) * sizeof(float));
+    if (!scores) {
+        fill(out, (size_t)n_heads * (size_t)head_dim, NAN);
+        return;
+    }
     const int group = n_heads / n_kv_heads;
     const size_t elem = kv_type == SQ_F32 ? sizeof(float) : sizeof(uint16_t);
     const size_t head_bytes = (size_t)n_ctx * (size_t)head_dim * elem;  /* one KV head */
@@ -151,6 +204,7 @@ void sq_attention(const float *q, const void *k_cache, const void *v_cache, int 
         sq_attention_group(q + h * q_stride, group,
                            (const char *)k_cache + h * head_bytes,
                            (const char *)v_cache + h * head_bytes,
-                           kv_type, head_dim, n_keys, out + h * q_stride);
+                           kv_type, head_dim, n_keys, 0, scores, out + h * q_stride);
     }
+    free(scores);
 }

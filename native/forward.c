@@ -13,6 +13,7 @@
 #include "matmul.h"
 #include "pool.h"
 #include "quants.h"
+#include "exp_ggml.h"
 
 struct sq_state {
     int max_batch;          /* tokens per chunk */
@@ -25,6 +26,8 @@ struct sq_state {
     float *gate;            /* [max_batch][hidden_dim] */
     float *up;              /* [max_batch][hidden_dim] */
     float *rope_cs;         /* [max_batch][head_dim/2][2] cos, sin of each token's angles */
+    float *scores;          /* [scores_threads][n_ctx] attention weights, one row per pool thread */
+    int scores_threads;     /* rows of scores, grown to the pool's size on first use */
     void *xq;               /* [max_batch][widest] 2-byte slots: mat-mul inputs in vec-dot format */
 };
 
@@ -58,7 +61,7 @@ sq_state *sq_state_new(const sq_config *c, int max_batch) {
 void sq_state_free(sq_state *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v);
-    free(s->att); free(s->gate); free(s->up); free(s->xq); free(s->rope_cs);
+    free(s->att); free(s->gate); free(s->up); free(s->xq); free(s->rope_cs); free(s->scores);
     free(s);
 }
 
@@ -74,25 +77,30 @@ static void rmsnorm(float *out, const float *x, const float *weight, int n, floa
 }
 
 /* The rotation angles depend only on the position: computed once per token per chunk,
- * then shared by q and k of every layer. */
+ * then shared by q and k of every layer. As llama.cpp forms them: theta starts at the
+ * position and is multiplied by base^(-2/head_dim) in float for each next pair, then
+ * cosf/sinf. An ulp here can flip an 8-bit code downstream, hence the exact recipe. */
 static void rope_angles(float *cs, int head_dim, int pos, float theta_base) {
+    const float theta_scale = powf(theta_base, -2.0f / (float)head_dim);
+    float theta = (float)pos;
     for (int i = 0; i < head_dim / 2; i++) {
-        double angle = pos * pow((double)theta_base, -2.0 * i / head_dim);
-        cs[2 * i] = (float)cos(angle);
-        cs[2 * i + 1] = (float)sin(angle);
+        cs[2 * i] = cosf(theta);
+        cs[2 * i + 1] = sinf(theta);
+        theta *= theta_scale;
     }
 }
 
 /* GGUF's converter permutes Q and K rows so that each rotated pair is adjacent
- * (2i, 2i+1) rather than HF's (i, i + head_dim/2). */
+ * (2i, 2i+1) rather than HF's (i, i + head_dim/2). Each output is one product plus
+ * one fused multiply-add, the rounding llama.cpp's optimized build gets. */
 static void rope(float *vec, int n_heads, int head_dim, const float *cs) {
     for (int i = 0; i < head_dim / 2; i++) {
         float c = cs[2 * i], s = cs[2 * i + 1];
         for (int h = 0; h < n_heads; h++) {
             float *p = vec + (int64_t)h * head_dim + 2 * i;
             float a = p[0], b = p[1];
-            p[0] = a * c - b * s;
-            p[1] = a * s + b * c;
+            p[0] = fmaf(-b, s, a * c);
+            p[1] = fmaf(b, c, a * s);
         }
     }
 }
@@ -112,6 +120,7 @@ typedef struct {
     const uint8_t *k_layer; /* this layer's [n_kv_heads][n_ctx][head_dim] */
     const uint8_t *v_layer;
     int kv_type, n_tokens, n_past;
+    float *scores;          /* [threads][n_ctx] scratch */
     float *out;             /* [n_tokens][n_heads*head_dim] */
 } attention_job;
 
@@ -127,8 +136,31 @@ static void attention_worker(void *p, int ith, int nth) {
         int t = task / c->n_kv_heads, h = task % c->n_kv_heads;
         int64_t qoff = ((int64_t)t * c->n_heads + (int64_t)h * group) * hd;
         sq_attention_group(job->q + qoff, group, job->k_layer + h * head_bytes, job->v_layer + h * head_bytes,
-                           job->kv_type, hd, job->n_past + t + 1, job->out + qoff);
+                           job->kv_type, hd, job->n_past + t + 1, job->n_tokens > 1,
+                           job->scores + (size_t)ith * c->n_ctx, job->out + qoff);
     }
+}
+
+/* gate = SiLU(gate) * up, compiled twice like attention.c: plainly and with FMA. */
+static void swiglu_plain(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
+}
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma")))
+static void swiglu_avx2(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
+}
+#define HAVE_SWIGLU_AVX2 1
+#endif
+
+static void swiglu(float *gate, const float *up, int64_t n) {
+#ifdef HAVE_SWIGLU_AVX2
+    if (sq_simd_enabled()) {
+        swiglu_avx2(gate, up, n);
+        return;
+    }
+#endif
+    swiglu_plain(gate, up, n);
 }
 
 static void add_into(float *x, const float *y, int64_t n) {
@@ -164,7 +196,7 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
             store_kv(vl, kv_type, off, vt + (int64_t)h * hd, hd);
         }
     }
-    attention_job aj = {c, s->q, kl, vl, kv_type, n_tok, n_past, s->att};
+    attention_job aj = {c, s->q, kl, vl, kv_type, n_tok, n_past, s->scores, s->att};
     sq_pool_run(pool, attention_worker, &aj);
 
     sq_matmul_set o = {1, {&L->wo}, {s->xn}, {dim}};
@@ -175,11 +207,7 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
         rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->ffn_norm.data, dim, c->rms_eps);
     sq_matmul_set gu = {2, {&L->ffn_gate, &L->ffn_up}, {s->gate, s->up}, {c->hidden_dim, c->hidden_dim}};
     sq_matmul(pool, &gu, s->xn, n_tok, s->xq);
-    int64_t n_hidden = (int64_t)n_tok * c->hidden_dim;
-    for (int64_t i = 0; i < n_hidden; i++) {
-        float g = s->gate[i];
-        s->gate[i] = g / (1.0f + expf(-g)) * s->up[i];
-    }
+    swiglu(s->gate, s->up, (int64_t)n_tok * c->hidden_dim);
     sq_matmul_set down = {1, {&L->ffn_down}, {s->xn}, {dim}};
     sq_matmul(pool, &down, s->gate, n_tok, s->xq);
     add_into(s->x, s->xn, (int64_t)n_tok * dim);
@@ -215,6 +243,13 @@ int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool, void *k_cache, voi
     for (int t = 0; t < n_tokens; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size) return SQ_ERR_TOKEN;
 
+    int nth = sq_pool_threads(pool);
+    if (s->scores_threads < nth) {
+        float *grown = realloc(s->scores, (size_t)nth * (size_t)c->n_ctx * sizeof(float));
+        if (!grown) return SQ_ERR_ARGS;
+        s->scores = grown;
+        s->scores_threads = nth;
+    }
     for (int start = 0; start < n_tokens; start += s->max_batch) {
         int n_tok = n_tokens - start < s->max_batch ? n_tokens - start : s->max_batch;
         int last_chunk = start + n_tok == n_tokens;

@@ -174,6 +174,21 @@ static inline int32_t dot_i16(const int16_t *restrict a, const int16_t *restrict
     return s;
 }
 
+/* The float side of llama.cpp's AVX2 vec_dot for 32-element blocks: 8 lanes, lane l
+ * holding the exact integer sum of elements 4l..4l+3 of each block, accumulated with
+ * one fma per block (lane value times the blocks' combined scale), then summed as an
+ * AVX register is (high half onto low, then 0+2 and 1+3, then the two). The scalar
+ * vec_dots that use it give the same bits as their AVX2 twins in quants_avx2.c. */
+static inline void lanes8_fma(float acc[8], const int16_t *w, const int16_t *a, float d) {
+    for (int l = 0; l < 8; l++)
+        acc[l] = fmaf(d, (float)dot_i16(w + 4 * l, a + 4 * l, 4), acc[l]);
+}
+
+static inline float lanes8_sum(const float acc[8]) {
+    const float t0 = acc[0] + acc[4], t1 = acc[1] + acc[5], t2 = acc[2] + acc[6], t3 = acc[3] + acc[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
 /* Round to the nearest integer, ties to even, for |v| < 2^22: llama.cpp's
  * nearest_int, and what its AVX code's _mm256_round_ps(_MM_ROUND_NEAREST) does.
  * Adding 1.5 * 2^23 leaves the integer in the low mantissa bits. No float to int
@@ -318,15 +333,14 @@ static void quant_q8_0(const float *restrict x, void *restrict dst, int64_t nb) 
 /* Q8_0 weights . Q8_0 activations: per block (dx * dy) * sum(qx * qy), summed in float. */
 static float vec_dot_q8_0(const void *row, const void *xq, int64_t nb) {
     const block_q8_0 *x = row, *y = xq;
-    float sumf = 0.0f;
+    float acc[8] = {0};
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK8_0], a[QK8_0];
         widen_i8(x[i].qs, w, QK8_0);
         widen_i8(y[i].qs, a, QK8_0);
-        const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        sumf += d * (float)dot_i16(w, a, QK8_0);
+        lanes8_fma(acc, w, a, scale_to_float(x[i].d) * scale_to_float(y[i].d));
     }
-    return sumf;
+    return lanes8_sum(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -440,7 +454,11 @@ static inline void decode_q4_0(const block_q4_0 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q4_0, QK4_0)
 
-/* . Q8_0 activations: per block (dx * dy) * sum((q - 8) * qy), summed in float. */
+/* . Q8_0 activations: sum over blocks of isum * (dx * dy), one fmaf per block in
+ * block order. On AVX2 llama.cpp repacks Q4_0 matrices (8 rows interleaved) and
+ * each output lane runs exactly this chain, so this is the order to match; its
+ * plain vec_dot (8-lane sums) is only used for matrices whose row count is not a
+ * multiple of 8, which no model here has. */
 static float vec_dot_q4_0(const void *row, const void *xq, int64_t nb) {
     const block_q4_0 *x = row;
     const block_q8_0 *y = xq;
@@ -453,7 +471,7 @@ static float vec_dot_q4_0(const void *row, const void *xq, int64_t nb) {
         }
         widen_i8(y[i].qs, a, QK4_0);
         const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        sumf += d * (float)dot_i16(w, a, QK4_0);
+        sumf = fmaf((float)dot_i16(w, a, QK4_0), d, sumf);
     }
     return sumf;
 }
@@ -486,7 +504,7 @@ ROW_FUNCS(q4_1, QK4_1)
 static float vec_dot_q4_1(const void *row, const void *xq, int64_t nb) {
     const block_q4_1 *x = row;
     const block_q8_1 *y = xq;
-    float sumf = 0.0f, summs = 0.0f;
+    float acc[8] = {0}, summs = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK4_1], a[QK4_1];
         for (int j = 0; j < QK4_1 / 2; j++) {
@@ -496,10 +514,9 @@ static float vec_dot_q4_1(const void *row, const void *xq, int64_t nb) {
         widen_i8(y[i].qs, a, QK4_1);
         const float ms = scale_to_float(x[i].m) * scale_to_float(y[i].s);
         summs += ms;
-        const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        sumf += d * (float)dot_i16(w, a, QK4_1);
+        lanes8_fma(acc, w, a, scale_to_float(x[i].d) * scale_to_float(y[i].d));
     }
-    return sumf + summs;
+    return lanes8_sum(acc) + summs;
 }
 
 /* ---------------------------------------------------------------------------
@@ -827,9 +844,11 @@ static inline void decode_q4_K(const block_q4_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q4_K, QK_K)
 
-/* . Q8_K activations: per block (dy * d) * sum(sc * q * qy) - (dy * dmin) * sum(mn * bsum),
- * mn * bsum per group of 32 (two bsums). As in llama.cpp's x86 code the min terms
- * have their own float sum. */
+/* . Q8_K activations: per block isum = sum(sc * q * qy) and imin = sum(mn * bsum)
+ * (mn * bsum per group of 32, two bsums), then two fmaf chains in block order,
+ * isum * (d * dy) and imin * (dmin * dy), subtracted at the end: the arithmetic of
+ * llama.cpp's repacked Q4_K kernels (8 rows interleaved), which is what it runs on
+ * AVX2 for every matrix with a multiple of 8 rows. */
 static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
     const block_q4_K *x = row;
     const block_q8_K *y = xq;
@@ -852,11 +871,10 @@ static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
             }
         }
         widen_i8(y[i].qs, a, QK_K);
-        const float d = y[i].d * scale_to_float(x[i].d);
-        const float dmin = y[i].d * scale_to_float(x[i].dmin);
-        const float m = dmin * (float)summs;
-        summ += m;
-        sumf += d * (float)dot_i16(w, a, QK_K);
+        const float d = scale_to_float(x[i].d) * y[i].d;
+        const float dmin = scale_to_float(x[i].dmin) * y[i].d;
+        sumf = fmaf((float)dot_i16(w, a, QK_K), d, sumf);
+        summ = fmaf((float)summs, dmin, summ);
     }
     return sumf - summ;
 }
@@ -915,11 +933,10 @@ static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
             }
         }
         widen_i8(y[i].qs, a, QK_K);
-        const float d = y[i].d * scale_to_float(x[i].d);
-        const float dmin = y[i].d * scale_to_float(x[i].dmin);
-        const float m = dmin * (float)summs;
-        summ += m;
-        sumf += d * (float)dot_i16(w, a, QK_K);
+        const float d = scale_to_float(x[i].d) * y[i].d;
+        const float dmin = scale_to_float(x[i].dmin) * y[i].d;
+        sumf = fmaf((float)dot_i16(w, a, QK_K), d, sumf);
+        summ = fmaf((float)summs, dmin, summ);
     }
     return sumf - summ;
 }
@@ -1057,7 +1074,8 @@ static inline void interleave32(const int8_t *restrict q, int16_t *restrict a) {
     }
 }
 
-/* . Q8_0 activations: per block (dx * dy) * sum(kvalues[q] * qy), summed in float. */
+/* . Q8_0 activations: sum over blocks of isum * (dx * dy), one fmaf per block in
+ * block order: the chain of llama.cpp's repacked IQ4_NL kernels (as for Q4_0). */
 static float vec_dot_iq4_nl(const void *row, const void *xq, int64_t nb) {
     const block_iq4_nl *x = row;
     const block_q8_0 *y = xq;
@@ -1067,7 +1085,7 @@ static float vec_dot_iq4_nl(const void *row, const void *xq, int64_t nb) {
         iq4_codes32(x[i].qs, w);
         interleave32(y[i].qs, a);
         const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        sumf += d * (float)dot_i16(w, a, QK4_NL);
+        sumf = fmaf((float)dot_i16(w, a, QK4_NL), d, sumf);
     }
     return sumf;
 }
@@ -1233,7 +1251,7 @@ typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
 static const vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
     [SQ_Q4_0] = sq_vec_dot_q4_0_avx2, [SQ_Q4_1] = sq_vec_dot_q4_1_avx2,
     [SQ_Q8_0] = sq_vec_dot_q8_0_avx2, [SQ_Q4_K] = sq_vec_dot_q4_K_avx2,
-    [SQ_Q6_K] = sq_vec_dot_q6_K_avx2,
+    [SQ_Q6_K] = sq_vec_dot_q6_K_avx2, [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_avx2,
 };
 
 /* The kernels also use F16C, which every AVX2 CPU has; checked all the same.
@@ -1248,7 +1266,7 @@ static int simd_supported(void) { return 0; }
 
 static atomic_int simd_state = -1; /* -1 until first use, then 1 (SIMD) or 0 (scalar) */
 
-static int simd_enabled(void) {
+int sq_simd_enabled(void) {
     int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
     if (s >= 0)
         return s;
@@ -1262,11 +1280,11 @@ static int simd_enabled(void) {
 }
 
 const char *sq_simd_name(void) {
-    return simd_enabled() ? "avx2" : "scalar";
+    return sq_simd_enabled() ? "avx2" : "scalar";
 }
 
 int sq_set_simd(int enabled) {
-    simd_enabled(); /* settle the first-use choice, so it cannot overwrite this one */
+    sq_simd_enabled(); /* settle the first-use choice, so it cannot overwrite this one */
     return atomic_exchange(&simd_state, enabled != 0 && simd_supported());
 }
 
@@ -1276,7 +1294,7 @@ float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
     if (nb < 0 || !t->vec_dot)
         return NAN;
 #ifdef SQ_HAVE_AVX2_KERNELS
-    if (simd_vec_dot[type] && simd_enabled())
+    if (simd_vec_dot[type] && sq_simd_enabled())
         return simd_vec_dot[type](row, xq, nb);
 #endif
     return t->vec_dot(row, xq, nb);

@@ -27,10 +27,14 @@ static inline uint16_t sq_fp32_to_bf16(float f) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SQ_HAVE_AVX2_KERNELS 1
 float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_iq4_nl_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb);
 #endif
+
+/* Whether the AVX2/FMA paths are in use (the setting sq_simd_name reports). */
+int sq_simd_enabled(void);
 
 #endif

@@ -35,7 +35,7 @@
 typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
 typedef struct { uint16_t d, s; int8_t qs[32]; } blk_q8_1;
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } blk_q8_K;
-typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;
+typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0, blk_iq4_nl;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } blk_q4_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } blk_q6_K;
@@ -59,6 +59,14 @@ static inline AVX2 float hsum4(__m128 r) {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     return _mm_cvtss_f32(r);
+}
+
+/* Sum of 8 int32 lanes (exact, so any order will do). */
+static inline AVX2 int32_t hsum8_i32(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
+    return _mm_cvtsi128_si32(r);
 }
 
 /* 16 bytes of nibbles -> 32 codes 0..15: low nibbles in bytes 0..15, high in 16..31
@@ -91,17 +99,35 @@ AVX2 float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb) {
     return hsum8(acc);
 }
 
+/* Q4_0 and IQ4_NL: one whole-block integer sum, then one fma per block in block
+ * order, the chain each lane of llama.cpp's repacked (8-row) kernels runs. */
 AVX2 float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb) {
     const blk_q4_0 *x = row;
     const blk_q8_0 *y = xq;
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+        const float d = h2f(x[i].d) * h2f(y[i].d);
         const __m256i qx = _mm256_sub_epi8(nibbles32(x[i].qs), _mm256_set1_epi8(8));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
+        acc = __builtin_fmaf((float)hsum8_i32(dot_ss8(qx, qy)), d, acc);
     }
-    return hsum8(acc);
+    return acc;
+}
+
+/* The 16 grid values of IQ4_NL, looked up 32 codes at a time with a byte shuffle. */
+AVX2 float sq_vec_dot_iq4_nl_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_iq4_nl *x = row;
+    const blk_q8_0 *y = xq;
+    const __m128i grid = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    const __m256i lut = _mm256_broadcastsi128_si256(grid);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = h2f(x[i].d) * h2f(y[i].d);
+        const __m256i qx = _mm256_shuffle_epi8(lut, nibbles32(x[i].qs));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = __builtin_fmaf((float)hsum8_i32(dot_ss8(qx, qy)), d, acc);
+    }
+    return acc;
 }
 
 AVX2 float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb) {
@@ -132,24 +158,24 @@ static inline void k_unpack_scales(const uint8_t *s, uint32_t u[4]) {
     u[3] = ((a[2] >> 4) & m4) | ((a[1] >> 6) & m2) << 4;     /* mn 4..7 */
 }
 
+/* Q4_K: whole-block integer sums for the codes and the mins, then two fma chains
+ * in block order subtracted at the end, as each lane of llama.cpp's repacked
+ * (8-row) Q4_K kernel computes it. */
 AVX2 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb) {
     const blk_q4_K *x = row;
     const blk_q8_K *y = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
+    float acc = 0.0f, acc_m = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         uint32_t u[4];
         k_unpack_scales(x[i].scales, u);
         const uint8_t *sc = (const uint8_t *)u;
 
-        /* Min terms: mn[g] * (bsums[2g] + bsums[2g+1]), in 4 int32 lanes. */
+        /* Min terms: mn[g] * (bsums[2g] + bsums[2g+1]). */
         const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
         const __m128i bs_lo = _mm_loadu_si128((const __m128i *)y[i].bsums);
         const __m128i bs_hi = _mm_loadu_si128((const __m128i *)(y[i].bsums + 8));
         const __m128i prod = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));
-        const float dmin = y[i].d * h2f(x[i].dmin);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
 
         /* Codes: 32 bytes of qs serve groups 2c (low nibbles) and 2c+1 (high). */
         __m256i sumi = _mm256_setzero_si256();
@@ -163,10 +189,12 @@ AVX2 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb) {
             const __m256i p_hi = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi, y_hi));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
         }
-        const float d = y[i].d * h2f(x[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        const __m256i prod8 = _mm256_castsi128_si256(prod); /* upper lanes unused: zero them */
+        const int32_t imin = hsum8_i32(_mm256_inserti128_si256(prod8, _mm_setzero_si128(), 1));
+        acc = __builtin_fmaf((float)hsum8_i32(sumi), h2f(x[i].d) * y[i].d, acc);
+        acc_m = __builtin_fmaf((float)imin, h2f(x[i].dmin) * y[i].d, acc_m);
     }
-    return hsum8(acc) - hsum4(acc_m);
+    return acc - acc_m;
 }
 
 /* Q6_K: the codes q (0..63) multiply the activations unsigned; the -32 offset comes

@@ -1,0 +1,43 @@
+/* exp_ggml.h: exp(x) rounded exactly as llama.cpp's CPU backend rounds it.
+ *
+ * llama.cpp evaluates the exponentials of softmax and SiLU with its own vectorized
+ * exp, not libm's: n = round(x / ln 2) by the 1.5 * 2^23 trick, the remainder
+ * b = x - n ln 2 in two parts, a degree-5 polynomial for e^b - 1, and 2^n built in the
+ * exponent bits (split in two factors when |n| > 126 so neither overflows). The same
+ * operations and fmas here give the same bits, which matters because these values end
+ * up quantized to 8 bits, where one ulp can flip a code.
+ *
+ * static inline so that a caller compiled with FMA enabled gets fmaf as one instruction.
+ */
+#ifndef SMOLQ_EXP_GGML_H
+#define SMOLQ_EXP_GGML_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t sq_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float sq_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline float exp_ggml(float x) {
+    const float shift = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, shift);
+    const float n = z - shift;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const uint32_t e = sq_f32_bits(z) << 23;
+    const float k = sq_bits_f32(e + sq_f32_bits(1.0f));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, 0x1.ffffecp-1f * b);
+    if (!(fabsf(n) > 126.0f)) return fmaf(j, k, k);
+    const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+    const float s1 = sq_bits_f32(g + 0x7f000000u), s2 = sq_bits_f32(e - g);
+    if (fabsf(n) > 192.0f) return s1 * s1;
+    return fmaf(s2, j, s2) * s1;
+}
+
+/* SiLU(gate) * up, as llama.cpp's fused SwiGLU: x / (1 + exp(0 - x)), then the product. */
+static inline float swiglu_ggml(float gate, float up) {
+    return gate / (1.0f + exp_ggml(0.0f - gate)) * up;
+}
+
+#endif
