@@ -24,6 +24,8 @@
  *  - The vec_dot functions follow llama.cpp's CPU backend instead of the gguf
  *    decoders: an exact integer sum per block (see "Integer dot products"),
  *    scaled by the float product of the two blocks' scales and summed in float.
+ *    Q5_0, Q5_1 and IQ4_XS keep the 8 float lanes of the AVX2 kernels too (see
+ *    fma_lanes), so their scalar and AVX2 versions give the same bits.
  *    The activation quantizers reproduce llama.cpp's x86 code bit for bit.
  */
 #include <assert.h>
@@ -174,18 +176,38 @@ static inline int32_t dot_i16(const int16_t *restrict a, const int16_t *restrict
     return s;
 }
 
-/* The float side of llama.cpp's AVX2 vec_dot for 32-element blocks: 8 lanes, lane l
- * holding the exact integer sum of elements 4l..4l+3 of each block, accumulated with
- * one fma per block (lane value times the blocks' combined scale), then summed as an
- * AVX register is (high half onto low, then 0+2 and 1+3, then the two). The scalar
- * vec_dots that use it give the same bits as their AVX2 twins in quants_avx2.c. */
-static inline void lanes8_fma(float acc[8], const int16_t *w, const int16_t *a, float d) {
-    for (int l = 0; l < 8; l++)
-        acc[l] = fmaf(d, (float)dot_i16(w + 4 * l, a + 4 * l, 4), acc[l]);
+/* Lane-ordered float sums, for the types whose vec_dot must give the same bits
+ * on both paths. Their AVX2 versions (quants_avx2.c, shaped as llama.cpp's AVX2
+ * kernels) keep 8 float lanes: lane l takes the integer products of elements
+ * 4l..4l+3 of every 32 in a block and is updated once per block with an FMA by
+ * the block's float scale; one fixed horizontal sum ends the row. The integer
+ * lane sums are exact in any order, so repeating the float steps here, with
+ * fmaf for the FMA, makes the scalar code round exactly as the AVX2 code does. */
+#define NLANE 8
+
+/* The lane sums of a 32-element block in element order: lane l takes the
+ * products of elements 4l..4l+3. (All products first, then the sums of four:
+ * the shape that vectorizes.) */
+static inline void dot_i16_lanes(const int16_t *restrict a, const int16_t *restrict b,
+                                 int32_t *restrict lane) {
+    int32_t p[4 * NLANE];
+    for (int j = 0; j < 4 * NLANE; j++)
+        p[j] = a[j] * b[j];
+    for (int l = 0; l < NLANE; l++)
+        lane[l] = (p[4 * l] + p[4 * l + 1]) + (p[4 * l + 2] + p[4 * l + 3]);
 }
 
-static inline float lanes8_sum(const float acc[8]) {
-    const float t0 = acc[0] + acc[4], t1 = acc[1] + acc[5], t2 = acc[2] + acc[6], t3 = acc[3] + acc[7];
+/* One block's update of the lanes: acc[l] += d * lane[l], rounded once. */
+static inline void fma_lanes(float *restrict acc, float d, const int32_t *restrict lane) {
+    for (int l = 0; l < NLANE; l++)
+        acc[l] = fmaf(d, (float)lane[l], acc[l]);
+}
+
+/* The AVX2 horizontal sum: the two 128-bit halves added (lane l + lane l + 4),
+ * then the upper pair of that onto the lower, then the last two. */
+static inline float sum_lanes(const float *acc) {
+    const float t0 = acc[0] + acc[4], t1 = acc[1] + acc[5];
+    const float t2 = acc[2] + acc[6], t3 = acc[3] + acc[7];
     return (t0 + t2) + (t1 + t3);
 }
 
@@ -338,9 +360,11 @@ static float vec_dot_q8_0(const void *row, const void *xq, int64_t nb) {
         int16_t w[QK8_0], a[QK8_0];
         widen_i8(x[i].qs, w, QK8_0);
         widen_i8(y[i].qs, a, QK8_0);
-        lanes8_fma(acc, w, a, scale_to_float(x[i].d) * scale_to_float(y[i].d));
+        int32_t lane[NLANE];
+        dot_i16_lanes(w, a, lane);
+        fma_lanes(acc, scale_to_float(x[i].d) * scale_to_float(y[i].d), lane);
     }
-    return lanes8_sum(acc);
+    return sum_lanes(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -514,9 +538,11 @@ static float vec_dot_q4_1(const void *row, const void *xq, int64_t nb) {
         widen_i8(y[i].qs, a, QK4_1);
         const float ms = scale_to_float(x[i].m) * scale_to_float(y[i].s);
         summs += ms;
-        lanes8_fma(acc, w, a, scale_to_float(x[i].d) * scale_to_float(y[i].d));
+        int32_t lane[NLANE];
+        dot_i16_lanes(w, a, lane);
+        fma_lanes(acc, scale_to_float(x[i].d) * scale_to_float(y[i].d), lane);
     }
-    return lanes8_sum(acc) + summs;
+    return sum_lanes(acc) + summs;
 }
 
 /* ---------------------------------------------------------------------------
@@ -560,11 +586,12 @@ static inline void decode_q5_0(const block_q5_0 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q5_0, QK5_0)
 
-/* . Q8_0 activations: per block (dx * dy) * sum((q - 16) * qy), summed in float. */
+/* . Q8_0 activations: per block (dx * dy) * sum((q - 16) * qy), in lanes (see
+ * fma_lanes) so that the result matches the AVX2 version bit for bit. */
 static float vec_dot_q5_0(const void *row, const void *xq, int64_t nb) {
     const block_q5_0 *x = row;
     const block_q8_0 *y = xq;
-    float sumf = 0.0f;
+    float acc[NLANE] = {0};
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK5_0], a[QK5_0];
         uint8_t hb[QK5_0];
@@ -574,10 +601,12 @@ static float vec_dot_q5_0(const void *row, const void *xq, int64_t nb) {
             w[j + QK5_0 / 2] = (int16_t)(((x[i].qs[j] >> 4) | hb[j + QK5_0 / 2]) - 16);
         }
         widen_i8(y[i].qs, a, QK5_0);
+        int32_t lane[NLANE];
+        dot_i16_lanes(w, a, lane);
         const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        sumf += d * (float)dot_i16(w, a, QK5_0);
+        fma_lanes(acc, d, lane);
     }
-    return sumf;
+    return sum_lanes(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -606,11 +635,12 @@ static inline void decode_q5_1(const block_q5_1 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q5_1, QK5_1)
 
-/* . Q8_1 activations: as Q4_1, with 5-bit codes. */
+/* . Q8_1 activations: per block (dx * dy) * sum(q * qy) in lanes, as Q5_0, and
+ * the offset terms m * s in a float sum of their own, added last. */
 static float vec_dot_q5_1(const void *row, const void *xq, int64_t nb) {
     const block_q5_1 *x = row;
     const block_q8_1 *y = xq;
-    float sumf = 0.0f, summs = 0.0f;
+    float acc[NLANE] = {0}, summs = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK5_1], a[QK5_1];
         uint8_t hb[QK5_1];
@@ -620,12 +650,14 @@ static float vec_dot_q5_1(const void *row, const void *xq, int64_t nb) {
             w[j + QK5_1 / 2] = (int16_t)((x[i].qs[j] >> 4) | hb[j + QK5_1 / 2]);
         }
         widen_i8(y[i].qs, a, QK5_1);
+        int32_t lane[NLANE];
+        dot_i16_lanes(w, a, lane);
         const float ms = scale_to_float(x[i].m) * scale_to_float(y[i].s);
         summs += ms;
         const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        sumf += d * (float)dot_i16(w, a, QK5_1);
+        fma_lanes(acc, d, lane);
     }
-    return sumf + summs;
+    return sum_lanes(acc) + summs;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1113,26 +1145,46 @@ static inline void decode_iq4_xs(const block_iq4_xs *restrict b, float *restrict
 }
 ROW_FUNCS(iq4_xs, QK_K)
 
-/* . Q8_K activations: per block (d * dy) * sum((s - 32) * kvalues[q] * qy). */
+/* The lane sums (see fma_lanes) of a block in iq4_codes32's interleaved order:
+ * element j sits at position 2j and element j + 16 at 2j + 1, so the elements
+ * 4l..4l+3 of lane l < 4 are at the even positions 8l..8l+6 and those of lane
+ * l + 4 at the odd positions between them. */
+static inline void iq4_lanes(const int16_t *restrict w, const int16_t *restrict a,
+                             int32_t *restrict lane) {
+    int32_t p[4 * NLANE];
+    for (int j = 0; j < 4 * NLANE; j++)
+        p[j] = w[j] * a[j];
+    for (int l = 0; l < 4; l++) {
+        const int32_t *q = p + 8 * l;
+        lane[l] = (q[0] + q[2]) + (q[4] + q[6]);
+        lane[l + 4] = (q[1] + q[3]) + (q[5] + q[7]);
+    }
+}
+
+/* . Q8_K activations: per block (d * dy) * sum((s - 32) * kvalues[q] * qy), in
+ * lanes: lane l sums elements 4l..4l+3 of all 8 groups, each group's share
+ * times its scale, so the result matches the AVX2 version bit for bit. */
 static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
     const block_iq4_xs *x = row;
     const block_q8_K *y = xq;
-    float sumf = 0.0f;
+    float acc[NLANE] = {0};
     for (int64_t i = 0; i < nb; i++) {
-        int16_t w[QK_K], a[QK_K];
+        int32_t lane[NLANE] = {0};
         for (int g = 0; g < 8; g++) {
-            const int16_t s = (int16_t)((((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f)
-                                         | ((x[i].scales_h >> (2 * g)) & 3) << 4) - 32);
-            int16_t *o = w + 32 * g;
-            iq4_codes32(x[i].qs + 16 * g, o);
-            for (int j = 0; j < 32; j++)
-                o[j] = (int16_t)(s * o[j]);
-            interleave32(y[i].qs + 32 * g, a + 32 * g);
+            const int32_t s = (((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f)
+                               | ((x[i].scales_h >> (2 * g)) & 3) << 4) - 32;
+            int16_t w[32], a[32];
+            int32_t part[NLANE];
+            iq4_codes32(x[i].qs + 16 * g, w);
+            interleave32(y[i].qs + 32 * g, a);
+            iq4_lanes(w, a, part);
+            for (int l = 0; l < NLANE; l++)
+                lane[l] += s * part[l];
         }
         const float d = scale_to_float(x[i].d) * y[i].d;
-        sumf += d * (float)dot_i16(w, a, QK_K);
+        fma_lanes(acc, d, lane);
     }
-    return sumf;
+    return sum_lanes(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1250,8 +1302,10 @@ typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
 #ifdef SQ_HAVE_AVX2_KERNELS
 static const vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
     [SQ_Q4_0] = sq_vec_dot_q4_0_avx2, [SQ_Q4_1] = sq_vec_dot_q4_1_avx2,
+    [SQ_Q5_0] = sq_vec_dot_q5_0_avx2, [SQ_Q5_1] = sq_vec_dot_q5_1_avx2,
     [SQ_Q8_0] = sq_vec_dot_q8_0_avx2, [SQ_Q4_K] = sq_vec_dot_q4_K_avx2,
     [SQ_Q6_K] = sq_vec_dot_q6_K_avx2, [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_avx2,
+    [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_avx2,
 };
 
 /* The kernels also use F16C, which every AVX2 CPU has; checked all the same.

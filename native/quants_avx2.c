@@ -11,13 +11,16 @@
  * scale into 8 float lanes, which a final horizontal sum adds up. The integer part
  * of every block is exact, so these agree with the scalar functions up to float
  * rounding order: the scalar code rounds one block total at a time, these 8 lanes.
- * Offset terms (Q4_1's m * s, the K-quants' mins via bsums) are formed as in the
+ * For Q5_0, Q5_1 and IQ4_XS the scalar code keeps the same 8 lanes and rounds as
+ * these do (quants.c's fma_lanes), so those agree bit for bit.
+ * Offset terms (Q4_1's and Q5_1's m * s, the K-quants' mins via bsums) are formed as in the
  * scalar code and summed separately, as llama.cpp does.
  *
  * maddubs saturates int16: every use here stays below it. Q4 nibbles (0..15) and
  * Q6_K codes (0..63) times activation codes (-127..127, as the quantizers make
- * them) give pair sums of at most 3810 and 16002; signed x signed (Q8_0, Q4_0)
- * goes through |x| and sign(y, x), at most 2 * 128 * 127 = 32512.
+ * them) give pair sums of at most 3810 and 16002, Q5_1's (0..31) 7874; signed x
+ * signed (Q8_0, Q4_0, Q5_0, the IQ4 grid) goes through |x| and sign(y, x), at
+ * most 2 * 128 * 127 = 32512.
  */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -37,10 +40,15 @@ typedef struct { uint16_t d, s; int8_t qs[32]; } blk_q8_1;
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } blk_q8_K;
 typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0, blk_iq4_nl;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;
+typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } blk_iq4_xs;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } blk_q4_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } blk_q6_K;
 static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q8_1) == 36 && sizeof(blk_q8_K) == 292, "activation blocks");
 static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20, "Q4 blocks");
+static_assert(sizeof(blk_q5_0) == 22 && sizeof(blk_q5_1) == 24, "Q5 blocks");
+static_assert(sizeof(blk_iq4_xs) == 136, "IQ4_XS block");
 static_assert(sizeof(blk_q4_K) == 144 && sizeof(blk_q6_K) == 210, "K blocks");
 
 /* f16 -> f32 with F16C: exact for every half, as quants.c's conversion is. */
@@ -145,6 +153,51 @@ AVX2 float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb) {
     return hsum8(acc) + summs;
 }
 
+/* Bit 4 of the 32 codes of a Q5_0/Q5_1 block as bytes 0x10 or 0: byte j copies
+ * byte j / 8 of qh (bit j of the little-endian word is element j's) and keeps
+ * bit j % 8. The element order is nibbles32's, which the lanes depend on. */
+static inline AVX2 __m256i q5_bit4(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
+}
+
+/* quants.c's vec_dot_q5_0 does the same lane by lane, so the two agree bit for bit. */
+AVX2 float sq_vec_dot_q5_0_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q5_0 *x = row;
+    const blk_q8_0 *y = xq;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+        const __m256i q = _mm256_or_si256(nibbles32(x[i].qs), q5_bit4(x[i].qh));
+        const __m256i qx = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
+    }
+    return hsum8(acc);
+}
+
+/* As Q4_1 with 5-bit codes; bit-exact with quants.c's vec_dot_q5_1. */
+AVX2 float sq_vec_dot_q5_1_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q5_1 *x = row;
+    const blk_q8_1 *y = xq;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const float ms = h2f(x[i].m) * h2f(y[i].s);
+        summs += ms;
+        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+        const __m256i qx = _mm256_or_si256(nibbles32(x[i].qs), q5_bit4(x[i].qh));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(qx, qy)), acc);
+    }
+    return hsum8(acc) + summs;
+}
+
 /* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block,
  * rearranged from their 12 packed bytes a 32-bit word at a time (k_scale_min in
  * quants.c gives the same values one pair at a time). */
@@ -234,6 +287,35 @@ AVX2 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb) {
             }
         }
         const float d = y[i].d * h2f(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+/* IQ4_XS: the grid (quants.c's kvalues_iq4nl) is looked up 16 codes at a time
+ * with a byte shuffle, in each 128-bit half. Every group's int16 pair sums are
+ * multiplied by its scale s - 32 in the widening madd, and the 8 groups of a
+ * super-block summed in int32 before the one FMA; quants.c's vec_dot_iq4_xs
+ * forms the same lane sums, so the two agree bit for bit. */
+static const int8_t iq4_grid[16] = {
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+};
+
+AVX2 float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_iq4_xs *x = row;
+    const blk_q8_K *y = xq;
+    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_grid));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++) {
+            const int s = ((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((x[i].scales_h >> (2 * g)) & 3) << 4;
+            const __m256i w = _mm256_shuffle_epi8(grid, nibbles32(x[i].qs + 16 * g));
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * g));
+            const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qy, w));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16((short)(s - 32))));
+        }
+        const float d = h2f(x[i].d) * y[i].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8(acc);

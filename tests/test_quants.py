@@ -449,7 +449,9 @@ def test_vec_dot_bad_length(qtype):
 
 # --- SIMD vec_dot (native/quants_avx2.c), selected at run time --------------------------
 
-SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.IQ4_XS]
+# Types whose scalar vec_dot repeats the SIMD lanes' float steps: the same bits on both paths.
+EXACT_SIMD_TYPES = {T.Q5_0, T.Q5_1, T.IQ4_XS}
 
 
 def cpu_has_avx2_fma() -> bool:
@@ -486,9 +488,17 @@ def test_simd_name(simd_restore):
 @pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
 def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
     """SIMD and scalar vec_dot: the same exact integer block sums, so they differ only by
-    the order of float roundings, far below 1e-6 of sum |w * x|."""
+    the order of float roundings, far below 1e-6 of sum |w * x|, or not at all for
+    EXACT_SIMD_TYPES."""
     if not cpu_has_avx2_fma():
         pytest.skip("no AVX2/FMA")
+
+    def check(simd, scalar, raw, xq, n, what):
+        if qtype in EXACT_SIMD_TYPES:
+            assert np.float32(simd).tobytes() == np.float32(scalar).tobytes(), f"{qtype.name} {what}"
+        else:
+            scale = np.abs(expected_vec_dot(qtype, raw, xq, n)).sum()
+            assert abs(simd - scalar) <= 1e-6 * scale + 1e-30, f"{qtype.name} {what}"
     rng = np.random.default_rng(400 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     for n in sizes(qtype) + [4096]:
@@ -499,8 +509,7 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
             simd = c_vec_dot(qtype, raw, xq, n)
             lib.sq_set_simd(0)
             scalar = c_vec_dot(qtype, raw, xq, n)
-            scale = np.abs(expected_vec_dot(qtype, raw, xq, n)).sum()
-            assert abs(simd - scalar) <= 1e-6 * scale, f"{qtype.name} n={n}"
+            check(simd, scalar, raw, xq, n, f"n={n}")
     # Extreme codes (as test_vec_dot_extreme_codes): nothing saturates in maddubs.
     for fill in (0x00, 0xFF, 0x80, 0x7F):
         raw = random_row(qtype, 512, rng)
@@ -515,5 +524,4 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
         simd = c_vec_dot(qtype, raw, xq, 512)
         lib.sq_set_simd(0)
         scalar = c_vec_dot(qtype, raw, xq, 512)
-        scale = np.abs(expected_vec_dot(qtype, raw, xq, 512)).sum()
-        assert abs(simd - scalar) <= 1e-6 * scale + 1e-30, f"{qtype.name} fill={fill:#x}"
+        check(simd, scalar, raw, xq, 512, f"fill={fill:#x}")
