@@ -29,7 +29,10 @@ static inline uint16_t sq_fp32_to_bf16(float f) {
 float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q2_K_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q3_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb);
 #endif
 

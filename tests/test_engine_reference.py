@@ -28,7 +28,7 @@ class MedianAboveBound(AssertionError):
 # Q4_1's gap closes with the AVX2 vec_dot (same int32 lanes and FMA order as llama.cpp's
 # AVX2 code, median ~1e-7); the scalar vec_dot (SMOLQ_SIMD=0, or no AVX2) still has it.
 SIMD = ffi.string(lib.sq_simd_name()).decode()
-GAP_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q5_1", "Q3_K_M", "Q4_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS")
+GAP_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q5_1", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")
 MEDIAN_GAP: set[tuple[str, str]] = {
     *((kind, feeding) for kind in GAP_TYPES + (("Q4_1",) if SIMD == "scalar" else ())
       for feeding in ("one batch", "prefill then decode")),

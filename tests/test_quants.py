@@ -449,7 +449,9 @@ def test_vec_dot_bad_length(qtype):
 
 # --- SIMD vec_dot (native/quants_avx2.c), selected at run time --------------------------
 
-SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+# Types whose scalar vec_dot rounds exactly as the SIMD one (both as llama.cpp's AVX2 kernel).
+EXACT_SIMD_TYPES = {T.Q2_K, T.Q3_K, T.Q5_K, T.Q6_K}
 
 
 def cpu_has_avx2_fma() -> bool:
@@ -486,7 +488,7 @@ def test_simd_name(simd_restore):
 @pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
 def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
     """SIMD and scalar vec_dot: the same exact integer block sums, so they differ only by
-    the order of float roundings, far below 1e-6 of sum |w * x|."""
+    the order of float roundings, far below 1e-6 of sum |w * x|; not at all for EXACT_SIMD_TYPES."""
     if not cpu_has_avx2_fma():
         pytest.skip("no AVX2/FMA")
     rng = np.random.default_rng(400 + int(qtype))
@@ -500,7 +502,8 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
             lib.sq_set_simd(0)
             scalar = c_vec_dot(qtype, raw, xq, n)
             scale = np.abs(expected_vec_dot(qtype, raw, xq, n)).sum()
-            assert abs(simd - scalar) <= 1e-6 * scale, f"{qtype.name} n={n}"
+            tol = 0.0 if qtype in EXACT_SIMD_TYPES else 1e-6 * scale
+            assert abs(simd - scalar) <= tol, f"{qtype.name} n={n}"
     # Extreme codes (as test_vec_dot_extreme_codes): nothing saturates in maddubs.
     for fill in (0x00, 0xFF, 0x80, 0x7F):
         raw = random_row(qtype, 512, rng)
@@ -516,4 +519,5 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
         lib.sq_set_simd(0)
         scalar = c_vec_dot(qtype, raw, xq, 512)
         scale = np.abs(expected_vec_dot(qtype, raw, xq, 512)).sum()
-        assert abs(simd - scalar) <= 1e-6 * scale + 1e-30, f"{qtype.name} fill={fill:#x}"
+        tol = 0.0 if qtype in EXACT_SIMD_TYPES else 1e-6 * scale + 1e-30
+        assert abs(simd - scalar) <= tol, f"{qtype.name} fill={fill:#x}"
