@@ -24,8 +24,8 @@
  *  - The vec_dot functions follow llama.cpp's CPU backend instead of the gguf
  *    decoders: an exact integer sum per block (see "Integer dot products"),
  *    scaled by the float product of the two blocks' scales and summed in float.
- *    Q5_0, Q5_1 and IQ4_XS keep the 8 float lanes of the AVX2 kernels too (see
- *    fma_lanes), so their scalar and AVX2 versions give the same bits.
+ *    Q5_0, Q5_1, IQ4_XS and the K-quants keep the 8 float lanes of the AVX2 kernels
+ *    too (see fma_lanes, KLANES), so their scalar and AVX2 versions give the same bits.
  *    The activation quantizers reproduce llama.cpp's x86 code bit for bit.
  */
 #include <assert.h>
@@ -161,9 +161,10 @@ static inline float dot_any(const float *a, const float *b, int k) {
  * products summed in int32: the shape GCC compiles to pmaddwd on plain x86-64.
  * (int8 operands read straight from the blocks compile to a slower unpack and
  * pmullw sequence instead.) Folding the scales in is exact: |scale * code| is
- * at most 4096 in every type and a super-block's sum stays below 2^28. Being
- * integer, the sum is the same in any order; only the float steps around it
- * (scale products, the running sum over blocks) follow llama.cpp's. */
+ * at most 8064 (Q6_K's unsigned codes) and a super-block's sum stays below 2^28.
+ * Being integer, the sum is the same in any order; only the float steps around
+ * it (scale products, the running sum over blocks, and for some types which
+ * elements share a float lane: see KLANES) follow llama.cpp's. */
 static inline void widen_i8(const int8_t *restrict q, int16_t *restrict w, int k) {
     for (int j = 0; j < k; j++)
         w[j] = q[j];
@@ -457,6 +458,47 @@ static void quant_q8_K(const float *restrict x, void *restrict dst, int64_t nb) 
     }
 }
 
+/* The vec_dot functions of Q2_K, Q3_K, Q5_K and Q6_K round as llama.cpp's AVX2
+ * kernels do, so that their scalar and AVX2 (quants_avx2.c) versions agree with
+ * it, and with each other, bit for bit. Those kernels keep a block's integer sum
+ * in 8 int32 lanes: maddubs then madd give int32 lane l the products of bytes
+ * 4l .. 4l+3 of each 32-element register, so lane l sums the elements with
+ * e % 32 in 4l .. 4l+3. Per block each lane is converted to float and scaled
+ * into its own float accumulator by an FMA; hsum_float_8 adds the 8 at the end.
+ * Terms made from bsums (two groups of 16 per lane) have lanes of their own. */
+#define KLANES 8
+
+/* Lane sums of a block's scaled codes w times its activations a (as int16). One
+ * running sum per position in a 32-element chunk keeps the loop vectorizable. */
+static inline void k_lanes_dot(const int16_t *restrict w, const int16_t *restrict a, int32_t *restrict lane) {
+    int32_t p[32] = {0};
+    for (int j = 0; j < QK_K; j += 32)
+        for (int k = 0; k < 32; k++)
+            p[k] += w[j + k] * a[j + k];
+    for (int l = 0; l < KLANES; l++)
+        lane[l] = p[4 * l] + p[4 * l + 1] + p[4 * l + 2] + p[4 * l + 3];
+}
+
+/* Lane l = m[2l] * bsums[2l] + m[2l+1] * bsums[2l+1], m a per-group factor
+ * (madd of the 16 factors with the 16 bsums). */
+static inline void k_lanes_bsums(const int16_t *restrict m, const int16_t *restrict bsums, int32_t *restrict lane) {
+    for (int l = 0; l < KLANES; l++)
+        lane[l] = m[2 * l] * bsums[2 * l] + m[2 * l + 1] * bsums[2 * l + 1];
+}
+
+/* acc[l] += d * lane[l], rounded once, as _mm256_fmadd_ps does. */
+static inline void k_lanes_fma(float *restrict acc, float d, const int32_t *restrict lane) {
+    for (int l = 0; l < KLANES; l++)
+        acc[l] = fmaf(d, (float)lane[l], acc[l]);
+}
+
+/* The 8 accumulators added in hsum_float_8's order: halves, then pairs. */
+static inline float k_lanes_total(const float *acc) {
+    const float r0 = acc[0] + acc[4], r1 = acc[1] + acc[5];
+    const float r2 = acc[2] + acc[6], r3 = acc[3] + acc[7];
+    return (r0 + r2) + (r1 + r3);
+}
+
 /* ---------------------------------------------------------------------------
  * Q4_0: 32 elements, y = d * (q - 8), q a 4-bit code.
  * Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble.
@@ -704,18 +746,23 @@ static inline void decode_q2_K(const block_q2_K *restrict b, float *restrict y) 
 ROW_FUNCS(q2_K, QK_K)
 
 /* . Q8_K activations: per block (dy * d) * sum(sc * q * qy) - (dy * dmin) * sum(mn * bsum),
- * the integer sums over the whole block (mn * bsum per group of 16). */
+ * mn * bsum per group of 16. In KLANES lanes (see the Q8_K section): the min
+ * lanes are scaled by -(dy * dmin) first, then the code lanes by dy * d, both
+ * into the same accumulators. */
 static float vec_dot_q2_K(const void *row, const void *xq, int64_t nb) {
     const block_q2_K *x = row;
     const block_q8_K *y = xq;
-    float sumf = 0.0f;
+    float acc[KLANES] = {0};
     for (int64_t i = 0; i < nb; i++) {
-        int16_t w[QK_K], a[QK_K], sc[16];
-        int32_t summs = 0;
+        int16_t w[QK_K], a[QK_K], sc[16], mn[16];
+        int32_t lane[KLANES];
         for (int g = 0; g < 16; g++) {
             sc[g] = (int16_t)(x[i].scales[g] & 0x0f);
-            summs += y[i].bsums[g] * (x[i].scales[g] >> 4);
+            mn[g] = (int16_t)(x[i].scales[g] >> 4);
         }
+        k_lanes_bsums(mn, y[i].bsums, lane);
+        const float dmin = -(y[i].d * scale_to_float(x[i].dmin));
+        k_lanes_fma(acc, dmin, lane);
         /* Element order as in decode_q2_K. */
         for (int h = 0; h < 2; h++) {
             for (int k = 0; k < 2; k++) {
@@ -731,13 +778,11 @@ static float vec_dot_q2_K(const void *row, const void *xq, int64_t nb) {
             }
         }
         widen_i8(y[i].qs, a, QK_K);
-        const int32_t isum = dot_i16(w, a, QK_K);
-        const float dall = y[i].d * scale_to_float(x[i].d);
-        const float dmin = y[i].d * scale_to_float(x[i].dmin);
-        const float pos = dall * (float)isum, neg = dmin * (float)summs;
-        sumf += pos - neg;
+        k_lanes_dot(w, a, lane);
+        const float d = y[i].d * scale_to_float(x[i].d);
+        k_lanes_fma(acc, d, lane);
     }
-    return sumf;
+    return k_lanes_total(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -784,13 +829,15 @@ static inline void decode_q3_K(const block_q3_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q3_K, QK_K)
 
-/* . Q8_K activations: per block (dy * d) * sum((sc - 32) * q * qy), q in -4..3. */
+/* . Q8_K activations: per block (dy * d) * sum((sc - 32) * q * qy), q in -4..3,
+ * in KLANES lanes (see the Q8_K section). */
 static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
     const block_q3_K *x = row;
     const block_q8_K *y = xq;
-    float sumf = 0.0f;
+    float acc[KLANES] = {0};
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16];
+        int32_t lane[KLANES];
         for (int g = 0; g < 16; g++) {
             const int lo4 = (x[i].scales[g % 8] >> (4 * (g / 8))) & 0x0f;
             const int hi2 = (x[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
@@ -812,10 +859,11 @@ static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
             }
         }
         widen_i8(y[i].qs, a, QK_K);
+        k_lanes_dot(w, a, lane);
         const float d = y[i].d * scale_to_float(x[i].d);
-        sumf += d * (float)dot_i16(w, a, QK_K);
+        k_lanes_fma(acc, d, lane);
     }
-    return sumf;
+    return k_lanes_total(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -941,20 +989,26 @@ static inline void decode_q5_K(const block_q5_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q5_K, QK_K)
 
-/* . Q8_K activations: as Q4_K, with 5-bit codes. */
+/* . Q8_K activations: as Q4_K, with 5-bit codes, but rounded as llama.cpp's AVX2
+ * Q5_K kernel: the codes in KLANES lanes (see the Q8_K section), the mins as one
+ * integer sum per block, FMA'd by -(dy * dmin) into a float of their own that is
+ * added after the lanes' total. (The FMA is the compiler's there: its multiply
+ * and add are contracted into one in llama.cpp's AVX2 builds.) */
 static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
     const block_q5_K *x = row;
     const block_q8_K *y = xq;
-    float sumf = 0.0f, summ = 0.0f;
+    float acc[KLANES] = {0}, summ = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[8];
-        int32_t summs = 0;
+        int32_t lane[KLANES], summs = 0;
         for (int g = 0; g < 8; g++) {
             int s, m;
             k_scale_min(x[i].scales, g, &s, &m);
             sc[g] = (int16_t)s;
             summs += m * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
         }
+        const float dmin = -(y[i].d * scale_to_float(x[i].dmin));
+        summ = fmaf(dmin, (float)summs, summ);
         for (int c = 0; c < 4; c++) {
             const uint8_t *q = x[i].qs + 32 * c;
             int16_t *o = w + 64 * c;
@@ -965,12 +1019,11 @@ static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
             }
         }
         widen_i8(y[i].qs, a, QK_K);
-        const float d = scale_to_float(x[i].d) * y[i].d;
-        const float dmin = scale_to_float(x[i].dmin) * y[i].d;
-        sumf = fmaf((float)dot_i16(w, a, QK_K), d, sumf);
-        summ = fmaf((float)summs, dmin, summ);
+        k_lanes_dot(w, a, lane);
+        const float d = y[i].d * scale_to_float(x[i].d);
+        k_lanes_fma(acc, d, lane);
     }
-    return sumf - summ;
+    return k_lanes_total(acc) + summ;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1011,13 +1064,17 @@ static inline void decode_q6_K(const block_q6_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q6_K, QK_K)
 
-/* . Q8_K activations: per block (dy * d) * sum(sc * (q - 32) * qy). */
+/* . Q8_K activations: per block (dy * d) * sum(sc * (q - 32) * qy), in KLANES
+ * lanes (see the Q8_K section). As in llama.cpp's AVX2 kernel the lanes take the
+ * unsigned codes q, and the -32 comes off them as 32 * sc * bsum, two groups per
+ * lane: a lane's integer sum differs from that of its own elements' (q - 32). */
 static float vec_dot_q6_K(const void *row, const void *xq, int64_t nb) {
     const block_q6_K *x = row;
     const block_q8_K *y = xq;
-    float sumf = 0.0f;
+    float acc[KLANES] = {0};
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16];
+        int32_t lane[KLANES], off[KLANES];
         for (int g = 0; g < 16; g++)
             sc[g] = x[i].scales[g];
         /* Element order as in decode_q6_K. */
@@ -1027,18 +1084,22 @@ static float vec_dot_q6_K(const void *row, const void *xq, int64_t nb) {
                 int16_t *o = w + 128 * h + 16 * k;
                 const int g = 8 * h + k;
                 for (int l = 0; l < 16; l++) {
-                    o[l] = (int16_t)(sc[g] * (((ql[l] & 0x0f) | (qh[l] & 3) << 4) - 32));
-                    o[32 + l] = (int16_t)(sc[g + 2] * (((ql[32 + l] & 0x0f) | (qh[l] & 0x0c) << 2) - 32));
-                    o[64 + l] = (int16_t)(sc[g + 4] * (((ql[l] >> 4) | (qh[l] & 0x30)) - 32));
-                    o[96 + l] = (int16_t)(sc[g + 6] * (((ql[32 + l] >> 4) | (qh[l] & 0xc0) >> 2) - 32));
+                    o[l] = (int16_t)(sc[g] * ((ql[l] & 0x0f) | (qh[l] & 3) << 4));
+                    o[32 + l] = (int16_t)(sc[g + 2] * ((ql[32 + l] & 0x0f) | (qh[l] & 0x0c) << 2));
+                    o[64 + l] = (int16_t)(sc[g + 4] * ((ql[l] >> 4) | (qh[l] & 0x30)));
+                    o[96 + l] = (int16_t)(sc[g + 6] * ((ql[32 + l] >> 4) | (qh[l] & 0xc0) >> 2));
                 }
             }
         }
         widen_i8(y[i].qs, a, QK_K);
+        k_lanes_dot(w, a, lane);
+        k_lanes_bsums(sc, y[i].bsums, off);
+        for (int l = 0; l < KLANES; l++)
+            lane[l] -= 32 * off[l];
         const float d = y[i].d * scale_to_float(x[i].d);
-        sumf += d * (float)dot_i16(w, a, QK_K);
+        k_lanes_fma(acc, d, lane);
     }
-    return sumf;
+    return k_lanes_total(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1303,9 +1364,10 @@ typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
 static const vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
     [SQ_Q4_0] = sq_vec_dot_q4_0_avx2, [SQ_Q4_1] = sq_vec_dot_q4_1_avx2,
     [SQ_Q5_0] = sq_vec_dot_q5_0_avx2, [SQ_Q5_1] = sq_vec_dot_q5_1_avx2,
-    [SQ_Q8_0] = sq_vec_dot_q8_0_avx2, [SQ_Q4_K] = sq_vec_dot_q4_K_avx2,
-    [SQ_Q6_K] = sq_vec_dot_q6_K_avx2, [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_avx2,
-    [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_avx2,
+    [SQ_Q8_0] = sq_vec_dot_q8_0_avx2, [SQ_Q2_K] = sq_vec_dot_q2_K_avx2,
+    [SQ_Q3_K] = sq_vec_dot_q3_K_avx2, [SQ_Q4_K] = sq_vec_dot_q4_K_avx2,
+    [SQ_Q5_K] = sq_vec_dot_q5_K_avx2, [SQ_Q6_K] = sq_vec_dot_q6_K_avx2,
+    [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_avx2, [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_avx2,
 };
 
 /* The kernels also use F16C, which every AVX2 CPU has; checked all the same.

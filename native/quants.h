@@ -32,7 +32,10 @@ float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q5_0_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q5_1_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q2_K_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q3_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb);
 #endif

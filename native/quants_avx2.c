@@ -11,20 +11,19 @@
  * scale into 8 float lanes, which a final horizontal sum adds up. The integer part
  * of every block is exact, so these agree with the scalar functions up to float
  * rounding order: the scalar code rounds one block total at a time, these 8 lanes.
- * For Q5_0, Q5_1 and IQ4_XS the scalar code keeps the same 8 lanes and rounds as
- * these do (quants.c's fma_lanes), so those agree bit for bit.
- * Offset terms (Q4_1's and Q5_1's m * s, the K-quants' mins via bsums) are formed as in the
- * scalar code and summed separately, as llama.cpp does.
+ * Every kernel here has a scalar twin in quants.c that repeats its float steps (the
+ * same lanes, the same fmas, the same final sum), so the two paths agree bit for bit.
  *
  * maddubs saturates int16: every use here stays below it. Q4 nibbles (0..15) and
  * Q6_K codes (0..63) times activation codes (-127..127, as the quantizers make
- * them) give pair sums of at most 3810 and 16002, Q5_1's (0..31) 7874; signed x
- * signed (Q8_0, Q4_0, Q5_0, the IQ4 grid) goes through |x| and sign(y, x), at
- * most 2 * 128 * 127 = 32512.
+ * them) give pair sums of at most 3810 and 16002, Q5_1's (0..31) 7874 (Q2_K, Q3_K
+ * and Q5_K codes are smaller); signed x signed (Q8_0, Q4_0, Q5_0, the IQ4 grid)
+ * goes through |x| and sign(y, x), at most 2 * 128 * 127 = 32512.
  */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
 #include <assert.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <immintrin.h>
@@ -44,12 +43,16 @@ typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } blk_iq4_xs;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } blk_q4_K;
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } blk_q2_K;
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } blk_q3_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } blk_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } blk_q6_K;
 static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q8_1) == 36 && sizeof(blk_q8_K) == 292, "activation blocks");
 static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20, "Q4 blocks");
 static_assert(sizeof(blk_q5_0) == 22 && sizeof(blk_q5_1) == 24, "Q5 blocks");
 static_assert(sizeof(blk_iq4_xs) == 136, "IQ4_XS block");
-static_assert(sizeof(blk_q4_K) == 144 && sizeof(blk_q6_K) == 210, "K blocks");
+static_assert(sizeof(blk_q2_K) == 84 && sizeof(blk_q3_K) == 110, "K blocks");
+static_assert(sizeof(blk_q4_K) == 144 && sizeof(blk_q5_K) == 176 && sizeof(blk_q6_K) == 210, "K blocks");
 
 /* f16 -> f32 with F16C: exact for every half, as quants.c's conversion is. */
 static inline AVX2 float h2f(uint16_t h) {
@@ -61,6 +64,13 @@ static inline AVX2 float hsum8(__m256 v) {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     return _mm_cvtss_f32(r);
+}
+
+/* Sum of 4 int32 lanes (exact, so in any order). */
+static inline AVX2 int32_t hsum_i32x4(__m128i v) {
+    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+    return _mm_cvtsi128_si32(v);
 }
 
 static inline AVX2 float hsum4(__m128 r) {
@@ -250,20 +260,143 @@ AVX2 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb) {
     return acc - acc_m;
 }
 
-/* Q6_K: the codes q (0..63) multiply the activations unsigned; the -32 offset comes
- * off each int16 pair sum as maddubs(32, y) before the group scale is applied, so
- * every int32 lane holds the same partial sum as in llama.cpp's AVX2 code (the float
- * steps after it then round alike). |q*y pair - 32*y pair| <= 2 * 32 * 127. */
+/* Q2_K, Q3_K, Q5_K and Q6_K round as llama.cpp's AVX2 kernels do (and as the
+ * scalar versions in quants.c, which describe the lanes): each block's integer
+ * lanes are those of llama.cpp's, as its float steps are, so results agree bit
+ * for bit. Every group of 16 lies in one 128-bit half of a register of 32 codes,
+ * so its scale is one int16 broadcast over that half. */
+static inline AVX2 __m256i scale_halves(int lo, int hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)), _mm_set1_epi16((short)hi), 1);
+}
+
+/* Q2_K: the min lanes (mn[2l] * bsums[2l] + mn[2l+1] * bsums[2l+1]) go into the
+ * accumulators first, by -(dy * dmin); then the code lanes by dy * d. */
+AVX2 float sq_vec_dot_q2_K_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q2_K *x = row;
+    const blk_q8_K *y = xq;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *s = x[i].scales;
+        const __m128i packed = _mm_loadu_si128((const __m128i *)s);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0f)));
+        const __m256i pm = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
+        const float dmin = -(y[i].d * h2f(x[i].dmin));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), acc);
+
+        /* 32 bytes of qs per half h: bits 2c..2c+1 are elements 32c..32c+31 of it,
+         * groups 8h + 2c (bytes 0..15) and 8h + 2c + 1 (16..31). */
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int c = 0; c < 4; c++) {
+                const int g = 8 * h + 2 * c;
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * c));
+                const __m256i sc = scale_halves(s[g] & 0x0f, s[g + 1] & 0x0f);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, qy)));
+            }
+        }
+        const float d = y[i].d * h2f(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+/* Q3_K: q = low2 - 4 * (hbit clear) is taken as maddubs(low2, y) - maddubs(4 or 0, y),
+ * both unsigned times signed; the pair sums are at most 2 * 4 * 128. */
+AVX2 float sq_vec_dot_q3_K_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q3_K *x = row;
+    const blk_q8_K *y = xq;
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), zero = _mm256_setzero_si256();
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        int sc[16];
+        for (int g = 0; g < 16; g++) {
+            const int lo4 = (x[i].scales[g % 8] >> (4 * (g / 8))) & 0x0f;
+            const int hi2 = (x[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+            sc[g] = (lo4 | hi2 << 4) - 32;
+        }
+        const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+        /* Low bits laid out as in Q2_K; the high bit of element 32c + b of half h
+         * is bit 4h + c of hmask[b]. */
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int c = 0; c < 4; c++) {
+                const int g = 8 * h + 2 * c;
+                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
+                const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + c)));
+                const __m256i minus4 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), zero), m4);
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * c));
+                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(lo, qy), _mm256_maddubs_epi16(minus4, qy));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale_halves(sc[g], sc[g + 1]), p16));
+            }
+        }
+        const float d = y[i].d * h2f(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+/* Q5_K: the codes as Q4_K's plus bit 2c (even group) or 2c+1 (odd) of qh[l] as
+ * bit 4; codes 0..31 keep the maddubs pair sums below 2 * 31 * 128. The mins are
+ * one integer per block, FMA'd by -(dy * dmin) into a scalar added at the end (a
+ * multiply and add in llama.cpp's source, which its FMA build contracts into one). */
+AVX2 float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb) {
+    const blk_q5_K *x = row;
+    const blk_q8_K *y = xq;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        uint32_t u[4];
+        k_unpack_scales(x[i].scales, u);
+        const uint8_t *sc = (const uint8_t *)u;
+
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
+        const __m128i bs_lo = _mm_loadu_si128((const __m128i *)y[i].bsums);
+        const __m128i bs_hi = _mm_loadu_si128((const __m128i *)(y[i].bsums + 8));
+        const __m128i prod = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));
+        const float dmin = -(y[i].d * h2f(x[i].dmin));
+        summs = fmaf(dmin, (float)hsum_i32x4(prod), summs);
+
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+            const __m256i b_lo = _mm256_set1_epi8((char)(1 << (2 * c))), b_hi = _mm256_set1_epi8((char)(2 << (2 * c)));
+            const __m256i h_lo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b_lo), b_lo), m16);
+            const __m256i h_hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b_hi), b_hi), m16);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4), h_lo);
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), h_hi);
+            const __m256i y_lo = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
+            const __m256i y_hi = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
+            const __m256i p_lo = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(lo, y_lo));
+            const __m256i p_hi = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi, y_hi));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+        }
+        const float d = y[i].d * h2f(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc) + summs;
+}
+
+/* Q6_K: the codes q (0..63) multiply the activations unsigned, pair sums at most
+ * 2 * 63 * 128; the -32 offset comes off afterwards as 32 * (sc * bsum) lanes, two
+ * groups each, as in llama.cpp (not per element: that would fill the lanes differently). */
 AVX2 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb) {
     const blk_q6_K *x = row;
     const blk_q8_K *y = xq;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m32 = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m2 = _mm256_set1_epi8(0x03), m2_2 = _mm256_set1_epi8(0x0c);
     const __m256i m2_4 = _mm256_set1_epi8(0x30), m2_6 = _mm256_set1_epi8((char)0xc0);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const int8_t *sc = x[i].scales;
-        __m256i sumi = _mm256_setzero_si256();
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
             const int8_t *q8 = y[i].qs + 128 * h;
@@ -279,11 +412,9 @@ AVX2 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb) {
                                    _mm256_srli_epi16(_mm256_and_si256(hb, m2_6), 2));
             for (int c = 0; c < 4; c++) {
                 const int g = 8 * h + 2 * c; /* groups g (bytes 0..15) and g+1 (16..31) */
-                const __m256i s = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[g])),
-                                                          _mm_set1_epi16(sc[g + 1]), 1);
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(q8 + 32 * c));
-                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[c], qy), _mm256_maddubs_epi16(m32, qy));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, p16));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale_halves(sc[g], sc[g + 1]),
+                                                                 _mm256_maddubs_epi16(q[c], qy)));
             }
         }
         const float d = y[i].d * h2f(x[i].d);

@@ -449,9 +449,10 @@ def test_vec_dot_bad_length(qtype):
 
 # --- SIMD vec_dot (native/quants_avx2.c), selected at run time --------------------------
 
-SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.IQ4_XS]
-# Types whose scalar vec_dot repeats the SIMD lanes' float steps: the same bits on both paths.
-EXACT_SIMD_TYPES = {T.Q5_0, T.Q5_1, T.IQ4_XS}
+SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+              T.IQ4_NL, T.IQ4_XS]
+# Types whose scalar vec_dot repeats the SIMD one's float steps: the same bits on both paths.
+EXACT_SIMD_TYPES = set(SIMD_TYPES)
 
 
 def cpu_has_avx2_fma() -> bool:
