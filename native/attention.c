@@ -51,16 +51,23 @@ static inline float hsum8(const float *a) {
 /* llama.cpp's f32 dot product: 4 x 8 lanes of fma over 32-element steps, the four
  * reduced pairwise (0+2, 1+3, then 0+1), the 8 lanes by halves and two horizontal adds,
  * and any tail (n % 32) added one fma at a time. */
+/* The reduction of llama.cpp's f32 dot product: lane l of accumulator j is a[8 * j + l];
+ * accumulators paired (0+2, 1+3, then 0+1), the 8 lanes by halves and two horizontal adds. */
+static inline float reduce32(const float *a) {
+    float r[8];
+    for (size_t l = 0; l < 8; l++) r[l] = (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]);
+    const float h0 = r[0] + r[4], h1 = r[1] + r[5], h2 = r[2] + r[6], h3 = r[3] + r[7];
+    return (h0 + h1) + (h2 + h3);
+}
+
+/* llama.cpp's f32 dot product: 4 x 8 lanes of fma over 32-element steps, reduce32, and
+ * any tail (n % 32) added one fma at a time. */
 static inline float dot_f32(const float *x, const float *y, size_t n) {
-    float acc[4][8] = {{0}};
+    float acc[32] = {0};
     const size_t body = n & ~(size_t)31;
     for (size_t i = 0; i < body; i += 32)
-        for (size_t j = 0; j < 4; j++)
-            for (size_t l = 0; l < 8; l++) acc[j][l] = fmaf(x[i + 8 * j + l], y[i + 8 * j + l], acc[j][l]);
-    float r[8];
-    for (size_t l = 0; l < 8; l++) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    const float h0 = r[0] + r[4], h1 = r[1] + r[5], h2 = r[2] + r[6], h3 = r[3] + r[7];
-    float sum = (h0 + h1) + (h2 + h3);
+        for (size_t l = 0; l < 32; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
+    float sum = reduce32(acc);
     for (size_t i = body; i < n; i++) sum = fmaf(x[i], y[i], sum);
     return sum;
 }
@@ -91,36 +98,17 @@ static inline void softmax(float *p, size_t n, float scale) {
 static inline void weighted_sum(const float *p, const void *v, int kv_type, size_t head_dim, size_t n_keys,
                                 int batched, float *out) {
     float buf[CHUNK];
-    if (batched) {
-        float (*acc)[8] = malloc(head_dim * sizeof *acc);
-        if (!acc) { fill(out, head_dim, NAN); return; }
-        memset(acc, 0, head_dim * sizeof *acc);
-        for (size_t t = 0; t < n_keys; t++)
-            for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {
-                const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
-                const float *vr = row_f32(v, kv_type, t * head_dim + d0, n, buf);
-                for (size_t d = 0; d < n; d++) acc[d0 + d][t & 7] = fmaf(vr[d], p[t], acc[d0 + d][t & 7]);
-            }
-        for (size_t d = 0; d < head_dim; d++) out[d] = hsum8(acc[d]);
-        free(acc);
-        return;
-    }
-    float (*acc)[32] = malloc(head_dim * sizeof *acc);
+    const size_t lanes = batched ? 8 : 32;
+    float (*acc)[32] = calloc(head_dim, sizeof *acc);
     if (!acc) { fill(out, head_dim, NAN); return; }
-    memset(acc, 0, head_dim * sizeof *acc);
     for (size_t t = 0; t < n_keys; t++)
         for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {
             const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
             const float *vr = row_f32(v, kv_type, t * head_dim + d0, n, buf);
-            for (size_t d = 0; d < n; d++) acc[d0 + d][t & 31] = fmaf(vr[d], p[t], acc[d0 + d][t & 31]);
+            const size_t l = t % lanes;
+            for (size_t d = 0; d < n; d++) acc[d0 + d][l] = fmaf(vr[d], p[t], acc[d0 + d][l]);
         }
-    for (size_t d = 0; d < head_dim; d++) {
-        const float *a = acc[d];  /* lane l of accumulator j is a[8 * j + l] */
-        float r[8];
-        for (size_t l = 0; l < 8; l++) r[l] = (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]);
-        const float h0 = r[0] + r[4], h1 = r[1] + r[5], h2 = r[2] + r[6], h3 = r[3] + r[7];
-        out[d] = (h0 + h1) + (h2 + h3);
-    }
+    for (size_t d = 0; d < head_dim; d++) out[d] = batched ? hsum8(acc[d]) : reduce32(acc[d]);
     free(acc);
 }
 
