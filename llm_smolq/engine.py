@@ -37,6 +37,12 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = 
 
 
 class Engine:
+    """One model's KV cache and kernel state over its mapped weights.
+
+    Each eval, truncate and reset runs under a lock, so threads sharing an engine never
+    corrupt it; but a conversation is a sequence of calls, so run one conversation per
+    engine: engines made from one ModelFile (``Engine(model)`` per thread) share the weights."""
+
     def __init__(self, model: ModelFile, n_ctx: int = 4096, threads: int | None = None, kv_dtype: str = "f32"):
         cfg = model.config
         if not isinstance(n_ctx, int) or not 1 <= n_ctx <= cfg.context_length:
