@@ -991,10 +991,57 @@ static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
     return dot_q4_K_spans(row, xq, nb, QK_K);
 }
 
-/* . Q8_K activations, as the gemm: the rows of a batch that llama.cpp multiplies
- * four at a time. */
-static float vec_dot_q4_K_by4(const void *row, const void *xq, int64_t nb) {
-    return dot_q4_K_spans(row, xq, nb, 64);
+/* The gemm's order for n_tokens activation rows (xq_stride bytes apart) at once:
+ * per tile of rows, each block decoded once, then per row the span-64 chains of
+ * dot_q4_K_spans. Exact integers and fmaf: every compilation gives the same bits, so it is
+ * compiled twice, plain and for AVX2/FMA, like batch_dot_k. */
+#define Q4K_TILE 16
+static inline void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_stride, int n_tokens,
+                                       int64_t nb, float *y, int64_t ldy) {
+    for (int t0 = 0; t0 < n_tokens; t0 += Q4K_TILE) {
+        const int nt = n_tokens - t0 < Q4K_TILE ? n_tokens - t0 : Q4K_TILE;
+        float sumf[Q4K_TILE] = {0}, summ[Q4K_TILE] = {0};
+        for (int64_t i = 0; i < nb; i++) {
+            int16_t w[QK_K], mn[8];
+            scaled_codes_q4_K(&x[i], w, mn);
+            const float dw = scale_to_float(x[i].d), dminw = scale_to_float(x[i].dmin);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * xq_stride) + i;
+                const float d = dw * a->d, dmin = dminw * a->d;
+                for (int e = 0; e < QK_K; e += 64) {
+                    int32_t isum = 0;
+                    for (int j = 0; j < 64; j++)
+                        isum += w[e + j] * a->qs[e + j];
+                    const int g = e / 32;
+                    const int32_t imin = mn[g] * (a->bsums[2 * g] + a->bsums[2 * g + 1])
+                                         + mn[g + 1] * (a->bsums[2 * g + 2] + a->bsums[2 * g + 3]);
+                    sumf[t] = fmaf((float)isum, d, sumf[t]);
+                    summ[t] = fmaf((float)imin, dmin, summ[t]);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            y[(t0 + t) * ldy] = sumf[t] - summ[t];
+    }
+}
+
+#ifdef SQ_HAVE_AVX2_KERNELS
+__attribute__((target("avx2,fma")))
+static void batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                                float *y, int64_t ldy) {
+    batch_dot_q4_K_body(row, xq, xq_stride, n_tokens, nb, y, ldy);
+}
+#endif
+
+static void batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                           float *y, int64_t ldy) {
+#ifdef SQ_HAVE_AVX2_KERNELS
+    if (sq_simd_enabled()) {
+        batch_dot_q4_K_avx2(row, xq, xq_stride, n_tokens, nb, y, ldy);
+        return;
+    }
+#endif
+    batch_dot_q4_K_body(row, xq, xq_stride, n_tokens, nb, y, ldy);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1421,11 +1468,6 @@ static inline void batch_dot_k_body(k_ints_fn ints, int block_bytes, const void 
     }
 }
 
-static void batch_dot_k(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
-                        int n_tokens, int64_t nb, float *y, int64_t ldy) {
-    batch_dot_k_body(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
-}
-
 #ifdef SQ_HAVE_AVX2_KERNELS
 __attribute__((target("avx2,fma")))
 static void batch_dot_k_avx2(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
@@ -1433,6 +1475,17 @@ static void batch_dot_k_avx2(k_ints_fn ints, int block_bytes, const void *row, c
     batch_dot_k_body(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
 }
 #endif
+
+static void batch_dot_k(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
+                        int n_tokens, int64_t nb, float *y, int64_t ldy) {
+#ifdef SQ_HAVE_AVX2_KERNELS
+    if (sq_simd_enabled()) {
+        batch_dot_k_avx2(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+        return;
+    }
+#endif
+    batch_dot_k_body(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+}
 
 /* ---------------------------------------------------------------------------
  * Dispatch
@@ -1450,8 +1503,9 @@ typedef struct {
     void (*quantize)(const float *x, void *dst, int64_t nb);
     /* Types with a batched order of their own (see batch_dot_k): their integer form. */
     k_ints_fn batch_ints;
-    /* Q4_K: the vec_dot of the batch rows llama.cpp's repacked kernel takes 4 at a time. */
-    float (*vec_dot_by4)(const void *row, const void *xq, int64_t nb);
+    /* Q4_K: the rows of a batch llama.cpp's repacked kernel takes 4 at a time. */
+    void (*batch_by4)(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                      float *y, int64_t ldy);
 } type_traits;
 
 #define TRAITS(name, QK) \
@@ -1473,7 +1527,7 @@ static const type_traits traits[SQ_BF16 + 1] = {
     [SQ_Q5_1] = { TRAITS(q5_1, QK5_1), WEIGHT(q5_1, SQ_Q8_1) },
     [SQ_Q2_K] = { TRAITS(q2_K, QK_K), WEIGHT(q2_K, SQ_Q8_K), .batch_ints = k_ints_q2_K },
     [SQ_Q3_K] = { TRAITS(q3_K, QK_K), WEIGHT(q3_K, SQ_Q8_K), .batch_ints = k_ints_q3_K },
-    [SQ_Q4_K] = { TRAITS(q4_K, QK_K), WEIGHT(q4_K, SQ_Q8_K), .vec_dot_by4 = vec_dot_q4_K_by4 },
+    [SQ_Q4_K] = { TRAITS(q4_K, QK_K), WEIGHT(q4_K, SQ_Q8_K), .batch_by4 = batch_dot_q4_K },
     [SQ_Q5_K] = { TRAITS(q5_K, QK_K), WEIGHT(q5_K, SQ_Q8_K), .batch_ints = k_ints_q5_K },
     [SQ_Q6_K] = { TRAITS(q6_K, QK_K), WEIGHT(q6_K, SQ_Q8_K), .batch_ints = k_ints_q6_K },
     [SQ_IQ4_NL] = { TRAITS(iq4_nl, QK4_NL), WEIGHT(iq4_nl, SQ_Q8_0) },
@@ -1613,18 +1667,12 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     if (nb < 0 || !t->vec_dot || n_tokens < 0)
         return -1;
     if (t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) {
-#ifdef SQ_HAVE_AVX2_KERNELS
-        if (sq_simd_enabled()) {
-            batch_dot_k_avx2(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
-            return 0;
-        }
-#endif
         batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
         return 0;
     }
-    int by4 = t->vec_dot_by4 ? n_tokens - n_tokens % 4 : 0;
-    for (int i = 0; i < by4; i++)
-        y[i * ldy] = t->vec_dot_by4(row, (const uint8_t *)xq + i * xq_stride, nb);
+    int by4 = t->batch_by4 ? n_tokens - n_tokens % 4 : 0;
+    if (by4)
+        t->batch_by4(row, xq, xq_stride, by4, nb, y, ldy);
     for (int i = by4; i < n_tokens; i++)
         y[i * ldy] = sq_vec_dot(type, row, (const uint8_t *)xq + i * xq_stride, n);
     return 0;
