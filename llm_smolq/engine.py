@@ -11,6 +11,7 @@ import numpy as np
 
 from ._kernel import ffi, lib
 from .buffer_gate import Dims, check_buffer
+from .errors import GGUFError
 from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
 from .tokenizer import GGUFTokenizer
 
@@ -166,6 +167,12 @@ class Engine:
             )
             if rc != lib.SQ_OK:
                 raise RuntimeError(f"the kernel refused the batch: {_FORWARD_ERRORS.get(rc, rc)}")
+            if not np.isfinite(logits).all():  # the cache keeps only the tokens before this batch
+                raise GGUFError(
+                    f"{self.model.path}: the forward pass gave logits that are not finite (NaN or infinity), so the "
+                    "weights hold such values or values too large to compute with; the file is damaged: download "
+                    "or convert it again" + (", or load with kv_dtype='f32'" if self._kv_type == lib.SQ_F16 else "")
+                )
             self._tokens.extend(tokens.tolist())
         return logits
 

@@ -209,3 +209,20 @@ def test_a_context_above_the_models_is_capped_and_the_engine_kept(user_dir):
     assert engine.n_ctx == engine.config.context_length == 8192
     model.prompt("Two", max_tokens=1, temperature=0, n_ctx=100000).text()
     assert plugin._loaded[str(model_path(user_dir))].engine is engine
+
+
+def test_a_broken_vocabulary_is_refused_at_load(user_dir, reference_dir, tmp_path):
+    from gguf import GGUFReader
+
+    source = reference_dir / "tiny-smollm3-chat-Q8_0.gguf"
+    reader = GGUFReader(source)
+    part = reader.fields["tokenizer.ggml.bos_token_id"].parts[-1]
+    at = part.__array_interface__["data"][0] - reader.data.__array_interface__["data"][0]
+    data = bytearray(source.read_bytes())
+    data[at:at + 4] = (5000).to_bytes(4, "little")
+    bad = tmp_path / "bad-vocab.gguf"
+    bad.write_bytes(bytes(data))
+    assert run("smolq", "register", str(bad), "--alias", "badvocab").exit_code == 0
+    with pytest.raises(llm.ModelError, match="bos_token_id = 5000 is not a token id"):
+        llm.get_model("badvocab").prompt("hi", max_tokens=1).text()
+    assert str(bad.resolve()) not in plugin._loaded  # not kept for the next prompt to fail on
