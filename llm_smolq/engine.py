@@ -12,6 +12,7 @@ import numpy as np
 from ._kernel import ffi, lib
 from .buffer_gate import Dims, check_buffer
 from .errors import GGUFError
+from .memory import check_engine_memory
 from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
 from .tokenizer import GGUFTokenizer
 
@@ -53,6 +54,7 @@ class Engine:
         self.n_ctx = n_ctx
         self.threads = threads
         np_dtype, self._kv_type = KV_DTYPES[kv_dtype]
+        check_engine_memory(model.path, cfg, n_ctx, kv_dtype, np.dtype(np_dtype).itemsize, MAX_BATCH, threads)
         cache_shape = (cfg.n_layers, cfg.n_kv_heads, n_ctx, cfg.head_dim)
         # np.zeros maps pages lazily: only the positions actually used count towards RSS.
         # Both go through the gate once, here: the engine owns them and hands the same

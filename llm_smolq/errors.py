@@ -21,3 +21,6 @@ class LayoutError(ValueError):
 class DeviceError(ValueError):
     """Memory that does not live on the CPU."""
 
+
+class ResourceError(ValueError):
+    """A request (a context length, say) that needs more memory than the machine has."""

@@ -211,6 +211,16 @@ def test_a_context_above_the_models_is_capped_and_the_engine_kept(user_dir):
     assert plugin._loaded[str(model_path(user_dir))].engine is engine
 
 
+def test_a_context_too_large_for_memory_is_refused_with_the_n_ctx_that_fits(user_dir, monkeypatch):
+    from llm_smolq import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: (200 * 2**20, "a test figure"))
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "n_ctx", "8192", *QUICK, "hi"])
+    assert result.exit_code == 1
+    assert "n_ctx=8192 needs" in result.output and "-o n_ctx " in result.output and "a test figure" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_a_broken_vocabulary_is_refused_at_load(user_dir, reference_dir, tmp_path):
     from gguf import GGUFReader
 
