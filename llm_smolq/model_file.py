@@ -8,6 +8,7 @@ file is a GGUFError at load, never a read past the mapping later.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +64,7 @@ class TensorInfo:
 
     @property
     def rows(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        return math.prod(self.shape[1:])  # Python ints: no silent int64 wrap-around
 
     @property
     def row_bytes(self) -> int:

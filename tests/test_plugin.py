@@ -215,6 +215,7 @@ def test_a_context_too_large_for_memory_is_refused_with_the_n_ctx_that_fits(user
     from llm_smolq import memory
 
     monkeypatch.setattr(memory, "available_memory", lambda: (200 * 2**20, "a test figure"))
+    monkeypatch.setattr(plugin, "_loaded", {})  # an engine another test left must not stand in
     result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "n_ctx", "8192", *QUICK, "hi"])
     assert result.exit_code == 1
     assert "n_ctx=8192 needs" in result.output and "-o n_ctx " in result.output and "a test figure" in result.output
