@@ -20,9 +20,11 @@ the plugin lists the models on every ``llm`` start.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ QUANT_PATTERN = re.compile(
     r"(?:^|[-_.])(F32|F16|BF16|Q8_0|Q[45]_[01]|Q[2-6]_K(?:_[SML])?|IQ4_NL|IQ4_XS)$", re.IGNORECASE
 )
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # a full disk, or a full quota
 
 
 class CatalogError(Exception):
@@ -349,8 +352,10 @@ def download(model_id: str, quant: str | None = None, progress: bool = True) -> 
 
     Hub files go to ``<file>.part`` first, resume from it after an interruption, are
     checked against the sha256 the hub gives for them (a mismatch deletes the download),
-    and only then move to their name. Then the GGUF is validated (a file that fails is
-    kept, and the error says why). The PyPI model's sha256 is pinned, so it is not parsed."""
+    and only then move to their name. A disk without room for the rest of the file is
+    refused before the download starts; one that fills up anyway keeps the ``.part``
+    file to resume from, and the error says how much space is needed and where. Then
+    the GGUF is validated (a file that fails is kept, and the error says why). The PyPI model's sha256 is pinned, so it is not parsed."""
     from .errors import GGUFError
     from .model_file import open_model
 
@@ -428,12 +433,22 @@ def _download_from_hub(known: KnownModel, quant: str, dest: Path, progress: bool
         if size is not None and resume > size:
             part.unlink()
             resume = 0
+        if size is not None:
+            _check_free_space(part, size, resume, retry)
         try:
             with _progress_bars(progress), open(part, "ab") as out:
                 http_get(meta.location, out, resume_size=resume, headers=headers, expected_size=size,
                          displayed_filename=filename)
         except Exception as exc:
             have = _size_if_file(part) or 0
+            if _disk_full(exc):
+                # What was written is a correct prefix of the file: keep it to resume from.
+                need = f"at least {format_size(size - have)} more" if size is not None else "more space"
+                raise DownloadError(
+                    f"the disk filled up while downloading {filename}: {format_size(have)} of"
+                    f" {format_size(size)} are kept in {part} to resume from; {need} is needed in"
+                    f" {part.parent}: free it (or set LLM_USER_PATH to a disk with room), then {retry}"
+                ) from None
             raise DownloadError(
                 f"the download of {filename} stopped at {format_size(have)} of {format_size(size)}"
                 f" ({type(exc).__name__}: {_first_line(exc)}): {retry} to resume it"
@@ -449,6 +464,32 @@ def _download_from_hub(known: KnownModel, quant: str, dest: Path, progress: bool
     finally:
         Path(lock.lock_file).unlink(missing_ok=True)
         lock.release()
+
+
+def _check_free_space(part: Path, size: int, resume: int, retry: str) -> None:
+    """Refuse up front a download the disk has no room for (when the OS can tell)."""
+    try:
+        free = shutil.disk_usage(part.parent).free
+    except OSError:
+        return
+    need = size - resume
+    if free < need:
+        have = f" ({format_size(resume)} of it already downloaded)" if resume else ""
+        raise DownloadError(
+            f"{part.name.removesuffix('.part')} needs {format_size(need)} in {part.parent}{have}, but only"
+            f" {format_size(free)} is free there: free {format_size(need - free)} more (or set LLM_USER_PATH"
+            f" to a disk with room), then {retry}"
+        )
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether a write failed for want of space, here or in what caused the error."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 @contextmanager

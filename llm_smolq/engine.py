@@ -37,6 +37,12 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = 
 
 
 class Engine:
+    """One model's KV cache and kernel state over its mapped weights.
+
+    Each eval, truncate and reset runs under a lock, so threads sharing an engine never
+    corrupt it; but a conversation is a sequence of calls, so run one conversation per
+    engine: engines made from one ModelFile (``Engine(model)`` per thread) share the weights."""
+
     def __init__(self, model: ModelFile, n_ctx: int = 4096, threads: int | None = None, kv_dtype: str = "f32"):
         cfg = model.config
         if not isinstance(n_ctx, int) or not 1 <= n_ctx <= cfg.context_length:
@@ -158,15 +164,21 @@ class Engine:
                     f"{n} more tokens do not fit: {n_past} of the context's {self.n_ctx} positions are used; "
                     "call reset()/truncate() or load with a larger n_ctx"
                 )
-            rc = lib.sq_forward(
-                self._c_model, self._state, self._pool,
-                self._k.ptr, self._v.ptr,
-                self._kv_type, ffi.from_buffer("int32_t[]", tokens), n, n_past,
-                ffi.from_buffer("float[]", logits, require_writable=True), bool(all_logits),
-            )
-            if rc != lib.SQ_OK:
-                raise RuntimeError(f"the kernel refused the batch: {_FORWARD_ERRORS.get(rc, rc)}")
-            self._tokens.extend(tokens.tolist())
+            # One kernel call per batch, each counted once it has returned: Ctrl-C (which
+            # Python delivers between calls) leaves n_past at the batches that finished,
+            # and positions written but not counted are overwritten by the next eval.
+            for start in range(0, n, MAX_BATCH):
+                batch = tokens[start:start + MAX_BATCH]
+                rows = logits[start:start + len(batch)] if all_logits else logits
+                rc = lib.sq_forward(
+                    self._c_model, self._state, self._pool,
+                    self._k.ptr, self._v.ptr,
+                    self._kv_type, ffi.from_buffer("int32_t[]", batch), len(batch), n_past + start,
+                    ffi.from_buffer("float[]", rows, require_writable=True), bool(all_logits),
+                )
+                if rc != lib.SQ_OK:
+                    raise RuntimeError(f"the kernel refused the batch: {_FORWARD_ERRORS.get(rc, rc)}")
+                self._tokens.extend(batch.tolist())
         return logits
 
     def _check_tokens(self, ids: Iterable[int]) -> np.ndarray:

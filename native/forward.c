@@ -92,15 +92,16 @@ static void rope_angles(float *cs, int head_dim, int pos, float theta_base) {
 
 /* GGUF's converter permutes Q and K rows so that each rotated pair is adjacent
  * (2i, 2i+1) rather than HF's (i, i + head_dim/2). Each output is one product plus
- * one fused multiply-add, the rounding llama.cpp's optimized build gets. */
+ * one fused multiply-add, the rounding llama.cpp's optimized build gets: its
+ * a*c - b*s and a*s + b*c fuse the first product (the K rows it caches show it). */
 static void rope(float *vec, int n_heads, int head_dim, const float *cs) {
     for (int i = 0; i < head_dim / 2; i++) {
         float c = cs[2 * i], s = cs[2 * i + 1];
         for (int h = 0; h < n_heads; h++) {
             float *p = vec + (int64_t)h * head_dim + 2 * i;
             float a = p[0], b = p[1];
-            p[0] = fmaf(-b, s, a * c);
-            p[1] = fmaf(b, c, a * s);
+            p[0] = fmaf(a, c, -(b * s));
+            p[1] = fmaf(a, s, b * c);
         }
     }
 }

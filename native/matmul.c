@@ -21,11 +21,9 @@ static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
     float *y = job->set->y[i];
     int64_t ldy = job->set->ldy[i];
     const uint8_t *base = w->data;
-    for (int64_t r = r0; r < r1; r++) {
-        const void *row = base + r * w->row_bytes;
-        for (int t = 0; t < job->n_tokens; t++)
-            y[t * ldy + r] = sq_vec_dot(w->type, row, job->xq + t * job->xq_row_bytes, w->cols);
-    }
+    for (int64_t r = r0; r < r1; r++)
+        sq_vec_dot_batch(w->type, base + r * w->row_bytes, job->xq, job->xq_row_bytes, job->n_tokens, w->cols,
+                         y + r, ldy);
 }
 
 static void matmul_worker(void *p, int ith, int nth) {

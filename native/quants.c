@@ -745,6 +745,31 @@ static inline void decode_q2_K(const block_q2_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q2_K, QK_K)
 
+/* The 16 group scales and mins of a Q2_K block as integers. */
+static inline void ints_q2_K(const block_q2_K *b, int16_t *sc, int16_t *mn) {
+    for (int g = 0; g < 16; g++) {
+        sc[g] = (int16_t)(b->scales[g] & 0x0f);
+        mn[g] = (int16_t)(b->scales[g] >> 4);
+    }
+}
+
+/* w[e] = sc[group of e] * q[e], the codes in element order (as decode_q2_K). */
+static inline void scaled_codes_q2_K(const block_q2_K *restrict b, const int16_t *restrict sc, int16_t *restrict w) {
+    for (int h = 0; h < 2; h++) {
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *q = b->qs + 32 * h + 16 * k;
+            int16_t *o = w + 128 * h + 16 * k;
+            const int g = 8 * h + k;
+            for (int l = 0; l < 16; l++) {
+                o[l] = (int16_t)(sc[g] * (q[l] & 3));
+                o[32 + l] = (int16_t)(sc[g + 2] * ((q[l] >> 2) & 3));
+                o[64 + l] = (int16_t)(sc[g + 4] * ((q[l] >> 4) & 3));
+                o[96 + l] = (int16_t)(sc[g + 6] * (q[l] >> 6));
+            }
+        }
+    }
+}
+
 /* . Q8_K activations: per block (dy * d) * sum(sc * q * qy) - (dy * dmin) * sum(mn * bsum),
  * mn * bsum per group of 16. In KLANES lanes (see the Q8_K section): the min
  * lanes are scaled by -(dy * dmin) first, then the code lanes by dy * d, both
@@ -756,27 +781,11 @@ static float vec_dot_q2_K(const void *row, const void *xq, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16], mn[16];
         int32_t lane[KLANES];
-        for (int g = 0; g < 16; g++) {
-            sc[g] = (int16_t)(x[i].scales[g] & 0x0f);
-            mn[g] = (int16_t)(x[i].scales[g] >> 4);
-        }
+        ints_q2_K(&x[i], sc, mn);
         k_lanes_bsums(mn, y[i].bsums, lane);
         const float dmin = -(y[i].d * scale_to_float(x[i].dmin));
         k_lanes_fma(acc, dmin, lane);
-        /* Element order as in decode_q2_K. */
-        for (int h = 0; h < 2; h++) {
-            for (int k = 0; k < 2; k++) {
-                const uint8_t *q = x[i].qs + 32 * h + 16 * k;
-                int16_t *o = w + 128 * h + 16 * k;
-                const int g = 8 * h + k;
-                for (int l = 0; l < 16; l++) {
-                    o[l] = (int16_t)(sc[g] * (q[l] & 3));
-                    o[32 + l] = (int16_t)(sc[g + 2] * ((q[l] >> 2) & 3));
-                    o[64 + l] = (int16_t)(sc[g + 4] * ((q[l] >> 4) & 3));
-                    o[96 + l] = (int16_t)(sc[g + 6] * (q[l] >> 6));
-                }
-            }
-        }
+        scaled_codes_q2_K(&x[i], sc, w);
         widen_i8(y[i].qs, a, QK_K);
         k_lanes_dot(w, a, lane);
         const float d = y[i].d * scale_to_float(x[i].d);
@@ -829,6 +838,33 @@ static inline void decode_q3_K(const block_q3_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q3_K, QK_K)
 
+/* The 16 group scales of a Q3_K block, sc - 32, as integers. */
+static inline void scales_q3_K(const block_q3_K *b, int16_t *sc) {
+    for (int g = 0; g < 16; g++) {
+        const int lo4 = (b->scales[g % 8] >> (4 * (g / 8))) & 0x0f;
+        const int hi2 = (b->scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+        sc[g] = (int16_t)((lo4 | hi2 << 4) - 32);
+    }
+}
+
+/* w[e] = sc[group of e] * q[e], q in -4..3, in element order (as decode_q3_K). */
+static inline void scaled_codes_q3_K(const block_q3_K *restrict b, const int16_t *restrict sc, int16_t *restrict w) {
+    for (int h = 0; h < 2; h++) {
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *q = b->qs + 32 * h + 16 * k, *hm = b->hmask + 16 * k;
+            int16_t *o = w + 128 * h + 16 * k;
+            const int g = 8 * h + k;
+            for (int l = 0; l < 16; l++) {
+                const int hb = hm[l] >> (4 * h);
+                o[l] = (int16_t)(sc[g] * ((q[l] & 3) - 4 + ((hb & 1) << 2)));
+                o[32 + l] = (int16_t)(sc[g + 2] * (((q[l] >> 2) & 3) - 4 + ((hb & 2) << 1)));
+                o[64 + l] = (int16_t)(sc[g + 4] * (((q[l] >> 4) & 3) - 4 + (hb & 4)));
+                o[96 + l] = (int16_t)(sc[g + 6] * ((q[l] >> 6) - 4 + ((hb & 8) >> 1)));
+            }
+        }
+    }
+}
+
 /* . Q8_K activations: per block (dy * d) * sum((sc - 32) * q * qy), q in -4..3,
  * in KLANES lanes (see the Q8_K section). */
 static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
@@ -838,26 +874,8 @@ static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16];
         int32_t lane[KLANES];
-        for (int g = 0; g < 16; g++) {
-            const int lo4 = (x[i].scales[g % 8] >> (4 * (g / 8))) & 0x0f;
-            const int hi2 = (x[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-            sc[g] = (int16_t)((lo4 | hi2 << 4) - 32);
-        }
-        /* Element order and high bits as in decode_q3_K. */
-        for (int h = 0; h < 2; h++) {
-            for (int k = 0; k < 2; k++) {
-                const uint8_t *q = x[i].qs + 32 * h + 16 * k, *hm = x[i].hmask + 16 * k;
-                int16_t *o = w + 128 * h + 16 * k;
-                const int g = 8 * h + k;
-                for (int l = 0; l < 16; l++) {
-                    const int hb = hm[l] >> (4 * h);
-                    o[l] = (int16_t)(sc[g] * ((q[l] & 3) - 4 + ((hb & 1) << 2)));
-                    o[32 + l] = (int16_t)(sc[g + 2] * (((q[l] >> 2) & 3) - 4 + ((hb & 2) << 1)));
-                    o[64 + l] = (int16_t)(sc[g + 4] * (((q[l] >> 4) & 3) - 4 + (hb & 4)));
-                    o[96 + l] = (int16_t)(sc[g + 6] * ((q[l] >> 6) - 4 + ((hb & 8) >> 1)));
-                }
-            }
-        }
+        scales_q3_K(&x[i], sc);
+        scaled_codes_q3_K(&x[i], sc, w);
         widen_i8(y[i].qs, a, QK_K);
         k_lanes_dot(w, a, lane);
         const float d = y[i].d * scale_to_float(x[i].d);
@@ -989,6 +1007,19 @@ static inline void decode_q5_K(const block_q5_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q5_K, QK_K)
 
+/* w[e] = sc[group of e] * q[e] for the 8 groups of 32, in element order (as decode_q5_K). */
+static inline void scaled_codes_q5_K(const block_q5_K *restrict b, const int16_t *restrict sc, int16_t *restrict w) {
+    for (int c = 0; c < 4; c++) {
+        const uint8_t *q = b->qs + 32 * c;
+        int16_t *o = w + 64 * c;
+        for (int l = 0; l < 32; l++) {
+            const int hb = b->qh[l] >> (2 * c); /* bits for groups 2c, 2c+1 */
+            o[l] = (int16_t)(sc[2 * c] * ((q[l] & 0x0f) | (hb & 1) << 4));
+            o[32 + l] = (int16_t)(sc[2 * c + 1] * ((q[l] >> 4) | (hb & 2) << 3));
+        }
+    }
+}
+
 /* . Q8_K activations: as Q4_K, with 5-bit codes, but rounded as llama.cpp's AVX2
  * Q5_K kernel: the codes in KLANES lanes (see the Q8_K section), the mins as one
  * integer sum per block, FMA'd by -(dy * dmin) into a float of their own that is
@@ -1009,15 +1040,7 @@ static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
         }
         const float dmin = -(y[i].d * scale_to_float(x[i].dmin));
         summ = fmaf(dmin, (float)summs, summ);
-        for (int c = 0; c < 4; c++) {
-            const uint8_t *q = x[i].qs + 32 * c;
-            int16_t *o = w + 64 * c;
-            for (int l = 0; l < 32; l++) {
-                const int hb = x[i].qh[l] >> (2 * c); /* bits for groups 2c, 2c+1 */
-                o[l] = (int16_t)(sc[2 * c] * ((q[l] & 0x0f) | (hb & 1) << 4));
-                o[32 + l] = (int16_t)(sc[2 * c + 1] * ((q[l] >> 4) | (hb & 2) << 3));
-            }
-        }
+        scaled_codes_q5_K(&x[i], sc, w);
         widen_i8(y[i].qs, a, QK_K);
         k_lanes_dot(w, a, lane);
         const float d = y[i].d * scale_to_float(x[i].d);
@@ -1064,6 +1087,25 @@ static inline void decode_q6_K(const block_q6_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q6_K, QK_K)
 
+/* w[e] = sc[group of e] * (q[e] - bias), q the unsigned 6-bit code, in element
+ * order (as decode_q6_K): bias 32 gives the signed weights, 0 the raw codes. */
+static inline void scaled_codes_q6_K(const block_q6_K *restrict b, const int16_t *restrict sc, int bias,
+                                     int16_t *restrict w) {
+    for (int h = 0; h < 2; h++) {
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *ql = b->ql + 64 * h + 16 * k, *qh = b->qh + 32 * h + 16 * k;
+            int16_t *o = w + 128 * h + 16 * k;
+            const int g = 8 * h + k;
+            for (int l = 0; l < 16; l++) {
+                o[l] = (int16_t)(sc[g] * (((ql[l] & 0x0f) | (qh[l] & 3) << 4) - bias));
+                o[32 + l] = (int16_t)(sc[g + 2] * (((ql[32 + l] & 0x0f) | (qh[l] & 0x0c) << 2) - bias));
+                o[64 + l] = (int16_t)(sc[g + 4] * (((ql[l] >> 4) | (qh[l] & 0x30)) - bias));
+                o[96 + l] = (int16_t)(sc[g + 6] * (((ql[32 + l] >> 4) | (qh[l] & 0xc0) >> 2) - bias));
+            }
+        }
+    }
+}
+
 /* . Q8_K activations: per block (dy * d) * sum(sc * (q - 32) * qy), in KLANES
  * lanes (see the Q8_K section). As in llama.cpp's AVX2 kernel the lanes take the
  * unsigned codes q, and the -32 comes off them as 32 * sc * bsum, two groups per
@@ -1077,20 +1119,7 @@ static float vec_dot_q6_K(const void *row, const void *xq, int64_t nb) {
         int32_t lane[KLANES], off[KLANES];
         for (int g = 0; g < 16; g++)
             sc[g] = x[i].scales[g];
-        /* Element order as in decode_q6_K. */
-        for (int h = 0; h < 2; h++) {
-            for (int k = 0; k < 2; k++) {
-                const uint8_t *ql = x[i].ql + 64 * h + 16 * k, *qh = x[i].qh + 32 * h + 16 * k;
-                int16_t *o = w + 128 * h + 16 * k;
-                const int g = 8 * h + k;
-                for (int l = 0; l < 16; l++) {
-                    o[l] = (int16_t)(sc[g] * ((ql[l] & 0x0f) | (qh[l] & 3) << 4));
-                    o[32 + l] = (int16_t)(sc[g + 2] * ((ql[32 + l] & 0x0f) | (qh[l] & 0x0c) << 2));
-                    o[64 + l] = (int16_t)(sc[g + 4] * ((ql[l] >> 4) | (qh[l] & 0x30)));
-                    o[96 + l] = (int16_t)(sc[g + 6] * ((ql[32 + l] >> 4) | (qh[l] & 0xc0) >> 2));
-                }
-            }
-        }
+        scaled_codes_q6_K(&x[i], sc, 0, w);
         widen_i8(y[i].qs, a, QK_K);
         k_lanes_dot(w, a, lane);
         k_lanes_bsums(sc, y[i].bsums, off);
@@ -1197,11 +1226,15 @@ typedef struct {
 } block_iq4_xs;
 static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 
+/* The 6-bit scale code of group g. */
+static inline int iq4_xs_scale(const block_iq4_xs *b, int g) {
+    return ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((b->scales_h >> (2 * g)) & 3) << 4;
+}
+
 static inline void decode_iq4_xs(const block_iq4_xs *restrict b, float *restrict y) {
     const float d = half_to_float(b->d);
     for (int g = 0; g < 8; g++) {
-        const int s = ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((b->scales_h >> (2 * g)) & 3) << 4;
-        iq4_decode32(b->qs + 16 * g, d * (float)(s - 32), y + 32 * g);
+        iq4_decode32(b->qs + 16 * g, d * (float)(iq4_xs_scale(b, g) - 32), y + 32 * g);
     }
 }
 ROW_FUNCS(iq4_xs, QK_K)
@@ -1232,8 +1265,7 @@ static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         int32_t lane[NLANE] = {0};
         for (int g = 0; g < 8; g++) {
-            const int32_t s = (((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f)
-                               | ((x[i].scales_h >> (2 * g)) & 3) << 4) - 32;
+            const int32_t s = iq4_xs_scale(&x[i], g) - 32;
             int16_t w[32], a[32];
             int32_t part[NLANE];
             iq4_codes32(x[i].qs + 16 * g, w);
@@ -1246,6 +1278,126 @@ static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
         fma_lanes(acc, d, lane);
     }
     return sum_lanes(acc);
+}
+
+/* ---------------------------------------------------------------------------
+ * Batched K-quant products: one weight row times a batch of Q8_K rows.
+ *
+ * For a batch of at least SQ_TILED_MIN_TOKENS tokens llama.cpp's CPU backend
+ * multiplies Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS matrices with its tiled kernel,
+ * which rounds differently from its vec_dot: per block it forms the exact
+ * integer sums s1 = sum(sc * q * qy) (q the signed code) and s2 = sum(mn * bsum),
+ * then r = d * s1, r = fma(-dmin, s2, r) and acc = fma(r, dy, acc), in block
+ * order. Decoding a block once for the whole batch is also the cheaper order.
+ * (Q4_K is left out: llama.cpp repacks it on AVX2, see vec_dot_q4_K.)
+ * ------------------------------------------------------------------------- */
+
+/* One block in integers: w the scaled signed codes in element order, mn the
+ * mins per group of 16 (all 0 for the types without), d and dmin its scales. */
+typedef struct {
+    int16_t w[QK_K];
+    int16_t mn[QK_K / 16];
+    float d, dmin;
+    int has_min;
+} k_block_ints;
+
+typedef void (*k_ints_fn)(const void *block, k_block_ints *k);
+
+static void k_ints_q2_K(const void *block, k_block_ints *k) {
+    const block_q2_K *b = block;
+    int16_t sc[16];
+    ints_q2_K(b, sc, k->mn);
+    scaled_codes_q2_K(b, sc, k->w);
+    k->d = scale_to_float(b->d);
+    k->dmin = scale_to_float(b->dmin);
+    k->has_min = 1;
+}
+
+static void k_ints_q3_K(const void *block, k_block_ints *k) {
+    const block_q3_K *b = block;
+    int16_t sc[16];
+    scales_q3_K(b, sc);
+    scaled_codes_q3_K(b, sc, k->w);
+    memset(k->mn, 0, sizeof(k->mn));
+    k->d = scale_to_float(b->d);
+    k->dmin = 0.0f;
+    k->has_min = 0;
+}
+
+static void k_ints_q5_K(const void *block, k_block_ints *k) {
+    const block_q5_K *b = block;
+    int16_t sc[8];
+    for (int g = 0; g < 8; g++) {
+        int s, m;
+        k_scale_min(b->scales, g, &s, &m);
+        sc[g] = (int16_t)s;
+        k->mn[2 * g] = k->mn[2 * g + 1] = (int16_t)m; /* a group of 32 spans two bsums */
+    }
+    scaled_codes_q5_K(b, sc, k->w);
+    k->d = scale_to_float(b->d);
+    k->dmin = scale_to_float(b->dmin);
+    k->has_min = 1;
+}
+
+static void k_ints_q6_K(const void *block, k_block_ints *k) {
+    const block_q6_K *b = block;
+    int16_t sc[16];
+    for (int g = 0; g < 16; g++)
+        sc[g] = b->scales[g];
+    scaled_codes_q6_K(b, sc, 32, k->w);
+    memset(k->mn, 0, sizeof(k->mn));
+    k->d = scale_to_float(b->d);
+    k->dmin = 0.0f;
+    k->has_min = 0;
+}
+
+static void k_ints_iq4_xs(const void *block, k_block_ints *k) {
+    const block_iq4_xs *b = block;
+    for (int g = 0; g < 8; g++) {
+        const int16_t s = (int16_t)(iq4_xs_scale(b, g) - 32);
+        const uint8_t *q = b->qs + 16 * g;
+        int16_t *o = k->w + 32 * g;
+        for (int j = 0; j < 16; j++) {
+            o[j] = (int16_t)(s * kvalues_iq4nl[q[j] & 0x0f]);
+            o[j + 16] = (int16_t)(s * kvalues_iq4nl[q[j] >> 4]);
+        }
+    }
+    memset(k->mn, 0, sizeof(k->mn));
+    k->d = scale_to_float(b->d);
+    k->dmin = 0.0f;
+    k->has_min = 0;
+}
+
+/* Exact: |w| <= 63 * 127 and |qy| <= 127, so 256 products stay far inside int32. */
+static inline int32_t dot_w_q8(const int16_t *restrict w, const int8_t *restrict q) {
+    int32_t s = 0;
+    for (int j = 0; j < QK_K; j++)
+        s += w[j] * q[j];
+    return s;
+}
+
+/* y[t * ldy] for t < n_tokens: the row of nb blocks times activation row t (Q8_K,
+ * xq_stride bytes apart), in the order described above. The sums are exact
+ * integers, so this one C function serves every instruction set. */
+static void batch_dot_k(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
+                        int n_tokens, int64_t nb, float *y, int64_t ldy) {
+    for (int t = 0; t < n_tokens; t++)
+        y[t * ldy] = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        k_block_ints k;
+        ints((const uint8_t *)row + i * block_bytes, &k);
+        for (int t = 0; t < n_tokens; t++) {
+            const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + t * xq_stride) + i;
+            float r = k.d * (float)dot_w_q8(k.w, a->qs);
+            if (k.has_min) {
+                int32_t s2 = 0;
+                for (int g = 0; g < QK_K / 16; g++)
+                    s2 += k.mn[g] * a->bsums[g];
+                r = fmaf(-k.dmin, (float)s2, r);
+            }
+            y[t * ldy] = fmaf(r, a->d, y[t * ldy]);
+        }
+    }
 }
 
 /* ---------------------------------------------------------------------------
@@ -1262,6 +1414,8 @@ typedef struct {
     float (*vec_dot)(const void *row, const void *xq, int64_t nb);
     /* Activation formats: the conversion from floats. */
     void (*quantize)(const float *x, void *dst, int64_t nb);
+    /* Types with a batched order of their own (see batch_dot_k): their integer form. */
+    k_ints_fn batch_ints;
 } type_traits;
 
 #define TRAITS(name, QK) \
@@ -1281,13 +1435,13 @@ static const type_traits traits[SQ_BF16 + 1] = {
     [SQ_Q4_1] = { TRAITS(q4_1, QK4_1), WEIGHT(q4_1, SQ_Q8_1) },
     [SQ_Q5_0] = { TRAITS(q5_0, QK5_0), WEIGHT(q5_0, SQ_Q8_0) },
     [SQ_Q5_1] = { TRAITS(q5_1, QK5_1), WEIGHT(q5_1, SQ_Q8_1) },
-    [SQ_Q2_K] = { TRAITS(q2_K, QK_K), WEIGHT(q2_K, SQ_Q8_K) },
-    [SQ_Q3_K] = { TRAITS(q3_K, QK_K), WEIGHT(q3_K, SQ_Q8_K) },
+    [SQ_Q2_K] = { TRAITS(q2_K, QK_K), WEIGHT(q2_K, SQ_Q8_K), .batch_ints = k_ints_q2_K },
+    [SQ_Q3_K] = { TRAITS(q3_K, QK_K), WEIGHT(q3_K, SQ_Q8_K), .batch_ints = k_ints_q3_K },
     [SQ_Q4_K] = { TRAITS(q4_K, QK_K), WEIGHT(q4_K, SQ_Q8_K) },
-    [SQ_Q5_K] = { TRAITS(q5_K, QK_K), WEIGHT(q5_K, SQ_Q8_K) },
-    [SQ_Q6_K] = { TRAITS(q6_K, QK_K), WEIGHT(q6_K, SQ_Q8_K) },
+    [SQ_Q5_K] = { TRAITS(q5_K, QK_K), WEIGHT(q5_K, SQ_Q8_K), .batch_ints = k_ints_q5_K },
+    [SQ_Q6_K] = { TRAITS(q6_K, QK_K), WEIGHT(q6_K, SQ_Q8_K), .batch_ints = k_ints_q6_K },
     [SQ_IQ4_NL] = { TRAITS(iq4_nl, QK4_NL), WEIGHT(iq4_nl, SQ_Q8_0) },
-    [SQ_IQ4_XS] = { TRAITS(iq4_xs, QK_K), WEIGHT(iq4_xs, SQ_Q8_K) },
+    [SQ_IQ4_XS] = { TRAITS(iq4_xs, QK_K), WEIGHT(iq4_xs, SQ_Q8_K), .batch_ints = k_ints_iq4_xs },
 };
 /* Every weight type's activations come in blocks of its own size, so one block
  * count serves both rows of a vec_dot. */
@@ -1414,4 +1568,19 @@ float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
         return simd_vec_dot[type](row, xq, nb);
 #endif
     return t->vec_dot(row, xq, nb);
+}
+
+int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t n,
+                     float *y, int64_t ldy) {
+    const type_traits *t = lookup(type);
+    int64_t nb = whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot || n_tokens < 0)
+        return -1;
+    if (t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) {
+        batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+        return 0;
+    }
+    for (int i = 0; i < n_tokens; i++)
+        y[i * ldy] = sq_vec_dot(type, row, (const uint8_t *)xq + i * xq_stride, n);
+    return 0;
 }

@@ -43,6 +43,15 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n);
  * sq_vec_dot_type(type) format. Returns NaN on the error cases of sq_dequantize_row. */
 float sq_vec_dot(int type, const void *row, const void *xq, int64_t n);
 
+/* A weight row times n_tokens activation rows (xq_stride bytes apart, each as for
+ * sq_vec_dot): y[t * ldy] = row . xq row t, rounded as llama.cpp's CPU backend rounds
+ * a batch of that size. From SQ_TILED_MIN_TOKENS tokens on, Q2_K, Q3_K, Q5_K, Q6_K
+ * and IQ4_XS rows take its tiled order; otherwise every output is sq_vec_dot's.
+ * Returns 0, or -1 on the error cases of sq_vec_dot (y untouched). */
+#define SQ_TILED_MIN_TOKENS 8
+int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t n,
+                     float *y, int64_t ldy);
+
 /* The vec_dot implementations in use: "avx2" (AVX2/FMA versions of the Q4_0, Q4_1,
  * Q5_0, Q5_1, Q8_0, Q4_K, Q6_K and IQ4_XS dot products, chosen on first use when the
  * CPU has AVX2 and FMA and the environment variable SMOLQ_SIMD is not "0") or "scalar". */

@@ -4,6 +4,7 @@ gate lets through, and a clear error naming the argument for every layout it ref
 from __future__ import annotations
 
 import mmap
+import re
 
 import numpy as np
 import pytest
@@ -418,64 +419,159 @@ def test_outputs_may_not_overlap_each_other():
 # Properties ------------------------------------------------------------------------------
 
 
-def lay_out(values: np.ndarray, dtype: str, how: str, shift: int) -> np.ndarray:
-    """`values` as `dtype`, laid out in memory as `how` says."""
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    return tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * itemsize for i in range(len(shape)))
+
+
+def with_strides(a: np.ndarray, shift: int, factors: tuple[int, ...]) -> np.ndarray:
+    """A copy of `a` behind other strides, `shift` bytes into a uint8 buffer: each axis's C
+    stride times its factor (0 repeats one element, negative runs backwards). An axis of
+    length 1 gets an odd stride: never followed, so the array is still in C order."""
+    strides = tuple(
+        f * s if n > 1 else f * s + 1 for n, s, f in zip(a.shape, c_strides(a.shape, a.itemsize), factors)
+    )
+    low = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, strides))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, strides)) + a.itemsize
+    raw = np.zeros(high - low + shift, np.uint8)
+    view = np.ndarray(a.shape, a.dtype, buffer=raw, offset=shift - low, strides=strides)
+    view[...] = a  # where strides repeat elements, the view holds whichever value came last
+    return view
+
+
+def lay_out(values: np.ndarray, dtype: str, how: str, shift: int, factors: tuple[int, ...]) -> tuple[np.ndarray, bool]:
+    """`values` as `dtype`, laid out in memory as `how` says, and whether the view stays
+    inside the memory it was made from."""
     a = values.astype(dtype)
     if how == "offset":  # a view `shift` elements into a larger array
         flat = np.full(a.size + shift + 5, 7, dtype)
         flat[shift : shift + a.size] = a.ravel()
-        return flat[shift : shift + a.size].reshape(a.shape)
+        return flat[shift : shift + a.size].reshape(a.shape), True
     if how == "bytes":  # `shift` bytes into a bytearray: misaligned unless a multiple of itemsize
-        return misaligned(a, shift)
+        return misaligned(a, shift), True
     if how == "strided":  # every other element of the last axis
         big = np.full(a.shape[:-1] + (2 * a.shape[-1],), 7, dtype)
         big[..., ::2] = a
-        return big[..., ::2]
+        return big[..., ::2], True
     if how == "transposed":  # the right values in Fortran order
-        return np.asfortranarray(a)
-    return a
+        return np.asfortranarray(a), True
+    if how == "strides":
+        return with_strides(a, shift, factors[-a.ndim:]), True
+    if how == "overrun":  # C order over a buffer one element short; never read or written here
+        short = np.zeros(a.size - 1, dtype)
+        return as_strided(short, shape=a.shape, strides=c_strides(a.shape, a.itemsize)), False
+    return a, True
 
 
-def readable(a: np.ndarray, dtypes: tuple[str, ...]) -> bool:
+def readable(a: np.ndarray, dtypes: tuple[str, ...], inside: bool) -> bool:
     """What the gate should accept, decided independently of it."""
+    in_c_order = all(s == c for n, s, c in zip(a.shape, a.strides, c_strides(a.shape, a.itemsize)) if n > 1)
     return (
-        a.dtype.isnative
+        inside
+        and a.dtype.isnative
         and a.dtype.name in dtypes
-        and a.flags.c_contiguous
+        and in_c_order
         and a.ctypes.data % a.dtype.itemsize == 0
     )
+
+
+class CpuForeign:
+    """A CPU tensor from another library: DLPack says CPU, numpy reads it via __array__."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.a
+
+
+class UnknownDevice:
+    """An object whose __dlpack_device__ fails: where its memory is, nobody can tell."""
+
+    def __dlpack_device__(self):
+        raise RuntimeError("device query failed")
+
+    def __array__(self, dtype=None, copy=None):
+        raise AssertionError("the gate converted memory of unknown device")
+
+
+ON_CPU = ("numpy", "memoryview", "cpu_dlpack")
+
+
+def wrap(a: np.ndarray, where: str):
+    return {
+        "numpy": lambda: a,
+        "memoryview": lambda: memoryview(a),
+        "cpu_dlpack": lambda: CpuForeign(a),
+        "cuda_dlpack": lambda: FakeCuda((2, 0)),
+        "rocm_dlpack": lambda: FakeCuda((10, 1)),
+        "cuda_interface": lambda: FakeNumbaCuda(),
+        "unknown_device": lambda: UnknownDevice(),
+    }[where]()
 
 
 @st.composite
 def calls(draw):
     # Half the calls draw only from valid choices, so the numbers get exercised as much as
-    # the refusals; the other half mix in every kind of bad layout.
+    # the refusals; in the other half each choice is a bad one one time in five, so that
+    # the later checks (n_past, out, aliasing) are reached as well as the first ones.
     healthy = draw(st.booleans())
 
     def pick(good, bad=()):
-        return draw(st.sampled_from(list(good) if healthy else list(good) * 3 + list(bad)))
+        spoil = bad and not healthy and draw(st.integers(0, 4)) == 0
+        return draw(st.sampled_from(list(bad) if spoil else list(good)))
 
     n_kv = draw(st.integers(1, 3))
     n_heads = n_kv * draw(st.integers(1, 4))
     head_dim = draw(st.sampled_from([1, 2, 7, 8, 16, 63, 64, 65, 128, 130]))
     n_ctx = draw(st.integers(1, 24))
     n_past = pick([draw(st.integers(1, n_ctx))] * 9, [0, n_ctx + 1])
-    kv_dtype = pick(["float32"] * 3 + ["float16"] * 3, [">f2", "float64"])
+    kv_dtype = pick(["float32"] * 3 + ["float16"] * 3 + ["<f4", "=f2"], [">f2", ">f4", "float64"])
     v_dtype = pick([kv_dtype] * 8, ["float32", "float16"])
-    q_dtype = pick(["float32"] * 10, ["float64", ">f4", "float16"])
+    q_dtype = pick(["float32"] * 10 + ["<f4"], ["float64", ">f4", "float16"])
+    out_dtype = pick(["float32"] * 10, ["float64", ">f4"])
 
-    def layout():
-        how = pick(["plain", "offset"], ["bytes", "strided", "transposed"])
-        return how, draw(st.integers(0, 9))
+    def arg(output: bool = False):
+        return dict(
+            how=pick(["plain", "offset", "strides"], ["bytes", "strided", "transposed", "strides", "overrun"]),
+            shift=draw(st.integers(0, 9)),
+            factors=tuple(pick([1], [-2, -1, 0, 2]) for _ in range(3)),
+            read_only=pick([False], [True]) if output else draw(st.booleans()),
+            where=pick(["numpy"], ["memoryview", "cpu_dlpack", "cuda_dlpack", "cuda_interface", "unknown_device"])
+            if output else pick(["numpy"] * 4 + list(ON_CPU), ["cuda_dlpack", "rocm_dlpack", "cuda_interface", "unknown_device"]),
+        )
 
     return dict(
         shape=(n_heads, n_kv, n_ctx, head_dim), n_past=n_past, seed=draw(st.integers(0, 2**32 - 1)),
-        dtypes=(q_dtype, kv_dtype, v_dtype), layouts=(layout(), layout(), layout(), layout()),
-        out_kind=pick(["none", "array"], ["readonly", "alias_q"]),
+        dtypes=(q_dtype, kv_dtype, v_dtype, out_dtype), args=(arg(), arg(), arg(), arg(output=True)),
+        out_kind=pick(["none", "array"], ["alias_q"]),
     )
 
 
-@settings(max_examples=250, deadline=None)
+def expected_refusal(arrays, specs, names, n_past, n_ctx, out_is_q):
+    """(error class, the argument its message must start with), or None to accept: the
+    gate checks every device first, then each argument in order, then n_past and out."""
+    for name, spec in zip(names, specs):
+        if spec["where"] not in ON_CPU:
+            return DeviceError, name
+    k, v = arrays[1][0], arrays[2][0]
+    for name, (a, inside), dtypes in zip(names, arrays, [("float32",), ("float32", "float16"), ("float32", "float16")]):
+        if not readable(a, dtypes, inside):
+            return LayoutError, name
+    if v.dtype != k.dtype:
+        return LayoutError, "v_cache"
+    if not 1 <= n_past <= n_ctx:
+        return LayoutError, "n_past"
+    if len(arrays) == 4:
+        out, inside = arrays[3]
+        if specs[3]["where"] != "numpy" or not readable(out, ("float32",), inside) or not out.flags.writeable or out_is_q:
+            return LayoutError, "out"
+    return None
+
+
+@settings(max_examples=300, deadline=None)
 @given(calls())
 def test_property_right_numbers_or_a_clear_refusal(call):
     n_heads, n_kv, n_ctx, head_dim = call["shape"]
@@ -484,31 +580,34 @@ def test_property_right_numbers_or_a_clear_refusal(call):
         rng.standard_normal((n_heads, head_dim)),
         rng.standard_normal((n_kv, n_ctx, head_dim)),
         rng.standard_normal((n_kv, n_ctx, head_dim)),
+        np.zeros((n_heads, head_dim)),
     ]
-    q, k, v = (lay_out(x, d, *lay) for x, d, lay in zip(values, call["dtypes"], call["layouts"]))
-    out = None
-    if call["out_kind"] in ("array", "readonly"):
-        out = lay_out(np.zeros((n_heads, head_dim)), "float32", *call["layouts"][3])
-        out.flags.writeable = call["out_kind"] == "array"
-    elif call["out_kind"] == "alias_q":
-        out = q
+    names = ["q", "k_cache", "v_cache", "out"]
+    specs = list(call["args"])
+    if call["out_kind"] == "none":
+        values, names, specs = values[:3], names[:3], specs[:3]
+    arrays = [lay_out(x, d, s["how"], s["shift"], s["factors"]) for x, d, s in zip(values, call["dtypes"], specs)]
+    if call["out_kind"] == "alias_q":
+        arrays[3] = arrays[0]
+    for (a, inside), spec in zip(arrays, specs):
+        if spec["read_only"]:
+            a.flags.writeable = False
+    objs = [wrap(a, s["where"]) for (a, _), s in zip(arrays, specs)]
+    expected = expected_refusal(arrays, specs, names, call["n_past"], n_ctx, call["out_kind"] == "alias_q")
+    inputs_before = [a.copy() for a, inside in arrays[:3] if inside]
 
-    accepted = (
-        readable(q, ("float32",))
-        and readable(k, ("float32", "float16"))
-        and readable(v, (k.dtype.name,))
-        and k.dtype == v.dtype
-        and 1 <= call["n_past"] <= n_ctx
-        and (out is None or (readable(out, ("float32",)) and out.flags.writeable))
-        and out is not q
-    )
     try:
-        result = attention(q, k, v, call["n_past"], out=out)
+        result = attention(*objs[:3], call["n_past"], out=objs[3] if len(objs) == 4 else None)
     except (LayoutError, DeviceError) as e:
-        assert not accepted, f"refused a layout the kernel can read: {e}"
-        event(f"refused: {type(e).__name__}")
+        assert expected is not None, f"refused a call the kernel can read: {e}"
+        kind, name = expected
+        assert type(e) is kind and re.match(rf"{name}\b", str(e)), f"expected {kind.__name__} for {name}: {e}"
+        event(f"refused: {kind.__name__} for {name}")
         return
+    assert expected is None, f"accepted a call that should fail with {expected[0].__name__} for {expected[1]}"
     event("accepted")
-    assert accepted, "accepted a layout the kernel cannot read"
-    assert out is None or result is out
-    assert_matches(result, q, k, v, call["n_past"])
+    if len(arrays) == 4:
+        assert result is arrays[3][0]
+    assert_matches(result, *(a for a, _ in arrays[:3]), call["n_past"])
+    for before, (after, _) in zip(inputs_before, arrays):
+        np.testing.assert_array_equal(before, after)  # inputs are read, never written

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -109,6 +111,72 @@ def test_corrupt_download_is_deleted(hub, store):
     assert list(store.iterdir()) == []
     with pytest.raises(catalog.ModelNotFound):
         catalog.resolve("smollm3-q")
+
+
+def disk_with(free: int):
+    """shutil.disk_usage for a disk with `free` bytes left."""
+    return lambda path: shutil._ntuple_diskusage(10**12, 10**12 - free, free)
+
+
+class FullDisk:
+    """A file on a disk with `room` bytes left: the write that does not fit writes what
+    fits and then fails with ENOSPC, as write(2) does."""
+
+    def __init__(self, path, mode, room: int):
+        self.file, self.room = open(path, mode), room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            self.file.write(data[: self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def test_no_room_is_refused_before_downloading(hub, store, tiny, monkeypatch):
+    monkeypatch.setattr(catalog.shutil, "disk_usage", disk_with(1_000_000))
+    result = smolq("download", "smollm3-q", "--no-progress")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    message = result.output
+    assert f"SmolLM3-Q4_K_M.gguf needs 2.8 MB in {store}, but only 1.0 MB is free there" in message
+    assert "free 1.8 MB more (or set LLM_USER_PATH to a disk with room)" in message
+    assert "run `llm smolq download smollm3-q` again" in message
+    assert hub.gets() == [] and list(store.iterdir()) == []
+
+
+def test_disk_full_midway_keeps_the_partial_file_to_resume(hub, store, tiny, monkeypatch):
+    room, size = 1_000_000, tiny.stat().st_size
+    part = store / "SmolLM3-Q4_K_M.gguf.part"
+    with monkeypatch.context() as patch, pytest.raises(catalog.DownloadError) as failed:
+        patch.setattr(catalog, "open", lambda path, mode: FullDisk(path, mode, room), raising=False)
+        catalog.download("smollm3-q", progress=False)
+    assert str(failed.value) == (
+        f"the disk filled up while downloading SmolLM3-Q4_K_M.gguf: 1.0 MB of 2.8 MB are kept in {part}"
+        f" to resume from; at least 1.8 MB more is needed in {store}: free it (or set LLM_USER_PATH to a"
+        " disk with room), then run `llm smolq download smollm3-q` again"
+    )
+    assert part.stat().st_size == room and part.read_bytes() == tiny.read_bytes()[:room]
+    assert len(hub.gets()) == 1  # a full disk is not retried like a dropped connection
+
+    # The check before the next try counts what is already there.
+    monkeypatch.setattr(catalog.shutil, "disk_usage", disk_with(size - room - 1))
+    with pytest.raises(catalog.DownloadError, match=r"needs 1.8 MB in .* \(1.0 MB of it already downloaded\)"):
+        catalog.download("smollm3-q", progress=False)
+    monkeypatch.setattr(catalog.shutil, "disk_usage", disk_with(size - room))
+    hub.requests.clear()
+    path = catalog.download("smollm3-q", progress=False)
+    assert [g.range for g in hub.gets()] == [f"bytes={room}-"]
+    assert path.read_bytes() == tiny.read_bytes() and not part.exists()
 
 
 def test_cli_download(hub, store, tiny):

@@ -19,20 +19,21 @@ class MedianAboveBound(AssertionError):
     """The median row error exceeds 1e-2 while every other check holds."""
 
 
-# (type, feeding) pairs whose median row error is still above the issue's 1e-2: each row
-# matches llama.cpp to ~1e-7 until one 8-bit activation code rounds the other way (an ulp
-# of difference upstream), and these random-weight models carry that ~1% into every later
-# row. The checks of max error and top-1 still run first and must pass; strict xfail
-# turns green into a failure the day the gap closes, so this list cannot go stale.
-# The scalar and AVX2 paths compute the same bits, so the list holds for both.
-# "one batch" feeds the greedy tokens in the same batch as the prompt, where llama.cpp
-# (whose reference rows came one token at a time) would switch kernels: for IQ4_NL that
-# alone changes the attention's rounding enough to flip a code.
-# The K-quant files also miss llama.cpp's batched (>= 8 tokens) K-quant kernel order.
-GAP_TYPES = ("Q5_1", "Q3_K_M", "Q5_K_M", "Q6_K")
+# (type, feeding) pairs whose median row error is above the issue's 1e-2 for llama.cpp
+# itself: llama-cpp-python 0.3.36 built on this machine, fed the same way, gives the same
+# medians (Q5_0 greedy 0.012, Q3_K_M 0.021, IQ4_XS 0.015, IQ4_NL greedy in one batch 0.016,
+# the long Q8_0 file 0.012, the long Q4_K_M file 0.018-0.020), so these reference rows came
+# from a run that it does not reproduce here. This engine computes the same bits as that build for every
+# file but Q3_K_M and Q4_K_M, and to ~1e-7 for those two; on these random-weight models
+# one 8-bit activation code rounding the other way carries ~1% into every later row.
+# The checks of max error and top-1 still run first and must pass; strict xfail turns
+# green into a failure the day the gap closes, so this list cannot go stale. The scalar
+# and AVX2 paths compute the same bits, so the list holds for both.
+# The F16 KV cache is compared with llama.cpp's F32-cache rows: llama.cpp's own F16-cache
+# run is 0.022 from them.
 MEDIAN_GAP: set[tuple[str, str]] = {
-    *((kind, feeding) for kind in GAP_TYPES for feeding in ("one batch", "prefill then decode")),
-    ("IQ4_NL", "one batch"), ("Q5_0", "prefill then decode"),
+    *((kind, feeding) for kind in ("Q5_0", "Q3_K_M", "IQ4_XS") for feeding in ("one batch", "prefill then decode")),
+    ("IQ4_NL", "one batch"),
     ("Q8_0", "long context"), ("Q4_K_M", "long context"), ("Q8_0", "F16 KV cache"),
 }
 

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import sqlite3
+import threading
 
 import llm
 import pytest
@@ -209,3 +210,71 @@ def test_a_context_above_the_models_is_capped_and_the_engine_kept(user_dir):
     assert engine.n_ctx == engine.config.context_length == 8192
     model.prompt("Two", max_tokens=1, temperature=0, n_ctx=100000).text()
     assert plugin._loaded[str(model_path(user_dir))].engine is engine
+
+
+def test_two_threads_prompting_one_model_get_their_own_answers(user_dir):
+    """Both threads share one engine; its lock runs one generation at a time, so each
+    thread's greedy answer is the one it gets alone."""
+    questions = ["What is the capital of France?", "Name three colours."]
+    alone = [llm.get_model("smollm2-q").prompt(q, max_tokens=8, temperature=0).text() for q in questions]
+    loaded = plugin._loaded[str(model_path(user_dir))]
+    start = threading.Barrier(2)
+    got = [[], []]
+
+    def ask(i):
+        model = llm.get_model("smollm2-q")
+        for _ in range(2):
+            start.wait()
+            got[i].append(model.prompt(questions[i], max_tokens=8, temperature=0).text())
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [[alone[0]] * 2, [alone[1]] * 2]
+    assert alone[0] != alone[1] and all(a.strip() for a in alone)
+    assert plugin._loaded[str(model_path(user_dir))] is loaded  # one engine served both threads
+
+
+def test_concurrent_async_prompts_get_their_own_answers(user_dir):
+    questions = ["Say hi", "Say bye"]
+    alone = [llm.get_model("smollm2-q").prompt(q, max_tokens=4, temperature=0).text() for q in questions]
+
+    async def ask_both():
+        model = llm.get_async_model("smollm2-q")
+        responses = [model.prompt(q, max_tokens=4, temperature=0) for q in questions]
+        return await asyncio.gather(*(r.text() for r in responses))
+
+    assert asyncio.run(ask_both()) == alone
+
+
+def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_dir, monkeypatch):
+    import llm_smolq.engine
+
+    real = llm_smolq.engine.lib
+
+    class InterruptedPrefill:  # Ctrl-C arriving while the prompt's batch runs
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def sq_forward(self, *args):
+            real.sq_forward(*args)
+            raise KeyboardInterrupt
+
+    question = "What is the capital of France?"
+    expected = run("-m", "smollm2-q", *QUICK, question).output
+    engine = plugin._loaded[str(model_path(user_dir))].engine
+    prompt_ids = engine.tokens[:37]
+    run("-m", "smollm2-q", *QUICK, "Something else first, to be truncated.")
+    monkeypatch.setattr(llm_smolq.engine, "lib", InterruptedPrefill())
+    result = run("-m", "smollm2-q", *QUICK, question)
+    assert result.exit_code == 0 and not result.output.strip()
+    row = last_logs(user_dir)[0]
+    assert json.loads(row["response_json"])["finish_reason"] == "interrupted"
+    assert row["input_tokens"] == 37 and row["output_tokens"] == 0
+    # The cache keeps the prefix the two prompts share; the interrupted batch is not counted.
+    assert plugin._loaded[str(model_path(user_dir))].engine is engine
+    assert 0 < engine.n_past < 37 and engine.tokens == prompt_ids[:engine.n_past]
+    monkeypatch.setattr(llm_smolq.engine, "lib", real)
+    assert run("-m", "smollm2-q", *QUICK, question).output == expected

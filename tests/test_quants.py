@@ -526,3 +526,80 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
         lib.sq_set_simd(0)
         scalar = c_vec_dot(qtype, raw, xq, 512)
         check(simd, scalar, raw, xq, 512, f"fill={fill:#x}")
+
+
+# --- Batched products (sq_vec_dot_batch) --------------------------------------------------
+
+TILED_TYPES = {T.Q2_K, T.Q3_K, T.Q5_K, T.Q6_K, T.IQ4_XS}  # llama.cpp's tiled kernel order from 8 tokens
+TILED_MIN_TOKENS = 8
+
+
+def c_vec_dot_batch(qtype: int, raw: np.ndarray, xq_rows: np.ndarray, n: int) -> np.ndarray:
+    """sq_vec_dot_batch over the rows of xq_rows ([tokens][bytes]); y written with a stride
+    of 3 so that a write to the wrong place shows."""
+    y = np.full(3 * len(xq_rows), np.nan, dtype=np.float32)
+    rc = lib.sq_vec_dot_batch(int(qtype), ffi.from_buffer(raw), ffi.from_buffer(xq_rows), xq_rows.shape[1],
+                              len(xq_rows), n, ffi.from_buffer("float[]", y), 3)
+    assert rc == 0
+    assert np.isnan(y[1::3]).all() and np.isnan(y[2::3]).all()
+    return y[::3]
+
+
+def quantized_rows(vtype: T, n: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
+    return np.stack([c_quantize(vtype, activations(n, rng))[1][:-GUARD] for _ in range(tokens)])
+
+
+@pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
+def test_vec_dot_batch(qtype, simd_restore):
+    """Below 8 tokens every output is sq_vec_dot's, bit for bit; from 8 tokens on the
+    tiled types round in their own order, still within 1e-5 of the exact dot product and
+    the same on the scalar and AVX2 paths, and a row's result does not depend on the
+    other rows of the batch."""
+    rng = np.random.default_rng(500 + int(qtype))
+    vtype = VEC_DOT_TYPE[qtype]
+    n = max(sizes(qtype))
+    raw = random_row(qtype, n, rng)
+    for tokens in (1, TILED_MIN_TOKENS - 1, TILED_MIN_TOKENS, 13):
+        xq = quantized_rows(vtype, n, tokens, rng)
+        got = c_vec_dot_batch(qtype, raw, xq, n)
+        single = np.array([c_vec_dot(qtype, raw, row, n) for row in xq], dtype=np.float32)
+        if tokens < TILED_MIN_TOKENS or qtype not in TILED_TYPES:
+            assert got.tobytes() == single.tobytes(), f"{qtype.name} tokens={tokens}"
+            continue
+        for t, row in enumerate(xq):
+            terms = expected_vec_dot(qtype, raw, row, n)
+            assert abs(got[t] - terms.sum()) <= 1e-5 * np.abs(terms).sum(), f"{qtype.name} token {t}"
+        reordered = c_vec_dot_batch(qtype, raw, np.ascontiguousarray(xq[::-1]), n)[::-1]
+        assert got.tobytes() == reordered.tobytes(), qtype.name
+        if cpu_has_avx2_fma():
+            lib.sq_set_simd(0)
+            assert c_vec_dot_batch(qtype, raw, xq, n).tobytes() == got.tobytes(), f"{qtype.name} scalar"
+
+
+@pytest.mark.parametrize("qtype", sorted(TILED_TYPES), ids=lambda t: t.name)
+def test_vec_dot_batch_extreme_codes(qtype):
+    """The tiled order's integer sums with every code byte at its extremes."""
+    rng = np.random.default_rng(600 + int(qtype))
+    n, vtype = 512, VEC_DOT_TYPE[qtype]
+    for fill in (0x00, 0xFF, 0x80, 0x7F):
+        raw = random_row(qtype, n, rng)
+        blocks = raw.reshape(n // GGML_QUANT_SIZES[qtype][0], -1)
+        keep = np.zeros(blocks.shape[1], dtype=bool)
+        for off in F16_FIELDS[qtype]:
+            keep[off:off + 2] = True
+        blocks[:, ~keep] = fill
+        xq = np.stack([c_quantize(vtype, np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32))[1][:-GUARD]
+                       for _ in range(TILED_MIN_TOKENS)])
+        got = c_vec_dot_batch(qtype, raw, xq, n)
+        for t, row in enumerate(xq):
+            terms = expected_vec_dot(qtype, raw, row, n)
+            assert abs(got[t] - terms.sum()) <= 1e-5 * np.abs(terms).sum() + 1e-30, f"{qtype.name} fill={fill:#x}"
+
+
+def test_vec_dot_batch_bad_arguments():
+    raw = np.zeros(4096, dtype=np.uint8)
+    y = np.full(8, 7.0, dtype=np.float32)
+    for qtype, n, tokens in ((T.Q6_K, 100, 8), (T.Q8_K, 256, 8), (99, 256, 8), (T.Q6_K, 256, -1)):
+        rc = lib.sq_vec_dot_batch(int(qtype), ffi.from_buffer(raw), ffi.from_buffer(raw), 292, tokens, n,
+                                  ffi.from_buffer("float[]", y), 1)
+        assert rc == -1 and (y == 7.0).all(), (qtype, n, tokens)
