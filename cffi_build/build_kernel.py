@@ -22,10 +22,11 @@ def _cdef_text() -> str:
     return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
 
 
-# AddressSanitizer and UndefinedBehaviorSanitizer; no recovery: the first finding prints its
+# AddressSanitizer and UndefinedBehaviorSanitizer, plus float-to-int conversions out of range
+# (undefined, but not in gcc's `undefined` set); no recovery: the first finding prints its
 # report and ends the process. The ASan runtime must be the first library loaded, so an
 # uninstrumented python needs it in LD_PRELOAD (README, "Sanitizer build").
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+SANITIZE = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
 
 
 def sanitize_requested() -> bool:
