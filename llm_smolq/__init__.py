@@ -3,9 +3,9 @@
 import importlib
 from typing import Any
 
-from .errors import DeviceError, GGUFError, LayoutError
+from .errors import DeviceError, GGUFError, LayoutError, ResourceError
 
-__all__ = ["DeviceError", "Engine", "GGUFError", "LayoutError", "kernel", "load"]
+__all__ = ["DeviceError", "Engine", "GGUFError", "LayoutError", "ResourceError", "kernel", "load"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,8 @@ import numpy as np
 
 from ._kernel import ffi, lib
 from .buffer_gate import Dims, check_buffer
+from .errors import GGUFError
+from .memory import check_engine_memory
 from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
 from .tokenizer import GGUFTokenizer
 
@@ -58,6 +60,7 @@ class Engine:
         self.n_ctx = n_ctx
         self.threads = threads
         np_dtype, self._kv_type = KV_DTYPES[kv_dtype]
+        check_engine_memory(model.path, cfg, n_ctx, kv_dtype, np.dtype(np_dtype).itemsize, MAX_BATCH, threads)
         cache_shape = (cfg.n_layers, cfg.n_kv_heads, n_ctx, cfg.head_dim)
         # np.zeros maps pages lazily: only the positions actually used count towards RSS.
         # Both go through the gate once, here: the engine owns them and hands the same
@@ -178,6 +181,13 @@ class Engine:
                 )
                 if rc != lib.SQ_OK:
                     raise RuntimeError(f"the kernel refused the batch: {_FORWARD_ERRORS.get(rc, rc)}")
+                if not np.isfinite(rows).all():  # the cache keeps only the batches before this one
+                    raise GGUFError(
+                        f"{self.model.path}: the forward pass gave logits that are not finite (NaN or infinity), so "
+                        "the weights hold such values or values too large to compute with; the file is damaged: "
+                        "download or convert it again"
+                        + (", or load with kv_dtype='f32'" if self._kv_type == lib.SQ_F16 else "")
+                    )
                 self._tokens.extend(batch.tolist())
         return logits
 

@@ -17,12 +17,12 @@ from typing import Any
 
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
-from .errors import GGUFError
+from .errors import GGUFError, brief
 
 MAX_DIMS = 4  # ggml tensors have at most four dimensions
 MAX_ARRAY_DEPTH = 4
 
-_SCALAR_CODES = {
+SCALAR_CODES = {
     GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
     GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
     GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
@@ -46,6 +46,7 @@ class GGUFHeader:
     alignment: int
     data_offset: int  # where the tensor data section starts
     file_size: int
+    little_endian: bool = True
 
 
 class _Cursor:
@@ -84,7 +85,7 @@ class _Cursor:
                 raise self.fail(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
             item = self.scalar("I", what)
             count = self.scalar("Q", what)
-            code = _SCALAR_CODES.get(item)
+            code = SCALAR_CODES.get(item)
             if code is not None:
                 size = count * struct.calcsize(code)
                 self.need(size, f"{what}: array of {count} items")
@@ -94,7 +95,7 @@ class _Cursor:
             # strings / nested arrays take at least 8 bytes each: bound the count first
             self.need(count * 8, f"{what}: array of {count} items")
             return [self.value(item, what, depth + 1) for _ in range(count)]
-        code = _SCALAR_CODES.get(kind)
+        code = SCALAR_CODES.get(kind)
         if code is None:
             raise self.fail(f"{what} has unknown value type {kind}")
         return self.scalar(code, what)
@@ -134,32 +135,34 @@ def _parse(buf: mmap.mmap, path: str) -> GGUFHeader:
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string("metadata key")
-        kind = cur.scalar("I", f"type of {key!r}")
-        metadata[key] = cur.value(kind, f"metadata {key!r}")
+        if key in metadata:  # which of the two would be meant is anyone's guess
+            raise cur.fail(f"metadata key {brief(key)} appears twice; the file is corrupt")
+        kind = cur.scalar("I", f"type of {brief(key)}")
+        metadata[key] = cur.value(kind, f"metadata {brief(key)}")
 
     raw: list[tuple[str, int, tuple[int, ...], int]] = []
     for i in range(n_tensors):
         name = cur.string(f"name of tensor {i}")
-        n_dims = cur.scalar("I", f"dimensions of {name!r}")
+        n_dims = cur.scalar("I", f"dimensions of {brief(name)}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
-        shape = tuple(cur.scalar("Q", f"shape of {name!r}") for _ in range(n_dims))
-        type_id = cur.scalar("I", f"type of {name!r}")
-        offset = cur.scalar("Q", f"offset of {name!r}")
+            raise cur.fail(f"tensor {brief(name)} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        shape = tuple(cur.scalar("Q", f"shape of {brief(name)}") for _ in range(n_dims))
+        type_id = cur.scalar("I", f"type of {brief(name)}")
+        offset = cur.scalar("Q", f"offset of {brief(name)}")
         raw.append((name, type_id, shape, offset))
 
     alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise GGUFError(f"{path}: general.alignment = {alignment!r} is not a power of two")
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"{path}: general.alignment = {brief(alignment)} is not a power of two; the file is corrupt")
     data_offset = -(-cur.pos // alignment) * alignment
     names = set()
     tensors = []
     for name, type_id, shape, offset in raw:
         if name in names:
-            raise GGUFError(f"{path}: tensor {name!r} appears twice")
+            raise GGUFError(f"{path}: tensor {brief(name)} appears twice; the file is corrupt")
         names.add(name)
         tensors.append(RawTensor(name, type_id, shape, data_offset + offset))
-    return GGUFHeader(version, metadata, tensors, alignment, data_offset, len(buf))
+    return GGUFHeader(version, metadata, tensors, alignment, data_offset, len(buf), order == "<")
 
 
 def type_name(type_id: int) -> str:

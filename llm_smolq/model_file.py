@@ -8,6 +8,7 @@ file is a GGUFError at load, never a read past the mapping later.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
-from .errors import GGUFError
+from .errors import GGUFError, brief
 from .gguf_file import GGUFHeader, read_header, type_name
 
 #: Tensor types the kernel can read.
@@ -26,6 +27,9 @@ SUPPORTED_TYPES = (
 )
 _SUPPORTED_IDS = {int(q) for q in SUPPORTED_TYPES}
 ARCHITECTURES = ("smollm3", "llama")
+C_INT_MAX = 2**31 - 1  # sizes reach the kernel as C int
+MAX_HEADS = 1 << 16  # the kernel counts (token, head) tasks of a batch in an int
+_F32_MIN_NORMAL, _F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # floats reach it as float
 
 LAYER_TENSORS = (
     "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -60,7 +64,7 @@ class TensorInfo:
 
     @property
     def rows(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        return math.prod(self.shape[1:])  # Python ints: no silent int64 wrap-around
 
     @property
     def row_bytes(self) -> int:
@@ -82,6 +86,9 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
     if not os.path.isfile(path):
         raise GGUFError(f"{path}: no such file")
     header = read_header(path)
+    if not header.little_endian:
+        raise GGUFError(f"{path}: the file is big-endian; llm-smolq reads little-endian weights only, "
+                        "so use the model's ordinary (little-endian) GGUF")
     tensors = _tensor_infos(path, header)
     config = _config(path, header.metadata, tensors)
     _check_model_tensors(path, config, tensors)
@@ -92,7 +99,7 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
 def _tensor_infos(path: str, header: GGUFHeader) -> dict[str, TensorInfo]:
     infos: dict[str, TensorInfo] = {}
     for t in header.tensors:
-        where = f"{path}: tensor {t.name!r}"
+        where = f"{path}: tensor {brief(t.name)}"
         if t.type_id not in _SUPPORTED_IDS:
             raise GGUFError(
                 f"{where} has type {type_name(t.type_id)}, which llm-smolq cannot read; supported: "
@@ -123,24 +130,36 @@ def _config(path: str, meta: dict[str, Any], tensors: dict[str, TensorInfo]) -> 
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFError(
-            f"{path}: architecture {arch!r} is not supported; llm-smolq runs {', '.join(ARCHITECTURES)} models"
+            f"{path}: architecture {brief(arch)} is not supported; llm-smolq runs {', '.join(ARCHITECTURES)} models"
         )
 
     def get(key: str, default: Any = None, kind: type = int) -> Any:
         value = meta.get(f"{arch}.{key}", default)
         if value is None:
             raise GGUFError(f"{path}: metadata key {arch}.{key} is missing")
-        if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-            raise GGUFError(f"{path}: {arch}.{key} = {value!r} must be a positive integer")
-        if kind is float and (not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0):
-            raise GGUFError(f"{path}: {arch}.{key} = {value!r} must be a positive number")
+        if kind is int and (type(value) is not int or not 0 < value <= C_INT_MAX):
+            raise GGUFError(f"{path}: {arch}.{key} = {brief(value)} must be an integer from 1 to {C_INT_MAX}")
+        if kind is float and (type(value) not in (int, float) or not _F32_MIN_NORMAL <= value <= _F32_MAX):
+            raise GGUFError(f"{path}: {arch}.{key} = {brief(value)} must be a positive number that fits a float32 "
+                            f"({_F32_MIN_NORMAL:.3g} to {_F32_MAX:.3g})")
         return kind(value)
 
     n_layers = get("block_count")
+    if len(LAYER_TENSORS) * n_layers > len(tensors):  # bound the work before doing it per layer
+        raise GGUFError(f"{path}: {arch}.block_count = {n_layers}, but the file has only {len(tensors)} tensors, "
+                        f"fewer than the {len(LAYER_TENSORS)} every layer needs; the file is corrupt")
     dim = get("embedding_length")
     n_heads = get("attention.head_count")
+    if n_heads > MAX_HEADS:
+        raise GGUFError(f"{path}: {arch}.attention.head_count = {n_heads}; llm-smolq supports up to {MAX_HEADS} heads")
     n_kv_heads = get("attention.head_count_kv", n_heads)
-    head_dim = get("attention.key_length", dim // n_heads if dim % n_heads == 0 else None)
+    if dim % n_heads and f"{arch}.attention.key_length" not in meta:
+        raise GGUFError(f"{path}: {arch}.embedding_length {dim} is not a multiple of {arch}.attention.head_count "
+                        f"{n_heads}, and no {arch}.attention.key_length gives the head size")
+    head_dim = get("attention.key_length", dim // n_heads)
+    if n_heads * head_dim > C_INT_MAX:
+        raise GGUFError(f"{path}: {n_heads} heads of size {head_dim} are wider than llm-smolq supports "
+                        f"(at most {C_INT_MAX} values)")
     if get("attention.value_length", head_dim) != head_dim:
         raise GGUFError(f"{path}: key and value head sizes differ, which llm-smolq does not support")
     if n_heads % n_kv_heads:
@@ -149,10 +168,17 @@ def _config(path: str, meta: dict[str, Any], tensors: dict[str, TensorInfo]) -> 
         raise GGUFError(f"{path}: partial or odd-sized RoPE is not supported (head size {head_dim})")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
-        raise GGUFError(f"{path}: RoPE scaling {scaling!r} is not supported")
+        raise GGUFError(f"{path}: RoPE scaling {brief(scaling)} is not supported")
     embd = tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2:
         raise GGUFError(f"{path}: token_embd.weight is missing or not a matrix")
+    vocab_size = embd.shape[1]
+    if vocab_size > C_INT_MAX:
+        raise GGUFError(f"{path}: a vocabulary of {vocab_size} tokens is more than llm-smolq supports ({C_INT_MAX})")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) != vocab_size:
+        raise GGUFError(f"{path}: the tokenizer has {len(tokens)} tokens but token_embd.weight has {vocab_size} "
+                        "rows; they must match, so the file is corrupt")
     return ModelConfig(
         arch=arch,
         n_layers=n_layers,
@@ -161,7 +187,7 @@ def _config(path: str, meta: dict[str, Any], tensors: dict[str, TensorInfo]) -> 
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        vocab_size=embd.shape[1],
+        vocab_size=vocab_size,
         context_length=get("context_length"),
         rope_theta=get("rope.freq_base", 10000.0, float),
         rms_eps=get("attention.layer_norm_rms_epsilon", 1e-5, float),

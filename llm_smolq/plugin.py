@@ -94,8 +94,9 @@ def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
         try:
             model = open_model(path)
             engine = Engine(model, n_ctx=min(n_ctx, model.config.context_length), threads=threads)
+            engine.tokenizer  # built now, so a broken vocabulary is refused with the rest
             template = chat_template_from_metadata(model.metadata)
-        except ValueError as exc:  # GGUFError, ChatTemplateError and bad sizes
+        except ValueError as exc:  # GGUFError, ResourceError, ChatTemplateError and bad sizes
             raise llm.ModelError(str(exc)) from None
         _loaded[key] = Loaded(engine, template)
         return _loaded[key]

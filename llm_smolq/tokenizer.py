@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from .errors import GGUFError
+from .errors import GGUFError, brief
 
 # GGUF token types (tokenizer.ggml.token_type).
 TOKEN_NORMAL = 1
@@ -105,7 +105,7 @@ class GGUFTokenizer:
     ) -> None:
         if pre not in PRE_TOKENIZER_PATTERNS:
             raise GGUFError(
-                f"tokenizer.ggml.pre is {pre!r}, which llm-smolq does not know how to "
+                f"tokenizer.ggml.pre is {brief(pre)}, which llm-smolq does not know how to "
                 f"split; supported: {', '.join(PRE_TOKENIZER_PATTERNS)}"
             )
         if len(token_types) != len(tokens):
@@ -133,29 +133,33 @@ class GGUFTokenizer:
         model = meta.get("tokenizer.ggml.model")
         if model not in SUPPORTED_MODELS:
             raise GGUFError(
-                f"tokenizer.ggml.model is {model!r}; llm-smolq supports "
+                f"tokenizer.ggml.model is {brief(model)}; llm-smolq supports "
                 f"{', '.join(SUPPORTED_MODELS)} (byte-level BPE) only"
             )
         for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
             if key not in meta:
                 raise GGUFError(f"the GGUF has no {key}; it cannot be tokenized")
-        tokens = meta["tokenizer.ggml.tokens"]
-        types = meta.get("tokenizer.ggml.token_type")
+        tokens = _array_of(meta, "tokenizer.ggml.tokens", str, "strings")
+        types = _array_of(meta, "tokenizer.ggml.token_type", int, "integers")
         if types is None:
             types = [TOKEN_NORMAL] * len(tokens)
 
-        def opt_int(key: str) -> int | None:
+        def token_id(key: str) -> int | None:
             value = meta.get(key)
-            return None if value is None else int(value)
+            if value is not None and (type(value) is not int or not 0 <= value < len(tokens)):
+                raise GGUFError(f"{key} = {brief(value)} is not a token id (0 to {len(tokens) - 1}); the file is corrupt")
+            return value
 
         add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        if add_bos is not None and type(add_bos) not in (bool, int):
+            raise GGUFError(f"tokenizer.ggml.add_bos_token = {brief(add_bos)} must be a boolean; the file is corrupt")
         return cls(
             tokens,
             types,
-            meta["tokenizer.ggml.merges"],
+            _array_of(meta, "tokenizer.ggml.merges", str, "strings"),
             str(meta.get("tokenizer.ggml.pre", "(missing)")),
-            bos_id=opt_int("tokenizer.ggml.bos_token_id"),
-            eos_id=opt_int("tokenizer.ggml.eos_token_id"),
+            bos_id=token_id("tokenizer.ggml.bos_token_id"),
+            eos_id=token_id("tokenizer.ggml.eos_token_id"),
             add_bos=None if add_bos is None else bool(add_bos),
         )
 
@@ -177,7 +181,7 @@ class GGUFTokenizer:
             # reads it (byte-level vocabularies spell a space as "Ġ", so there is one).
             cut = merge.find(" ", 1)
             if cut < 0:
-                raise GGUFError(f"tokenizer.ggml.merges entry {merge!r} has no space")
+                raise GGUFError(f"tokenizer.ggml.merges entry {brief(merge)} has no space")
             left, right = merge[:cut], merge[cut + 1 :]
             # tokenizers panics on a merge whose parts or result are not tokens, so
             # leave those out. (llama.cpp would keep it and spell the unknown result
@@ -252,6 +256,15 @@ class GGUFTokenizer:
     def token_id(self, text: str) -> int | None:
         """Id of a token given its vocabulary text (e.g. ``"<|im_end|>"``), or None."""
         return self.tokenizer.token_to_id(text)
+
+
+def _array_of(meta: Mapping[str, Any], key: str, kind: type, what: str) -> list[Any] | None:
+    """meta[key] if it is a list of `kind` (bool is not an int here), None if absent."""
+    value = meta.get(key)
+    if value is not None and (not isinstance(value, list) or any(type(v) is not kind for v in value)):
+        found = type(value).__name__ if not isinstance(value, list) else "an array with other values"
+        raise GGUFError(f"{key} must be an array of {what}, but it is {found}; the file is corrupt")
+    return value
 
 
 def read_tokenizer_metadata(path: str | Path) -> dict[str, Any]:

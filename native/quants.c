@@ -942,39 +942,106 @@ static inline void decode_q4_K(const block_q4_K *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q4_K, QK_K)
 
-/* . Q8_K activations: per block isum = sum(sc * q * qy) and imin = sum(mn * bsum)
- * (mn * bsum per group of 32, two bsums), then two fmaf chains in block order,
- * isum * (d * dy) and imin * (dmin * dy), subtracted at the end: the arithmetic of
- * llama.cpp's repacked Q4_K kernels (8 rows interleaved), which is what it runs on
- * AVX2 for every matrix with a multiple of 8 rows. */
-static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
-    const block_q4_K *x = row;
-    const block_q8_K *y = xq;
+/* A Q4_K block's scaled codes w (sc * q, in element order) and per-group mins. */
+static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *restrict w, int16_t *restrict mn) {
+    int16_t sc[8];
+    for (int g = 0; g < 8; g++) {
+        int s, m;
+        k_scale_min(b->scales, g, &s, &m);
+        sc[g] = (int16_t)s;
+        mn[g] = (int16_t)m;
+    }
+    for (int c = 0; c < 4; c++) {
+        const uint8_t *q = b->qs + 32 * c;
+        int16_t *o = w + 64 * c;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (int16_t)(sc[2 * c] * (q[l] & 0x0f));
+            o[32 + l] = (int16_t)(sc[2 * c + 1] * (q[l] >> 4));
+        }
+    }
+}
+
+/* The Q4_K dot product as llama.cpp's repacked Q4_K kernels (8 rows interleaved)
+ * round it, which is what it runs on AVX2 for every matrix with a multiple of 8
+ * rows: isum = sum(sc * q * qy) and imin = sum(mn * bsum) (mn * bsum per group of
+ * 32, two bsums) over `span` elements at a time, then two fmaf chains in order,
+ * isum * (d * dy) and imin * (dmin * dy), subtracted at the end. Its gemv (one
+ * activation row) takes a whole block per term; its gemm (four rows) two groups. */
+static inline float dot_q4_K_spans(const block_q4_K *x, const block_q8_K *y, int64_t nb, int span) {
     float sumf = 0.0f, summ = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int16_t w[QK_K], a[QK_K], sc[8];
-        int32_t summs = 0;
-        for (int g = 0; g < 8; g++) {
-            int s, m;
-            k_scale_min(x[i].scales, g, &s, &m);
-            sc[g] = (int16_t)s;
-            summs += m * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
-        }
-        for (int c = 0; c < 4; c++) {
-            const uint8_t *q = x[i].qs + 32 * c;
-            int16_t *o = w + 64 * c;
-            for (int l = 0; l < 32; l++) {
-                o[l] = (int16_t)(sc[2 * c] * (q[l] & 0x0f));
-                o[32 + l] = (int16_t)(sc[2 * c + 1] * (q[l] >> 4));
-            }
-        }
+        int16_t w[QK_K], a[QK_K], mn[8];
+        scaled_codes_q4_K(&x[i], w, mn);
         widen_i8(y[i].qs, a, QK_K);
         const float d = scale_to_float(x[i].d) * y[i].d;
         const float dmin = scale_to_float(x[i].dmin) * y[i].d;
-        sumf = fmaf((float)dot_i16(w, a, QK_K), d, sumf);
-        summ = fmaf((float)summs, dmin, summ);
+        for (int e = 0; e < QK_K; e += span) {
+            int32_t summs = 0;
+            for (int g = e / 32; g < (e + span) / 32; g++)
+                summs += mn[g] * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+            sumf = fmaf((float)dot_i16(w + e, a + e, span), d, sumf);
+            summ = fmaf((float)summs, dmin, summ);
+        }
     }
     return sumf - summ;
+}
+
+/* . Q8_K activations, as the gemv. */
+static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
+    return dot_q4_K_spans(row, xq, nb, QK_K);
+}
+
+/* The gemm's order for n_tokens activation rows (xq_stride bytes apart) at once:
+ * per tile of rows, each block decoded once, then per row the span-64 chains of
+ * dot_q4_K_spans. Exact integers and fmaf: every compilation gives the same bits, so it is
+ * compiled twice, plain and for AVX2/FMA, like batch_dot_k. */
+#define Q4K_TILE 16
+static inline void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_stride, int n_tokens,
+                                       int64_t nb, float *y, int64_t ldy) {
+    for (int t0 = 0; t0 < n_tokens; t0 += Q4K_TILE) {
+        const int nt = n_tokens - t0 < Q4K_TILE ? n_tokens - t0 : Q4K_TILE;
+        float sumf[Q4K_TILE] = {0}, summ[Q4K_TILE] = {0};
+        for (int64_t i = 0; i < nb; i++) {
+            int16_t w[QK_K], mn[8];
+            scaled_codes_q4_K(&x[i], w, mn);
+            const float dw = scale_to_float(x[i].d), dminw = scale_to_float(x[i].dmin);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * xq_stride) + i;
+                const float d = dw * a->d, dmin = dminw * a->d;
+                for (int e = 0; e < QK_K; e += 64) {
+                    int32_t isum = 0;
+                    for (int j = 0; j < 64; j++)
+                        isum += w[e + j] * a->qs[e + j];
+                    const int g = e / 32;
+                    const int32_t imin = mn[g] * (a->bsums[2 * g] + a->bsums[2 * g + 1])
+                                         + mn[g + 1] * (a->bsums[2 * g + 2] + a->bsums[2 * g + 3]);
+                    sumf[t] = fmaf((float)isum, d, sumf[t]);
+                    summ[t] = fmaf((float)imin, dmin, summ[t]);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            y[(t0 + t) * ldy] = sumf[t] - summ[t];
+    }
+}
+
+#ifdef SQ_HAVE_AVX2_KERNELS
+__attribute__((target("avx2,fma")))
+static void batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                                float *y, int64_t ldy) {
+    batch_dot_q4_K_body(row, xq, xq_stride, n_tokens, nb, y, ldy);
+}
+#endif
+
+static void batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                           float *y, int64_t ldy) {
+#ifdef SQ_HAVE_AVX2_KERNELS
+    if (sq_simd_enabled()) {
+        batch_dot_q4_K_avx2(row, xq, xq_stride, n_tokens, nb, y, ldy);
+        return;
+    }
+#endif
+    batch_dot_q4_K_body(row, xq, xq_stride, n_tokens, nb, y, ldy);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1289,7 +1356,7 @@ static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
  * integer sums s1 = sum(sc * q * qy) (q the signed code) and s2 = sum(mn * bsum),
  * then r = d * s1, r = fma(-dmin, s2, r) and acc = fma(r, dy, acc), in block
  * order. Decoding a block once for the whole batch is also the cheaper order.
- * (Q4_K is left out: llama.cpp repacks it on AVX2, see vec_dot_q4_K.)
+ * (Q4_K is left out: llama.cpp repacks it on AVX2, see dot_q4_K_spans.)
  * ------------------------------------------------------------------------- */
 
 /* One block in integers: w the scaled signed codes in element order, mn the
@@ -1378,9 +1445,10 @@ static inline int32_t dot_w_q8(const int16_t *restrict w, const int8_t *restrict
 
 /* y[t * ldy] for t < n_tokens: the row of nb blocks times activation row t (Q8_K,
  * xq_stride bytes apart), in the order described above. The sums are exact
- * integers, so this one C function serves every instruction set. */
-static void batch_dot_k(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
-                        int n_tokens, int64_t nb, float *y, int64_t ldy) {
+ * integers and fmaf rounds once everywhere, so every compilation of this body
+ * gives the same bits: it is compiled twice, plain and for AVX2/FMA. */
+static inline void batch_dot_k_body(k_ints_fn ints, int block_bytes, const void *row, const void *xq,
+                                    int64_t xq_stride, int n_tokens, int64_t nb, float *y, int64_t ldy) {
     for (int t = 0; t < n_tokens; t++)
         y[t * ldy] = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
@@ -1400,6 +1468,25 @@ static void batch_dot_k(k_ints_fn ints, int block_bytes, const void *row, const 
     }
 }
 
+#ifdef SQ_HAVE_AVX2_KERNELS
+__attribute__((target("avx2,fma")))
+static void batch_dot_k_avx2(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
+                             int n_tokens, int64_t nb, float *y, int64_t ldy) {
+    batch_dot_k_body(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+}
+#endif
+
+static void batch_dot_k(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
+                        int n_tokens, int64_t nb, float *y, int64_t ldy) {
+#ifdef SQ_HAVE_AVX2_KERNELS
+    if (sq_simd_enabled()) {
+        batch_dot_k_avx2(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+        return;
+    }
+#endif
+    batch_dot_k_body(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+}
+
 /* ---------------------------------------------------------------------------
  * Dispatch
  * ------------------------------------------------------------------------- */
@@ -1416,6 +1503,9 @@ typedef struct {
     void (*quantize)(const float *x, void *dst, int64_t nb);
     /* Types with a batched order of their own (see batch_dot_k): their integer form. */
     k_ints_fn batch_ints;
+    /* Q4_K: the rows of a batch llama.cpp's repacked kernel takes 4 at a time. */
+    void (*batch_by4)(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                      float *y, int64_t ldy);
 } type_traits;
 
 #define TRAITS(name, QK) \
@@ -1437,7 +1527,7 @@ static const type_traits traits[SQ_BF16 + 1] = {
     [SQ_Q5_1] = { TRAITS(q5_1, QK5_1), WEIGHT(q5_1, SQ_Q8_1) },
     [SQ_Q2_K] = { TRAITS(q2_K, QK_K), WEIGHT(q2_K, SQ_Q8_K), .batch_ints = k_ints_q2_K },
     [SQ_Q3_K] = { TRAITS(q3_K, QK_K), WEIGHT(q3_K, SQ_Q8_K), .batch_ints = k_ints_q3_K },
-    [SQ_Q4_K] = { TRAITS(q4_K, QK_K), WEIGHT(q4_K, SQ_Q8_K) },
+    [SQ_Q4_K] = { TRAITS(q4_K, QK_K), WEIGHT(q4_K, SQ_Q8_K), .batch_by4 = batch_dot_q4_K },
     [SQ_Q5_K] = { TRAITS(q5_K, QK_K), WEIGHT(q5_K, SQ_Q8_K), .batch_ints = k_ints_q5_K },
     [SQ_Q6_K] = { TRAITS(q6_K, QK_K), WEIGHT(q6_K, SQ_Q8_K), .batch_ints = k_ints_q6_K },
     [SQ_IQ4_NL] = { TRAITS(iq4_nl, QK4_NL), WEIGHT(iq4_nl, SQ_Q8_0) },
@@ -1580,7 +1670,10 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
         batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
         return 0;
     }
-    for (int i = 0; i < n_tokens; i++)
+    int by4 = t->batch_by4 ? n_tokens - n_tokens % 4 : 0;
+    if (by4)
+        t->batch_by4(row, xq, xq_stride, by4, nb, y, ldy);
+    for (int i = by4; i < n_tokens; i++)
         y[i * ldy] = sq_vec_dot(type, row, (const uint8_t *)xq + i * xq_stride, n);
     return 0;
 }

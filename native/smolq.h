@@ -44,9 +44,11 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n);
 float sq_vec_dot(int type, const void *row, const void *xq, int64_t n);
 
 /* A weight row times n_tokens activation rows (xq_stride bytes apart, each as for
- * sq_vec_dot): y[t * ldy] = row . xq row t, rounded as llama.cpp's CPU backend rounds
- * a batch of that size. From SQ_TILED_MIN_TOKENS tokens on, Q2_K, Q3_K, Q5_K, Q6_K
- * and IQ4_XS rows take its tiled order; otherwise every output is sq_vec_dot's.
+ * sq_vec_dot): y[t * ldy] = row . xq row t, rounded as llama.cpp's CPU backend (AVX2)
+ * rounds a batch of that size. From SQ_TILED_MIN_TOKENS tokens on, Q2_K, Q3_K, Q5_K,
+ * Q6_K and IQ4_XS rows take its tiled order; Q4_K rows take its repacked gemm's order
+ * for the first n_tokens - n_tokens % 4 tokens (a matrix with a multiple of 8 rows);
+ * every other output is sq_vec_dot's.
  * Returns 0, or -1 on the error cases of sq_vec_dot (y untouched). */
 #define SQ_TILED_MIN_TOKENS 8
 int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t n,

@@ -23,9 +23,10 @@ class MedianAboveBound(AssertionError):
 # itself: llama-cpp-python 0.3.36 built on this machine, fed the same way, gives the same
 # medians (Q5_0 greedy 0.012, Q3_K_M 0.021, IQ4_XS 0.015, IQ4_NL greedy in one batch 0.016,
 # the long Q8_0 file 0.012, the long Q4_K_M file 0.018-0.020), so these reference rows came
-# from a run that it does not reproduce here. This engine computes the same bits as that build for every
-# file but Q3_K_M and Q4_K_M, and to ~1e-7 for those two; on these random-weight models
-# one 8-bit activation code rounding the other way carries ~1% into every later row.
+# from a run that it does not reproduce here. For every quantized file here this engine
+# computes the same bits as that build, logits row for row (one batch, prefill then
+# decode, the 3,000-token files); on these random-weight models one ulp upstream that
+# turns an 8-bit activation code the other way carries ~1% into every later row.
 # The checks of max error and top-1 still run first and must pass; strict xfail turns
 # green into a failure the day the gap closes, so this list cannot go stale. The scalar
 # and AVX2 paths compute the same bits, so the list holds for both.

@@ -1,5 +1,7 @@
 """Malformed GGUF files are refused at load with a GGUFError that says why."""
 
+import struct
+
 import numpy as np
 import pytest
 from gguf import GGUFReader
@@ -141,3 +143,113 @@ def test_header_reader_agrees_with_gguf_reader(reference_dir, name):
     assert [(t.name, t.type_id, t.shape, t.offset) for t in ours.tensors] == [
         (t.name, int(t.tensor_type), tuple(int(d) for d in t.shape), t.data_offset) for t in theirs.tensors
     ]
+
+
+# -- found by fuzzing (python -m llm_smolq.fuzz_gguf): one test per class of bug ----------
+
+def field_value(reader, key):
+    """Where metadata `key`'s (scalar) value sits in the file."""
+    return byte_offset(reader, reader.fields[key].parts[-1])
+
+
+def rewritten(tmp_path, source, edit, name="edited.gguf"):
+    """`source` taken apart, changed by edit(layout), and written back as a valid GGUF."""
+    from llm_smolq.gguf_mutations import parse, serialize
+
+    layout = parse(source.read_bytes())
+    edit(layout)
+    path = tmp_path / name
+    path.write_bytes(serialize(layout.kvs, layout.tensors, layout.data[layout.data_offset:], layout.alignment))
+    return path
+
+
+@pytest.mark.parametrize(
+    "count, says",
+    [(2**31 - 1, "block_count = 2147483647, but the file has only 38 tensors"),
+     (2**32 - 1, "must be an integer from 1 to 2147483647")],
+)
+def test_an_absurd_layer_count_is_refused_at_once(tiny, tmp_path, count, says):
+    """Was a hang: the expected tensor names were listed for every declared layer first."""
+    path, reader = tiny
+    bad = patched(tmp_path, path, [(field_value(reader, "smollm3.block_count"), np.uint32(count).tobytes())])
+    load_fails(bad, says)
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [("smollm3.embedding_length", np.uint32(2**32 - 1), "from 1 to 2147483647"),
+     ("smollm3.attention.head_count", np.uint32(1 << 20), "supports up to 65536 heads"),
+     ("smollm3.attention.layer_norm_rms_epsilon", np.float32(0), "fits a float32"),
+     ("smollm3.attention.layer_norm_rms_epsilon", np.float32(1e-45), "fits a float32"),
+     ("smollm3.rope.freq_base", np.float32("inf"), "fits a float32")],
+)
+def test_sizes_and_constants_the_kernel_cannot_hold(tiny, tmp_path, key, value, says):
+    """Config values reach C as int and float: each is checked to fit before it is used."""
+    path, reader = tiny
+    bad = patched(tmp_path, path, [(field_value(reader, key), value.tobytes())])
+    load_fails(bad, key, says)
+
+
+def test_head_width_whose_product_overflows_a_c_int(tiny, tmp_path):
+    from llm_smolq.gguf_mutations import KV
+    from gguf import GGUFValueType
+
+    path, _ = tiny
+    bad = rewritten(tmp_path, path, lambda layout: layout.kvs.append(
+        KV("smollm3.attention.key_length", GGUFValueType.UINT32, 2**30)))
+    load_fails(bad, "4 heads of size 1073741824", "2147483647")
+
+
+def test_tokenizer_larger_than_the_embedding(tiny, tmp_path):
+    """Was: the tokenizer gave ids the model has no row for."""
+    path, _ = tiny
+
+    def add_tokens(layout):
+        kv = next(kv for kv in layout.kvs if kv.key == "tokenizer.ggml.tokens")
+        item, tokens = kv.value
+        kv.value, kv.raw = (item, tokens + ["extra1", "extra2"]), None
+
+    load_fails(rewritten(tmp_path, path, add_tokens), "1026 tokens", "1024 rows")
+
+
+def test_tokenizer_metadata_of_the_wrong_type_fails_as_gguf_error(tiny, tmp_path):
+    """Was a TypeError from inside the tokenizer; now a GGUFError on first use."""
+    path, reader = tiny
+    bad = patched(tmp_path, path, [(field_value(reader, "tokenizer.ggml.bos_token_id"), np.uint32(5000).tobytes())])
+    eng = llm_smolq.load(bad, n_ctx=64, threads=1)
+    with pytest.raises(GGUFError, match="bos_token_id = 5000 is not a token id"):
+        eng.tokenize("hi")
+
+
+def test_a_metadata_key_given_twice(tiny, tmp_path):
+    path, reader = tiny
+    key = reader.fields["tokenizer.ggml.eos_token_id"].parts[1]
+    bad = patched(tmp_path, path, [(byte_offset(reader, key), b"tokenizer.ggml.bos_token_id")])
+    load_fails(bad, "'tokenizer.ggml.bos_token_id' appears twice")
+
+
+def test_a_big_endian_file(tmp_path):
+    """The header reader understands either byte order; the kernel reads little-endian."""
+    path = tmp_path / "be.gguf"
+    path.write_bytes(struct.pack(">IIQQ", 0x47475546, 3, 0, 0) + bytes(64))
+    load_fails(path, "big-endian")
+
+
+def test_non_finite_weights_fail_at_eval_and_leave_the_cache_as_it_was(tiny, tmp_path):
+    """Was: NaN logits returned as if fine (and sampled from)."""
+    path, reader = tiny
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")  # tied: also the output
+    bad = patched(tmp_path, path, [(embd.data_offset, b"\xff" * embd.n_bytes)])  # every scale a NaN
+    eng = llm_smolq.load(bad, n_ctx=64, threads=1)
+    with pytest.raises(GGUFError, match="not finite"):
+        eng.eval([1, 2, 3])
+    assert eng.n_past == 0
+
+
+def test_messages_quote_damaged_names_briefly(tiny, tmp_path):
+    """Was: a corrupt key length made the next 5000 bytes the key, all of it in the message."""
+    path, reader = tiny
+    length = reader.fields["general.name"].parts[0]
+    bad = patched(tmp_path, path, [(byte_offset(reader, length), np.uint64(5000).tobytes())])
+    message = load_fails(bad)
+    assert len(message) < 400, message

@@ -278,3 +278,31 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
     assert 0 < engine.n_past < 37 and engine.tokens == prompt_ids[:engine.n_past]
     monkeypatch.setattr(llm_smolq.engine, "lib", real)
     assert run("-m", "smollm2-q", *QUICK, question).output == expected
+
+
+def test_a_context_too_large_for_memory_is_refused_with_the_n_ctx_that_fits(user_dir, monkeypatch):
+    from llm_smolq import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: (200 * 2**20, "a test figure"))
+    monkeypatch.setattr(plugin, "_loaded", {})  # an engine another test left must not stand in
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "n_ctx", "8192", *QUICK, "hi"])
+    assert result.exit_code == 1
+    assert "n_ctx=8192 needs" in result.output and "-o n_ctx " in result.output and "a test figure" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_broken_vocabulary_is_refused_at_load(user_dir, reference_dir, tmp_path):
+    from gguf import GGUFReader
+
+    source = reference_dir / "tiny-smollm3-chat-Q8_0.gguf"
+    reader = GGUFReader(source)
+    part = reader.fields["tokenizer.ggml.bos_token_id"].parts[-1]
+    at = part.__array_interface__["data"][0] - reader.data.__array_interface__["data"][0]
+    data = bytearray(source.read_bytes())
+    data[at:at + 4] = (5000).to_bytes(4, "little")
+    bad = tmp_path / "bad-vocab.gguf"
+    bad.write_bytes(bytes(data))
+    assert run("smolq", "register", str(bad), "--alias", "badvocab").exit_code == 0
+    with pytest.raises(llm.ModelError, match="bos_token_id = 5000 is not a token id"):
+        llm.get_model("badvocab").prompt("hi", max_tokens=1).text()
+    assert str(bad.resolve()) not in plugin._loaded  # not kept for the next prompt to fail on

@@ -160,3 +160,27 @@ def test_unknown_pre_type_is_a_clear_error():
 def test_unsupported_tokenizer_model_is_a_clear_error():
     with pytest.raises(GGUFError, match=r"'llama'.*gpt2"):
         GGUFTokenizer.from_metadata(tiny_meta(**{"tokenizer.ggml.model": "llama"}))
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("tokenizer.ggml.tokens", 7, "tokenizer.ggml.tokens must be an array of strings"),
+        ("tokenizer.ggml.tokens", ["a", 2, "ab"], "tokenizer.ggml.tokens must be an array of strings"),
+        ("tokenizer.ggml.token_type", ["1", "1", "1"], "token_type must be an array of integers"),
+        ("tokenizer.ggml.token_type", 1.5, "token_type must be an array of integers"),
+        ("tokenizer.ggml.merges", [1, 2], "merges must be an array of strings"),
+        ("tokenizer.ggml.bos_token_id", 3, "bos_token_id = 3 is not a token id (0 to 2)"),
+        ("tokenizer.ggml.eos_token_id", -1, "eos_token_id = -1 is not a token id"),
+        ("tokenizer.ggml.bos_token_id", "<|im_start|>", "is not a token id"),
+        ("tokenizer.ggml.bos_token_id", float("inf"), "is not a token id"),
+        ("tokenizer.ggml.bos_token_id", [1], "is not a token id"),
+        ("tokenizer.ggml.add_bos_token", "yes", "add_bos_token = 'yes' must be a boolean"),
+    ],
+)
+def test_metadata_of_the_wrong_type_is_a_clear_error(key, value, says):
+    """What a damaged file can hold in place of each tokenizer key: a GGUFError, never a
+    TypeError or OverflowError from deep inside."""
+    with pytest.raises(GGUFError) as err:
+        GGUFTokenizer.from_metadata(tiny_meta(**{key: value}))
+    assert says in str(err.value)

@@ -1,0 +1,98 @@
+"""What an engine will allocate, checked against the memory the machine has left, before
+anything is allocated.
+
+A KV cache too large for the machine would otherwise fail inside numpy with a bare
+MemoryError, or - since its pages are only touched as the context fills - succeed and get
+the process killed halfway through a long answer. Python integers do the arithmetic, so a
+hostile size cannot overflow it. The weights are not counted: they stay in the file's
+memory map, which the kernel can page out and back in.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import GGUFError, ResourceError
+from .model_file import ModelConfig
+
+_FLOAT = 4
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    kv_cache: int  # keys and values of every layer, n_ctx positions
+    buffers: int  # activations of a batch, attention scores, one row of logits
+
+    @property
+    def total(self) -> int:
+        return self.kv_cache + self.buffers
+
+
+def engine_memory(c: ModelConfig, n_ctx: int, kv_itemsize: int, max_batch: int, threads: int) -> EngineMemory:
+    """Bytes an Engine allocates for this model and context (sq_state_new's buffers included)."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    widest = max(c.dim, c.hidden_dim, q)
+    per_token = _FLOAT * (2 * c.dim + 2 * q + 2 * kv + 2 * c.hidden_dim + c.head_dim) + 2 * widest
+    buffers = max_batch * per_token + threads * n_ctx * _FLOAT + c.vocab_size * _FLOAT
+    return EngineMemory(2 * c.n_layers * c.n_kv_heads * n_ctx * c.head_dim * kv_itemsize, buffers)
+
+
+def available_memory() -> tuple[int, str] | None:
+    """(bytes this process may still allocate, where that figure comes from), or None when
+    the system does not say: the smaller of MemAvailable and a cgroup's memory limit.
+    (A cgroup's usage is not subtracted: it counts page cache the kernel can reclaim.)"""
+    found: list[tuple[int, str]] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append((int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"))
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit) as f:
+                found.append((int(f.read()), f"the cgroup memory limit in {limit}"))
+        except (OSError, ValueError):  # no such cgroup file, or "max" (no limit)
+            pass
+    if not found:
+        try:
+            found.append((os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "physical memory"))
+        except (OSError, ValueError, AttributeError):
+            return None
+    return min(found)
+
+
+def check_engine_memory(path: str, c: ModelConfig, n_ctx: int, kv_dtype: str, kv_itemsize: int,
+                        max_batch: int, threads: int) -> None:
+    """Raise before allocating when the engine would need more memory than is available:
+    GGUFError when the model's own sizes are too much even without a context,
+    ResourceError naming the largest n_ctx that fits otherwise."""
+    available = available_memory()
+    if available is None:
+        return
+    free, source = available
+    fixed = engine_memory(c, 0, kv_itemsize, max_batch, threads)
+    if fixed.total > free:
+        raise GGUFError(
+            f"{path}: its sizes (width {c.dim}, FFN {c.hidden_dim}, {c.n_heads} heads, vocabulary {c.vocab_size}) "
+            f"need {_bytes(fixed.total)} for activations before any context, but {_bytes(free)} are available "
+            f"({source}); the file is corrupt or not a model this machine can run"
+        )
+    need = engine_memory(c, n_ctx, kv_itemsize, max_batch, threads)
+    if need.total > free:
+        per_position = engine_memory(c, 1, kv_itemsize, max_batch, threads).total - fixed.total
+        fits = (free - fixed.total) // per_position
+        fix = f"lower n_ctx to {fits} or less (llm: -o n_ctx {fits})" if fits >= 1 else "free some memory"
+        if kv_dtype == "f32":
+            fix += ", or use kv_dtype='f16' to halve the cache"
+        raise ResourceError(
+            f"n_ctx={n_ctx} needs {_bytes(need.total)}: {need.kv_cache:,} for the {kv_dtype} KV cache of "
+            f"{c.n_layers} layers and {need.buffers:,} for buffers; {_bytes(free)} are available ({source}). "
+            f"{fix[0].upper()}{fix[1:]}"
+        )
+
+
+def _bytes(n: int) -> str:
+    return f"{n:,} bytes ({n / 2**30:.2f} GiB)"
