@@ -160,9 +160,13 @@ def test_kernel_and_engine_tests_pass_sanitized(simd, sanitized_kernel, runtime)
                          env=child_env(runtime, simd), capture_output=True, text=True, timeout=1200)
     out = run.stdout + run.stderr
     found = REPORT.search(out)
-    assert run.returncode == 0 and not found, (
-        f"sanitized run ({simd}) failed with exit status {run.returncode}"
-        f"{' and a sanitizer report' if found else ''}; fix the kernel where the report points, "
+    assert not found, (
+        f"sanitized run ({simd}): a sanitizer report; fix the kernel where it points, "
+        f"{reproduce(runtime, simd, args)}\n{out[-12000:]}"
+    )
+    assert run.returncode == 0, (
+        f"sanitized run ({simd}) exited with status {run.returncode} and no sanitizer report, so a test "
+        f"failed: check it on the normal build (python -m pytest {shlex.join(args)}), or "
         f"{reproduce(runtime, simd, args)}\n{out[-12000:]}"
     )
     assert f"kernel in use: {sanitized_kernel}" in run.stdout, f"the child ran another kernel:\n{out[-2000:]}"
