@@ -2,6 +2,8 @@
 
 `pip install -e .` runs this through setup.py's cffi_modules; running it directly
 (`python cffi_build/build_kernel.py`) rebuilds the extension in place.
+With SMOLQ_SANITIZE=1 in the environment either way builds the kernel with AddressSanitizer
+and UndefinedBehaviorSanitizer (see the README for how to load it).
 """
 
 import os
@@ -20,15 +22,32 @@ def _cdef_text() -> str:
     return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
 
 
-def _compile_args() -> list[str]:
-    # -fno-wrapv: Python's own CFLAGS carry -fwrapv, which stops gcc vectorizing int-counted loops.
+# AddressSanitizer and UndefinedBehaviorSanitizer, plus float-to-int conversions out of range
+# (undefined, but not in gcc's `undefined` set); no recovery: the first finding prints its
+# report and ends the process. The ASan runtime must be the first library loaded, so an
+# uninstrumented python needs it in LD_PRELOAD (README, "Sanitizer build").
+SANITIZE = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
+
+
+def sanitize_requested() -> bool:
+    return os.environ.get("SMOLQ_SANITIZE", "") not in ("", "0")
+
+
+def _compile_args(sanitize: bool) -> list[str]:
+    # -fno-wrapv: Python's own CFLAGS carry -fwrapv, which stops gcc vectorizing int-counted
+    # loops (and would hide signed overflow from the sanitizer).
     args = ["-std=c11", "-O3", "-fno-wrapv", "-Wall", "-Wextra", "-pthread", "-fno-math-errno"]
-    if os.environ.get("SMOLQ_DEBUG"):
+    if sanitize:
+        args = [a if a != "-O3" else "-O1" for a in args] + ["-g", "-fno-omit-frame-pointer", *SANITIZE]
+    elif os.environ.get("SMOLQ_DEBUG"):
         args = [a if a != "-O3" else "-O0" for a in args] + ["-g"]
     return args
 
 
-def make_builder(absolute_sources: bool = False) -> FFI:
+def make_builder(absolute_sources: bool = False, sanitize: bool | None = None) -> FFI:
+    """sanitize: None follows SMOLQ_SANITIZE."""
+    if sanitize is None:
+        sanitize = sanitize_requested()
     # setuptools insists on sources relative to the project; cffi's own compile() runs
     # the compiler from its temporary directory, where only absolute paths resolve.
     sources = sorted(NATIVE.glob("*.c"))
@@ -39,21 +58,26 @@ def make_builder(absolute_sources: bool = False) -> FFI:
         '#include "smolq.h"',
         sources=[str(p if absolute_sources else p.relative_to(ROOT)) for p in sources],
         include_dirs=[str(NATIVE)],
-        extra_compile_args=_compile_args(),
-        extra_link_args=["-pthread"],
+        extra_compile_args=_compile_args(sanitize),
+        extra_link_args=["-pthread", *(SANITIZE if sanitize else [])],
         libraries=["m"],
     )
     return builder
 
 
+def compile_kernel(tmpdir: Path, sanitize: bool | None = None, verbose: bool = False) -> Path:
+    """Build the extension under tmpdir and return the path of the module file."""
+    built = make_builder(absolute_sources=True, sanitize=sanitize).compile(tmpdir=str(tmpdir), verbose=verbose)
+    return Path(built)
+
+
 ffibuilder = make_builder()
 
 if __name__ == "__main__":
-    make_builder(absolute_sources=True).compile(tmpdir=str(ROOT / "build" / "cffi"), verbose="-v" in sys.argv)
-    # compile() leaves the module under tmpdir/llm_smolq/; move it next to the package
-    # under the name `pip install -e .` gives it (cffi builds for the stable ABI), so the
-    # two ways of building replace each other instead of one shadowing the other.
+    built = compile_kernel(ROOT / "build" / "cffi", verbose="-v" in sys.argv)
+    # Move the module next to the package under the name `pip install -e .` gives it
+    # (cffi builds for the stable ABI), so the two ways of building replace each other
+    # instead of one shadowing the other.
     for old in (ROOT / "llm_smolq").glob("_kernel*.so"):
         old.unlink()
-    for built in (ROOT / "build" / "cffi" / "llm_smolq").glob("_kernel*.so"):
-        built.replace(ROOT / "llm_smolq" / "_kernel.abi3.so")
+    built.replace(ROOT / "llm_smolq" / "_kernel.abi3.so")

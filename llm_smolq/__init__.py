@@ -1,5 +1,6 @@
 """llm-smolq: quantized SmolLM3 / SmolLM2 GGUF models on the CPU, for the llm tool."""
 
+import importlib
 from typing import Any
 
 from .errors import DeviceError, GGUFError, LayoutError, ResourceError
@@ -15,7 +16,6 @@ def __getattr__(name: str) -> Any:
 
         return getattr(engine, name)
     if name == "kernel":
-        from . import kernel
-
-        return kernel
+        # Not `from . import kernel`: that asks this hook for the name again, endlessly.
+        return importlib.import_module(".kernel", __name__)
     raise AttributeError(f"module 'llm_smolq' has no attribute {name!r}")

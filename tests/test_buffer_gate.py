@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import mmap
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,14 @@ from llm_smolq import DeviceError, LayoutError
 from llm_smolq import buffer_gate as gate
 from llm_smolq._kernel import ffi
 from llm_smolq.kernel import attention
+
+
+def test_kernel_is_an_attribute_of_the_package():
+    # As the README spells it, in a fresh interpreter where nothing imported the module yet.
+    code = "import llm_smolq; print(llm_smolq.kernel.attention.__name__)"
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
+                         capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "attention", run.stderr[-3000:]
 
 
 def reference_attention(q, k_cache, v_cache, n_past: int) -> np.ndarray:

@@ -1,0 +1,173 @@
+"""The kernel under AddressSanitizer and UndefinedBehaviorSanitizer.
+
+cffi_build/build_kernel.py builds a sanitized copy of the kernel into a temporary
+directory; a child python loads it in place of the normal build and runs a selection of
+the kernel and engine tests. Any out-of-bounds access, misaligned load, signed overflow or
+other undefined behaviour there ends the child with a report, so a clean pass is required.
+The ASan runtime has to be the first library in the child (LD_PRELOAD), and it comes from
+the compiler that built the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The selections each child runs: "default" with the SIMD code the CPU supports, "scalar"
+# with SMOLQ_SIMD=0. The long-context tests are left out (minutes each when sanitized). The
+# scalar vec_dots also run in the default child (test_quants switches to them), so the
+# scalar child adds the engine's scalar paths on one file per activation format.
+SELECTIONS = {
+    "default": ["tests/test_quants.py", "tests/test_buffer_gate.py", "tests/test_engine_reference.py",
+                "-k", "not long_context"],
+    "scalar": ["tests/test_buffer_gate.py",
+               *(f"tests/test_engine_reference.py::test_tiny_prefill_then_decode[{kind}]"
+                 for kind in ("F16", "Q4_0", "Q4_1", "Q4_K_M"))],
+}
+REPORT = re.compile(r"\w+Sanitizer|runtime error: ")
+
+# Child programs start with this: the kernel file in argv[1] becomes llm_smolq._kernel.
+LOAD_KERNEL = """
+import importlib.util, sys
+import llm_smolq
+spec = importlib.util.spec_from_file_location("llm_smolq._kernel", sys.argv[1])
+kernel = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kernel)
+sys.modules["llm_smolq._kernel"] = llm_smolq._kernel = kernel
+ffi, lib = kernel.ffi, kernel.lib
+"""
+RUN_PYTEST = LOAD_KERNEL + """
+import pytest
+rc = pytest.main(sys.argv[2:])
+print("kernel in use:", sys.modules["llm_smolq._kernel"].__file__)
+sys.exit(rc)
+"""
+
+
+def compiler() -> str:
+    # The compiler cffi's build uses.
+    return shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[0]
+
+
+def asan_runtime() -> Path | None:
+    try:
+        out = subprocess.run([compiler(), "-print-file-name=libasan.so"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    # An unknown file comes back as the bare name.
+    path = Path(out)
+    return path.resolve() if path.is_absolute() and path.exists() else None
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Path:
+    path = asan_runtime()
+    if path is None:
+        pytest.skip(f"{compiler()} has no libasan.so (gcc's AddressSanitizer runtime): install gcc "
+                    "and libasan (Debian/Ubuntu: apt install gcc libasan8) to run the sanitized tests")
+    return path
+
+
+@pytest.fixture(scope="module")
+def sanitized_kernel(runtime, tmp_path_factory) -> Path:
+    """The kernel built with sanitize=True, by the builder's own code path."""
+    out = tmp_path_factory.mktemp("sanitized")
+    # In a child, to see the compiler's own output.
+    code = ("import sys; from pathlib import Path; import build_kernel\n"
+            "print(build_kernel.compile_kernel(Path(sys.argv[1]), sanitize=True))")
+    build = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT / "cffi_build",
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, f"the sanitized build failed:\n{build.stdout}\n{build.stderr}"
+    warnings = [line for line in (build.stdout + build.stderr).splitlines() if "warning:" in line]
+    assert not warnings, "the kernel must build -Wall -Wextra clean; fix these warnings:\n" + "\n".join(warnings)
+    path = Path(build.stdout.strip().splitlines()[-1])
+    assert path.is_file() and out in path.parents, build.stdout
+    return path
+
+
+def child_env(runtime: Path, simd: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = " ".join(filter(None, [str(runtime), env.get("LD_PRELOAD")]))
+    # Python frees little at exit by design: leak reports would be noise.
+    env["ASAN_OPTIONS"] = "detect_leaks=0"
+    env["UBSAN_OPTIONS"] = "print_stacktrace=1"
+    env.pop("SMOLQ_SIMD", None)
+    if simd == "scalar":
+        env["SMOLQ_SIMD"] = "0"
+    return env
+
+
+def reproduce(runtime: Path, simd: str, args: list[str]) -> str:
+    scalar = "SMOLQ_SIMD=0 " if simd == "scalar" else ""
+    return (f"to reproduce: SMOLQ_SANITIZE=1 python cffi_build/build_kernel.py && {scalar}"
+            f"LD_PRELOAD={runtime} ASAN_OPTIONS=detect_leaks=0 python -m pytest {shlex.join(args)}; "
+            "then rebuild without SMOLQ_SANITIZE")
+
+
+def test_sanitized_build_is_instrumented(sanitized_kernel):
+    data = sanitized_kernel.read_bytes()
+    assert b"__asan_init" in data and b"__ubsan_handle_" in data
+
+
+# What the buffer gate exists to prevent, done on purpose by calling C directly: the
+# sanitized kernel must stop with a report, or a clean run below would prove nothing.
+BAD_CALLS = {
+    "short row": ("heap-buffer-overflow", """
+raw = np.zeros(3 * 34, np.uint8)  # three Q8_0 blocks where the call reads four
+out = np.zeros(128, np.float32)
+lib.sq_dequantize_row(lib.SQ_Q8_0, ffi.from_buffer(raw), ffi.from_buffer("float[]", out), 128)
+"""),
+    "misaligned q": ("load of misaligned address", """
+raw = np.zeros(65 * 4, np.uint8)
+q = ffi.cast("float *", ffi.from_buffer(raw) + 1)
+kv = np.zeros((1, 4, 64), np.float32)
+out = np.zeros((1, 64), np.float32)
+lib.sq_attention(q, ffi.from_buffer(kv), ffi.from_buffer(kv), lib.SQ_F32, 1, 1, 4, 64, 4,
+                 ffi.from_buffer("float[]", out))
+"""),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_sanitized_kernel_reports_a_bad_call(case, sanitized_kernel, runtime):
+    words, call = BAD_CALLS[case]
+    code = LOAD_KERNEL + "import numpy as np\n" + call + "print('no report')\n"
+    run = subprocess.run([sys.executable, "-c", code, str(sanitized_kernel)], cwd=ROOT,
+                         env=child_env(runtime, "default"), capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and words in run.stderr, (
+        f"{case}: the sanitized kernel did not report '{words}'; either the build flags or the "
+        f"child's LD_PRELOAD/ASAN_OPTIONS no longer work, or the kernel no longer makes this access "
+        f"(then make the call fail another way):\n{run.stdout}\n{run.stderr}"
+    )
+
+
+@pytest.mark.parametrize("simd", SELECTIONS)
+def test_kernel_and_engine_tests_pass_sanitized(simd, sanitized_kernel, runtime):
+    # --capture=sys leaves file descriptor 2 alone: a report still reaches us when it ends
+    # the child in the middle of a test.
+    args = ["-q", "-p", "no:cacheprovider", "--capture=sys", *SELECTIONS[simd]]
+    run = subprocess.run([sys.executable, "-c", RUN_PYTEST, str(sanitized_kernel), *args], cwd=ROOT,
+                         env=child_env(runtime, simd), capture_output=True, text=True, timeout=1200)
+    out = run.stdout + run.stderr
+    found = REPORT.search(out)
+    assert not found, (
+        f"sanitized run ({simd}): a sanitizer report; fix the kernel where it points, "
+        f"{reproduce(runtime, simd, args)}\n{out[-12000:]}"
+    )
+    assert run.returncode == 0, (
+        f"sanitized run ({simd}) exited with status {run.returncode} and no sanitizer report, so a test "
+        f"failed: check it on the normal build (python -m pytest {shlex.join(args)}), or "
+        f"{reproduce(runtime, simd, args)}\n{out[-12000:]}"
+    )
+    assert f"kernel in use: {sanitized_kernel}" in run.stdout, f"the child ran another kernel:\n{out[-2000:]}"
+    assert re.search(r"\d+ passed", run.stdout), f"the selection ran no tests:\n{out[-2000:]}"
