@@ -961,39 +961,34 @@ static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *rest
     }
 }
 
-/* The Q4_K dot product as llama.cpp's repacked Q4_K kernels (8 rows interleaved)
- * round it, which is what it runs on AVX2 for every matrix with a multiple of 8
- * rows: isum = sum(sc * q * qy) and imin = sum(mn * bsum) (mn * bsum per group of
- * 32, two bsums) over `span` elements at a time, then two fmaf chains in order,
- * isum * (d * dy) and imin * (dmin * dy), subtracted at the end. Its gemv (one
- * activation row) takes a whole block per term; its gemm (four rows) two groups. */
-static inline float dot_q4_K_spans(const block_q4_K *x, const block_q8_K *y, int64_t nb, int span) {
+/* . Q8_K activations, as llama.cpp's repacked Q4_K gemv rounds it (its kernels for
+ * 8 interleaved rows are what it runs on AVX2 for every matrix with a multiple of 8
+ * rows): per block isum = sum(sc * q * qy) and imin = sum(mn * bsum) (mn * bsum per
+ * group of 32, two bsums), then two fmaf chains in block order, isum * (d * dy) and
+ * imin * (dmin * dy), subtracted at the end. Its gemm (four activation rows at a
+ * time) differs only in taking a term per 64 elements: batch_dot_q4_K. */
+static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
+    const block_q4_K *x = row;
+    const block_q8_K *y = xq;
     float sumf = 0.0f, summ = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], mn[8];
+        int32_t summs = 0;
         scaled_codes_q4_K(&x[i], w, mn);
+        for (int g = 0; g < 8; g++)
+            summs += mn[g] * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
         widen_i8(y[i].qs, a, QK_K);
         const float d = scale_to_float(x[i].d) * y[i].d;
         const float dmin = scale_to_float(x[i].dmin) * y[i].d;
-        for (int e = 0; e < QK_K; e += span) {
-            int32_t summs = 0;
-            for (int g = e / 32; g < (e + span) / 32; g++)
-                summs += mn[g] * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
-            sumf = fmaf((float)dot_i16(w + e, a + e, span), d, sumf);
-            summ = fmaf((float)summs, dmin, summ);
-        }
+        sumf = fmaf((float)dot_i16(w, a, QK_K), d, sumf);
+        summ = fmaf((float)summs, dmin, summ);
     }
     return sumf - summ;
 }
 
-/* . Q8_K activations, as the gemv. */
-static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
-    return dot_q4_K_spans(row, xq, nb, QK_K);
-}
-
 /* The gemm's order for n_tokens activation rows (xq_stride bytes apart) at once:
- * per tile of rows, each block decoded once, then per row the span-64 chains of
- * dot_q4_K_spans. Exact integers and fmaf: every compilation gives the same bits, so it is
+ * vec_dot_q4_K's two chains with a term per 64 elements, each block decoded once
+ * per tile of rows. Exact integers and fmaf: every compilation gives the same bits, so it is
  * compiled twice, plain and for AVX2/FMA, like batch_dot_k. */
 #define Q4K_TILE 16
 static inline void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_stride, int n_tokens,
@@ -1356,7 +1351,7 @@ static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
  * integer sums s1 = sum(sc * q * qy) (q the signed code) and s2 = sum(mn * bsum),
  * then r = d * s1, r = fma(-dmin, s2, r) and acc = fma(r, dy, acc), in block
  * order. Decoding a block once for the whole batch is also the cheaper order.
- * (Q4_K is left out: llama.cpp repacks it on AVX2, see dot_q4_K_spans.)
+ * (Q4_K is left out: llama.cpp repacks it on AVX2, see vec_dot_q4_K.)
  * ------------------------------------------------------------------------- */
 
 /* One block in integers: w the scaled signed codes in element order, mn the
@@ -1435,7 +1430,7 @@ static void k_ints_iq4_xs(const void *block, k_block_ints *k) {
     k->has_min = 0;
 }
 
-/* Exact: |w| <= 63 * 127 and |qy| <= 127, so 256 products stay far inside int32. */
+/* Exact: |w| <= 4096 (Q6_K's 128 * 32) and |qy| <= 127, so 256 products stay below 2^27. */
 static inline int32_t dot_w_q8(const int16_t *restrict w, const int8_t *restrict q) {
     int32_t s = 0;
     for (int j = 0; j < QK_K; j++)
