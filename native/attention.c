@@ -43,7 +43,7 @@ static const float *row_f32(const void *rows, int kv_type, size_t at, size_t n, 
 
 /* Sum of 8 lanes in the order of an AVX register reduction: high half onto low half,
  * then (0 + 2, 1 + 3), then the two. */
-static inline float hsum8(const float *a) {
+SQ_TWIN float hsum8(const float *a) {
     float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
     return (t0 + t2) + (t1 + t3);
 }
@@ -53,7 +53,7 @@ static inline float hsum8(const float *a) {
  * and any tail (n % 32) added one fma at a time. */
 /* The reduction of llama.cpp's f32 dot product: lane l of accumulator j is a[8 * j + l];
  * accumulators paired (0+2, 1+3, then 0+1), the 8 lanes by halves and two horizontal adds. */
-static inline float reduce32(const float *a) {
+SQ_TWIN float reduce32(const float *a) {
     float r[8];
     for (size_t l = 0; l < 8; l++) r[l] = (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]);
     const float h0 = r[0] + r[4], h1 = r[1] + r[5], h2 = r[2] + r[6], h3 = r[3] + r[7];
@@ -62,7 +62,7 @@ static inline float reduce32(const float *a) {
 
 /* llama.cpp's f32 dot product: 4 x 8 lanes of fma over 32-element steps, reduce32, and
  * any tail (n % 32) added one fma at a time. */
-static inline float dot_f32(const float *x, const float *y, size_t n) {
+SQ_TWIN float dot_f32(const float *x, const float *y, size_t n) {
     float acc[32] = {0};
     const size_t body = n & ~(size_t)31;
     for (size_t i = 0; i < body; i += 32)
@@ -74,7 +74,7 @@ static inline float dot_f32(const float *x, const float *y, size_t n) {
 
 /* p = softmax(scores * scale) in place over n entries: exponentials in groups of 8
  * summed as a register, the group sums added in double, then one float reciprocal. */
-static inline void softmax(float *p, size_t n, float scale) {
+SQ_TWIN void softmax(float *p, size_t n, float scale) {
     float max = -INFINITY;
     for (size_t i = 0; i < n; i++) {
         p[i] *= scale;
@@ -95,7 +95,7 @@ static inline void softmax(float *p, size_t n, float scale) {
  * shape: one token -> the f32 dot product over t (4 x 8 lanes); several -> 8 lanes of
  * fma over t, then the register sum. Positions past n_keys are masked there (p = 0),
  * so leaving them out changes nothing. */
-static inline void weighted_sum(const float *p, const void *v, int kv_type, size_t head_dim, size_t n_keys,
+SQ_TWIN void weighted_sum(const float *p, const void *v, int kv_type, size_t head_dim, size_t n_keys,
                                 int batched, float *out) {
     float buf[CHUNK];
     const size_t lanes = batched ? 8 : 32;
@@ -112,7 +112,7 @@ static inline void weighted_sum(const float *p, const void *v, int kv_type, size
     free(acc);
 }
 
-static inline void attend(const float *q, size_t group, const void *k, const void *v, int kv_type,
+SQ_TWIN void attend(const float *q, size_t group, const void *k, const void *v, int kv_type,
                           size_t head_dim, size_t n_keys, int batched, float *scores, float *out) {
     float buf[CHUNK];
     const float scale = 1.0f / sqrtf((float)head_dim);

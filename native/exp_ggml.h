@@ -18,7 +18,7 @@
 static inline uint32_t sq_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float sq_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-static inline float exp_ggml(float x) {
+static inline __attribute__((always_inline)) float exp_ggml(float x) {
     const float shift = 0x1.8p23f;
     const float z = fmaf(x, 0x1.715476p+0f, shift);
     const float n = z - shift;
@@ -36,7 +36,7 @@ static inline float exp_ggml(float x) {
 }
 
 /* SiLU(gate) * up, as llama.cpp's fused SwiGLU: x / (1 + exp(0 - x)), then the product. */
-static inline float swiglu_ggml(float gate, float up) {
+static inline __attribute__((always_inline)) float swiglu_ggml(float gate, float up) {
     return gate / (1.0f + exp_ggml(0.0f - gate)) * up;
 }
 

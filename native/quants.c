@@ -943,7 +943,7 @@ static inline void decode_q4_K(const block_q4_K *restrict b, float *restrict y) 
 ROW_FUNCS(q4_K, QK_K)
 
 /* A Q4_K block's scaled codes w (sc * q, in element order) and per-group mins. */
-static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *restrict w, int16_t *restrict mn) {
+SQ_TWIN void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *restrict w, int16_t *restrict mn) {
     int16_t sc[8];
     for (int g = 0; g < 8; g++) {
         int s, m;
@@ -991,7 +991,7 @@ static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
  * per tile of rows. Exact integers and fmaf: every compilation gives the same bits, so it is
  * compiled twice, plain and for AVX2/FMA, like batch_dot_k. */
 #define Q4K_TILE 16
-static inline void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_stride, int n_tokens,
+SQ_TWIN void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_stride, int n_tokens,
                                        int64_t nb, float *y, int64_t ldy) {
     for (int t0 = 0; t0 < n_tokens; t0 += Q4K_TILE) {
         const int nt = n_tokens - t0 < Q4K_TILE ? n_tokens - t0 : Q4K_TILE;
@@ -1431,7 +1431,7 @@ static void k_ints_iq4_xs(const void *block, k_block_ints *k) {
 }
 
 /* Exact: |w| <= 4096 (Q6_K's 128 * 32) and |qy| <= 127, so 256 products stay below 2^27. */
-static inline int32_t dot_w_q8(const int16_t *restrict w, const int8_t *restrict q) {
+SQ_TWIN int32_t dot_w_q8(const int16_t *restrict w, const int8_t *restrict q) {
     int32_t s = 0;
     for (int j = 0; j < QK_K; j++)
         s += w[j] * q[j];
@@ -1442,7 +1442,7 @@ static inline int32_t dot_w_q8(const int16_t *restrict w, const int8_t *restrict
  * xq_stride bytes apart), in the order described above. The sums are exact
  * integers and fmaf rounds once everywhere, so every compilation of this body
  * gives the same bits: it is compiled twice, plain and for AVX2/FMA. */
-static inline void batch_dot_k_body(k_ints_fn ints, int block_bytes, const void *row, const void *xq,
+SQ_TWIN void batch_dot_k_body(k_ints_fn ints, int block_bytes, const void *row, const void *xq,
                                     int64_t xq_stride, int n_tokens, int64_t nb, float *y, int64_t ldy) {
     for (int t = 0; t < n_tokens; t++)
         y[t * ldy] = 0.0f;

@@ -21,6 +21,11 @@ static inline uint16_t sq_fp32_to_bf16(float f) {
     return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
 }
 
+/* For code written once and compiled twice, plainly and inside a target("avx2,fma")
+ * wrapper: forced inline, so that the wrapper's copy really is compiled for AVX2/FMA
+ * (a call out to a shared copy would run plain code, and fmaf as a library call). */
+#define SQ_TWIN static inline __attribute__((always_inline))
+
 /* AVX2/FMA vec_dot functions (quants_avx2.c), same contract as quants.c's scalar
  * vec_dot_<type>: nb blocks of weights times activations in the paired format.
  * Compiled with target attributes; call only when the CPU has AVX2, FMA and F16C. */
