@@ -1609,6 +1609,12 @@ static const vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
     [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_avx2, [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_avx2,
 };
 
+/* Four activation rows at a time, each with the one-row function's bits (sq_vec_dot_batch). */
+typedef void (*vec_dot4_fn)(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
+static const vec_dot4_fn simd_vec_dot4[SQ_BF16 + 1] = {
+    [SQ_Q4_1] = sq_vec_dot4_q4_1_avx2,
+};
+
 /* The kernels also use F16C, which every AVX2 CPU has; checked all the same.
  * libgcc's (and compiler-rt's) checks include the OS saving the YMM registers. */
 static int simd_supported(void) {
@@ -1668,7 +1674,17 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     int by4 = t->batch_by4 ? n_tokens - n_tokens % 4 : 0;
     if (by4)
         t->batch_by4(row, xq, xq_stride, by4, nb, y, ldy);
-    for (int i = by4; i < n_tokens; i++)
+    int i = by4;
+#ifdef SQ_HAVE_AVX2_KERNELS
+    if (simd_vec_dot4[type] && sq_simd_enabled()) {
+        for (float out[4]; i + 4 <= n_tokens; i += 4) {
+            simd_vec_dot4[type](row, (const uint8_t *)xq + i * xq_stride, xq_stride, nb, out);
+            for (int j = 0; j < 4; j++)
+                y[(i + j) * ldy] = out[j];
+        }
+    }
+#endif
+    for (; i < n_tokens; i++)
         y[i * ldy] = sq_vec_dot(type, row, (const uint8_t *)xq + i * xq_stride, n);
     return 0;
 }

@@ -34,6 +34,9 @@ static inline uint16_t sq_fp32_to_bf16(float f) {
 float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_iq4_nl_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb);
+/* The same for four activation rows stride bytes apart, into out[0..3], each exactly
+ * as the one-row function computes it. */
+void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
 float sq_vec_dot_q5_0_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q5_1_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb);
