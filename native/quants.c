@@ -988,10 +988,9 @@ static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
 
 /* The gemm's order for n_tokens activation rows (xq_stride bytes apart) at once:
  * vec_dot_q4_K's two chains with a term per 64 elements, each block decoded once
- * per tile of rows. Exact integers and fmaf: every compilation gives the same bits, so it is
- * compiled twice, plain and for AVX2/FMA, like batch_dot_k. */
+ * per tile of rows. (quants_avx2.c's sq_batch_dot_q4_K_avx2 gives the same bits.) */
 #define Q4K_TILE 16
-SQ_TWIN void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_stride, int n_tokens,
+static void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_stride, int n_tokens,
                                        int64_t nb, float *y, int64_t ldy) {
     for (int t0 = 0; t0 < n_tokens; t0 += Q4K_TILE) {
         const int nt = n_tokens - t0 < Q4K_TILE ? n_tokens - t0 : Q4K_TILE;
@@ -1020,19 +1019,11 @@ SQ_TWIN void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq
     }
 }
 
-#ifdef SQ_HAVE_AVX2_KERNELS
-__attribute__((target("avx2,fma")))
-static void batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
-                                float *y, int64_t ldy) {
-    batch_dot_q4_K_body(row, xq, xq_stride, n_tokens, nb, y, ldy);
-}
-#endif
-
 static void batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
                            float *y, int64_t ldy) {
 #ifdef SQ_HAVE_AVX2_KERNELS
     if (sq_simd_enabled()) {
-        batch_dot_q4_K_avx2(row, xq, xq_stride, n_tokens, nb, y, ldy);
+        sq_batch_dot_q4_K_avx2(row, xq, xq_stride, n_tokens, nb, y, ldy);
         return;
     }
 #endif

@@ -43,6 +43,10 @@ float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q2_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q3_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb);
+/* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order (quants.c's
+ * batch_dot_q4_K, same bits). */
+void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                            float *y, int64_t ldy);
 float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb);

@@ -286,6 +286,50 @@ AVX2 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb) {
     return acc - acc_m;
 }
 
+/* Q4_K times n_tokens activation rows (stride bytes apart) in the order of llama.cpp's
+ * repacked gemm, as quants.c's batch_dot_q4_K: per 64 elements (groups 2c and 2c+1) an
+ * exact integer sum for the codes and one for the mins, each fma'd into its chain.
+ * The codes are split into nibbles once per block for a tile of rows. */
+AVX2 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                                 float *y, int64_t ldy) {
+    enum { TILE = 16 };
+    const blk_q4_K *x = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        float sumf[TILE] = {0}, summ[TILE] = {0};
+        for (int64_t i = 0; i < nb; i++) {
+            uint32_t u[4];
+            k_unpack_scales(x[i].scales, u);
+            const uint8_t *sc = (const uint8_t *)u, *mn = (const uint8_t *)(u + 2);
+            __m256i lo[4], hi[4];
+            for (int c = 0; c < 4; c++) {
+                const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+                lo[c] = _mm256_and_si256(q4, m4);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            }
+            const float dw = h2f(x[i].d), dminw = h2f(x[i].dmin);
+            for (int t = 0; t < nt; t++) {
+                const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                const float d = dw * a->d, dmin = dminw * a->d;
+                for (int c = 0; c < 4; c++) {
+                    const __m256i a_lo = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c));
+                    const __m256i a_hi = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c + 32));
+                    const __m256i p = _mm256_add_epi32(
+                        _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(lo[c], a_lo)),
+                        _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi[c], a_hi)));
+                    const int32_t imin = mn[2 * c] * (a->bsums[4 * c] + a->bsums[4 * c + 1])
+                                         + mn[2 * c + 1] * (a->bsums[4 * c + 2] + a->bsums[4 * c + 3]);
+                    sumf[t] = __builtin_fmaf((float)hsum8_i32(p), d, sumf[t]);
+                    summ[t] = __builtin_fmaf((float)imin, dmin, summ[t]);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            y[(t0 + t) * ldy] = sumf[t] - summ[t];
+    }
+}
+
 /* Q2_K, Q3_K, Q5_K and Q6_K round as llama.cpp's AVX2 kernels do (and as the
  * scalar versions in quants.c, which describe the lanes): each block's integer
  * lanes are those of llama.cpp's, as its float steps are, so results agree bit
