@@ -308,20 +308,33 @@ AVX2 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride
                 lo[c] = _mm256_and_si256(q4, m4);
                 hi[c] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
             }
+            __m256i scv[8];
+            for (int g = 0; g < 8; g++)
+                scv[g] = _mm256_set1_epi16(sc[g]);
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
             const float dw = h2f(x[i].d), dminw = h2f(x[i].dmin);
             for (int t = 0; t < nt; t++) {
                 const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
-                const float d = dw * a->d, dmin = dminw * a->d;
+                __m256i p[4];
                 for (int c = 0; c < 4; c++) {
                     const __m256i a_lo = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c));
                     const __m256i a_hi = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c + 32));
-                    const __m256i p = _mm256_add_epi32(
-                        _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(lo[c], a_lo)),
-                        _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi[c], a_hi)));
-                    const int32_t imin = mn[2 * c] * (a->bsums[4 * c] + a->bsums[4 * c + 1])
-                                         + mn[2 * c + 1] * (a->bsums[4 * c + 2] + a->bsums[4 * c + 3]);
-                    sumf[t] = __builtin_fmaf((float)hsum8_i32(p), d, sumf[t]);
-                    summ[t] = __builtin_fmaf((float)imin, dmin, summ[t]);
+                    p[c] = _mm256_add_epi32(_mm256_madd_epi16(scv[2 * c], _mm256_maddubs_epi16(lo[c], a_lo)),
+                                            _mm256_madd_epi16(scv[2 * c + 1], _mm256_maddubs_epi16(hi[c], a_hi)));
+                }
+                /* The four spans' integer sums side by side, then the four min terms:
+                 * mn[2c] * (bsums[4c] + bsums[4c+1]) + mn[2c+1] * (bsums[4c+2] + bsums[4c+3]). */
+                const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                const __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)a->bsums),
+                                                  _mm_loadu_si128((const __m128i *)(a->bsums + 8)));
+                float fs[4], fm[4];
+                _mm_storeu_ps(fs, _mm_cvtepi32_ps(isum));
+                _mm_storeu_ps(fm, _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)));
+                const float d = dw * a->d, dmin = dminw * a->d;
+                for (int c = 0; c < 4; c++) {
+                    sumf[t] = __builtin_fmaf(fs[c], d, sumf[t]);
+                    summ[t] = __builtin_fmaf(fm[c], dmin, summ[t]);
                 }
             }
         }
