@@ -1659,6 +1659,12 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     if (nb < 0 || !t->vec_dot || n_tokens < 0)
         return -1;
     if (t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) {
+#ifdef SQ_HAVE_AVX2_KERNELS
+        if (type == SQ_Q6_K && sq_simd_enabled()) {
+            sq_batch_dot_q6_K_avx2(row, xq, xq_stride, n_tokens, nb, y, ldy);
+            return 0;
+        }
+#endif
         batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
         return 0;
     }

@@ -539,3 +539,46 @@ AVX2 float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb) {
 /* ISO C forbids an empty translation unit. */
 typedef int sq_quants_avx2_unused;
 #endif
+
+/* Q6_K times n_tokens activation rows (stride bytes apart) in llama.cpp's tiled
+ * order, as quants.c's batch_dot_k: per block the exact integer
+ * s1 = sum(sc * (q - 32) * qy), formed as sum(sc * q * qy) - 32 * sum(sc * bsum), then
+ * y = fma(d * s1, dy, y). The 6-bit codes are assembled once per block for all rows. */
+AVX2 void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                                 float *y, int64_t ldy) {
+    const blk_q6_K *x = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    for (int t = 0; t < n_tokens; t++)
+        y[t * ldy] = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        /* Chunk 4h + k holds elements 128h + 32k .. +32, groups 2(4h + k) and 2(4h + k) + 1. */
+        __m256i q[8], scv[8];
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+        }
+        for (int j = 0; j < 8; j++)
+            scv[j] = scale_halves(x[i].scales[2 * j], x[i].scales[2 * j + 1]);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const float d = h2f(x[i].d);
+        for (int t = 0; t < n_tokens; t++) {
+            const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + t * stride) + i;
+            __m256i acc = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(scv[j], _mm256_maddubs_epi16(q[j], qy)));
+            }
+            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
+            const int32_t s1 = hsum8_i32(acc) - 32 * hsum8_i32(off);
+            y[t * ldy] = __builtin_fmaf(d * (float)s1, a->d, y[t * ldy]);
+        }
+    }
+}
