@@ -399,6 +399,18 @@ def test_vec_dot_matches_dequantized(qtype):
             assert abs(got - want) <= 1e-2 * scale, f"{qtype.name} n={n}"
 
 
+def extreme_row(qtype: T, n: int, fill: int, rng: np.random.Generator) -> np.ndarray:
+    """A random row with every byte but the f16 scales set to fill (0x00, 0xFF, 0x80, 0x7F:
+    the extreme codes and integer scales)."""
+    raw = random_row(qtype, n, rng)
+    blocks = raw.reshape(n // GGML_QUANT_SIZES[qtype][0], -1)
+    keep = np.zeros(blocks.shape[1], dtype=bool)
+    for off in F16_FIELDS[qtype]:
+        keep[off:off + 2] = True
+    blocks[:, ~keep] = fill
+    return raw
+
+
 @pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
 def test_vec_dot_extreme_codes(qtype):
     """Code bytes all 0x00, 0xFF, 0x80 or 0x7F (the extreme codes and scales) against
@@ -407,12 +419,7 @@ def test_vec_dot_extreme_codes(qtype):
     n = 512
     vtype = VEC_DOT_TYPE[qtype]
     for fill in (0x00, 0xFF, 0x80, 0x7F):
-        raw = random_row(qtype, n, rng)
-        blocks = raw.reshape(n // GGML_QUANT_SIZES[qtype][0], -1)
-        keep = np.zeros(blocks.shape[1], dtype=bool)
-        for off in F16_FIELDS[qtype]:
-            keep[off:off + 2] = True
-        blocks[:, ~keep] = fill
+        raw = extreme_row(qtype, n, fill, rng)
         x = np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32)
         xq = c_quantize(vtype, x)[1][:-GUARD]
         terms = expected_vec_dot(qtype, raw, xq, n)
@@ -513,12 +520,7 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
             check(simd, scalar, raw, xq, n, f"n={n}")
     # Extreme codes (as test_vec_dot_extreme_codes): nothing saturates in maddubs.
     for fill in (0x00, 0xFF, 0x80, 0x7F):
-        raw = random_row(qtype, 512, rng)
-        blocks = raw.reshape(512 // GGML_QUANT_SIZES[qtype][0], -1)
-        keep = np.zeros(blocks.shape[1], dtype=bool)
-        for off in F16_FIELDS[qtype]:
-            keep[off:off + 2] = True
-        blocks[:, ~keep] = fill
+        raw = extreme_row(qtype, 512, fill, rng)
         x = np.where(rng.random(512) < 0.5, -1.0, 1.0).astype(np.float32)
         xq = c_quantize(vtype, x)[1][:-GUARD]
         lib.sq_set_simd(1)
@@ -585,12 +587,7 @@ def test_vec_dot_batch_extreme_codes(qtype):
     rng = np.random.default_rng(600 + int(qtype))
     n, vtype = 512, VEC_DOT_TYPE[qtype]
     for fill in (0x00, 0xFF, 0x80, 0x7F):
-        raw = random_row(qtype, n, rng)
-        blocks = raw.reshape(n // GGML_QUANT_SIZES[qtype][0], -1)
-        keep = np.zeros(blocks.shape[1], dtype=bool)
-        for off in F16_FIELDS[qtype]:
-            keep[off:off + 2] = True
-        blocks[:, ~keep] = fill
+        raw = extreme_row(qtype, n, fill, rng)
         xq = np.stack([c_quantize(vtype, np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32))[1][:-GUARD]
                        for _ in range(TILED_MIN_TOKENS)])
         got = c_vec_dot_batch(qtype, raw, xq, n)
