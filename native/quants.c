@@ -990,8 +990,9 @@ static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
  * vec_dot_q4_K's two chains with a term per 64 elements, each block decoded once
  * per tile of rows. (quants_avx2.c's sq_batch_dot_q4_K_avx2 gives the same bits.) */
 #define Q4K_TILE 16
-static void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_stride, int n_tokens,
-                                       int64_t nb, float *y, int64_t ldy) {
+static void batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                           float *y, int64_t ldy) {
+    const block_q4_K *x = row;
     for (int t0 = 0; t0 < n_tokens; t0 += Q4K_TILE) {
         const int nt = n_tokens - t0 < Q4K_TILE ? n_tokens - t0 : Q4K_TILE;
         float sumf[Q4K_TILE] = {0}, summ[Q4K_TILE] = {0};
@@ -1019,16 +1020,6 @@ static void batch_dot_q4_K_body(const block_q4_K *x, const void *xq, int64_t xq_
     }
 }
 
-static void batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
-                           float *y, int64_t ldy) {
-#ifdef SQ_HAVE_AVX2_KERNELS
-    if (sq_simd_enabled()) {
-        sq_batch_dot_q4_K_avx2(row, xq, xq_stride, n_tokens, nb, y, ldy);
-        return;
-    }
-#endif
-    batch_dot_q4_K_body(row, xq, xq_stride, n_tokens, nb, y, ldy);
-}
 
 /* ---------------------------------------------------------------------------
  * Q5_K: Q4_K plus a fifth bit: bit 4 of element l of group g is bit g of qh[l].
@@ -1355,6 +1346,9 @@ typedef struct {
 } k_block_ints;
 
 typedef void (*k_ints_fn)(const void *block, k_block_ints *k);
+/* n_tokens activation rows xq_stride bytes apart times one weight row, into y[t * ldy]. */
+typedef void (*batch_fn)(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                         float *y, int64_t ldy);
 
 static void k_ints_q2_K(const void *block, k_block_ints *k) {
     const block_q2_K *b = block;
@@ -1490,8 +1484,7 @@ typedef struct {
     /* Types with a batched order of their own (see batch_dot_k): their integer form. */
     k_ints_fn batch_ints;
     /* Q4_K: the rows of a batch llama.cpp's repacked kernel takes 4 at a time. */
-    void (*batch_by4)(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
-                      float *y, int64_t ldy);
+    batch_fn batch_by4;
 } type_traits;
 
 #define TRAITS(name, QK) \
@@ -1600,6 +1593,12 @@ static const vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
     [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_avx2, [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_avx2,
 };
 
+/* Whole batches (sq_vec_dot_batch): the same bits as the C code they stand for
+ * (batch_dot_k for Q6_K, batch_dot_q4_K for Q4_K). */
+static const batch_fn simd_batch[SQ_BF16 + 1] = {
+    [SQ_Q4_K] = sq_batch_dot_q4_K_avx2, [SQ_Q6_K] = sq_batch_dot_q6_K_avx2,
+};
+
 /* Four activation rows at a time, each with the one-row function's bits (sq_vec_dot_batch). */
 typedef void (*vec_dot4_fn)(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
 static const vec_dot4_fn simd_vec_dot4[SQ_BF16 + 1] = {
@@ -1658,19 +1657,21 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     int64_t nb = whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_tokens < 0)
         return -1;
-    if (t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) {
+    batch_fn simd = NULL;
 #ifdef SQ_HAVE_AVX2_KERNELS
-        if (type == SQ_Q6_K && sq_simd_enabled()) {
-            sq_batch_dot_q6_K_avx2(row, xq, xq_stride, n_tokens, nb, y, ldy);
-            return 0;
-        }
+    if (simd_batch[type] && sq_simd_enabled())
+        simd = simd_batch[type];
 #endif
-        batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+    if (t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) {
+        if (simd)
+            simd(row, xq, xq_stride, n_tokens, nb, y, ldy);
+        else
+            batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
         return 0;
     }
     int by4 = t->batch_by4 ? n_tokens - n_tokens % 4 : 0;
     if (by4)
-        t->batch_by4(row, xq, xq_stride, by4, nb, y, ldy);
+        (simd ? simd : t->batch_by4)(row, xq, xq_stride, by4, nb, y, ldy);
     int i = by4;
 #ifdef SQ_HAVE_AVX2_KERNELS
     if (simd_vec_dot4[type] && sq_simd_enabled()) {
