@@ -96,20 +96,19 @@ SQ_TWIN void softmax(float *p, size_t n, float scale) {
  * fma over t, then the register sum. Positions past n_keys are masked there (p = 0),
  * so leaving them out changes nothing. */
 SQ_TWIN void weighted_sum(const float *p, const void *v, int kv_type, size_t head_dim, size_t n_keys,
-                                int batched, float *out) {
-    float buf[CHUNK];
+                          int batched, float *out) {
+    float buf[CHUNK], acc[CHUNK][32];
     const size_t lanes = batched ? 8 : 32;
-    float (*acc)[32] = calloc(head_dim, sizeof *acc);
-    if (!acc) { fill(out, head_dim, NAN); return; }
-    for (size_t t = 0; t < n_keys; t++)
-        for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {
-            const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
+    for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {  /* one pass for every head_dim up to CHUNK */
+        const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
+        memset(acc, 0, n * sizeof acc[0]);
+        for (size_t t = 0; t < n_keys; t++) {
             const float *vr = row_f32(v, kv_type, t * head_dim + d0, n, buf);
             const size_t l = t % lanes;
-            for (size_t d = 0; d < n; d++) acc[d0 + d][l] = fmaf(vr[d], p[t], acc[d0 + d][l]);
+            for (size_t d = 0; d < n; d++) acc[d][l] = fmaf(vr[d], p[t], acc[d][l]);
         }
-    for (size_t d = 0; d < head_dim; d++) out[d] = batched ? hsum8(acc[d]) : reduce32(acc[d]);
-    free(acc);
+        for (size_t d = 0; d < n; d++) out[d0 + d] = batched ? hsum8(acc[d]) : reduce32(acc[d]);
+    }
 }
 
 SQ_TWIN void attend(const float *q, size_t group, const void *k, const void *v, int kv_type,

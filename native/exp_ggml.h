@@ -7,7 +7,7 @@
  * operations and fmas here give the same bits, which matters because these values end
  * up quantized to 8 bits, where one ulp can flip a code.
  *
- * static inline so that a caller compiled with FMA enabled gets fmaf as one instruction.
+ * forced inline (SQ_TWIN) so that a caller compiled with FMA gets fmaf as one instruction.
  */
 #ifndef SMOLQ_EXP_GGML_H
 #define SMOLQ_EXP_GGML_H
@@ -15,10 +15,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "quants.h"
+
 static inline uint32_t sq_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float sq_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-static inline __attribute__((always_inline)) float exp_ggml(float x) {
+SQ_TWIN float exp_ggml(float x) {
     const float shift = 0x1.8p23f;
     const float z = fmaf(x, 0x1.715476p+0f, shift);
     const float n = z - shift;
@@ -36,7 +38,7 @@ static inline __attribute__((always_inline)) float exp_ggml(float x) {
 }
 
 /* SiLU(gate) * up, as llama.cpp's fused SwiGLU: x / (1 + exp(0 - x)), then the product. */
-static inline __attribute__((always_inline)) float swiglu_ggml(float gate, float up) {
+SQ_TWIN float swiglu_ggml(float gate, float up) {
     return gate / (1.0f + exp_ggml(0.0f - gate)) * up;
 }
 

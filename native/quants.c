@@ -943,7 +943,7 @@ static inline void decode_q4_K(const block_q4_K *restrict b, float *restrict y) 
 ROW_FUNCS(q4_K, QK_K)
 
 /* A Q4_K block's scaled codes w (sc * q, in element order) and per-group mins. */
-SQ_TWIN void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *restrict w, int16_t *restrict mn) {
+static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *restrict w, int16_t *restrict mn) {
     int16_t sc[8];
     for (int g = 0; g < 8; g++) {
         int s, m;

@@ -54,9 +54,9 @@ float sq_vec_dot(int type, const void *row, const void *xq, int64_t n);
 int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t n,
                      float *y, int64_t ldy);
 
-/* The vec_dot implementations in use: "avx2" (AVX2/FMA versions of the Q4_0, Q4_1,
- * Q5_0, Q5_1, Q8_0, Q4_K, Q6_K and IQ4_XS dot products, chosen on first use when the
- * CPU has AVX2 and FMA and the environment variable SMOLQ_SIMD is not "0") or "scalar". */
+/* The kernel paths in use: "avx2" (AVX2/FMA versions of every quantized dot product,
+ * the batched ones and attention, chosen on first use when the CPU has AVX2 and FMA
+ * and the environment variable SMOLQ_SIMD is not "0") or "scalar". */
 const char *sq_simd_name(void);
 
 /* Switch between the SIMD (enabled != 0) and scalar vec_dot functions; enabling only
