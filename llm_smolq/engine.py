@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from functools import cached_property
@@ -12,6 +13,7 @@ import numpy as np
 from ._kernel import ffi, lib
 from .buffer_gate import Dims, check_buffer
 from .errors import GGUFError
+from .index_cache import cached_build
 from .memory import check_engine_memory
 from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
 from .tokenizer import GGUFTokenizer
@@ -31,6 +33,14 @@ def default_threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array whose pages become resident only once written. np.zeros asks the
+    kernel for huge pages on big arrays, and a cache laid out head by head touches every
+    2 MiB page with its first few positions: the whole cache would count towards RSS."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype, count=int(np.prod(shape))).reshape(shape)
 
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = None, kv_dtype: str = "f32") -> "Engine":
@@ -62,14 +72,13 @@ class Engine:
         np_dtype, self._kv_type = KV_DTYPES[kv_dtype]
         check_engine_memory(model.path, cfg, n_ctx, kv_dtype, np.dtype(np_dtype).itemsize, MAX_BATCH, threads)
         cache_shape = (cfg.n_layers, cfg.n_kv_heads, n_ctx, cfg.head_dim)
-        # np.zeros maps pages lazily: only the positions actually used count towards RSS.
         # Both go through the gate once, here: the engine owns them and hands the same
         # pointers to every kernel call after.
         dims = Dims("the model config", n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, n_ctx=n_ctx,
                     head_dim=cfg.head_dim)
         cache_dims = ("n_layers", "n_kv_heads", "n_ctx", "head_dim")
-        self._k = check_buffer("k_cache", np.zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
-        self._v = check_buffer("v_cache", np.zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
+        self._k = check_buffer("k_cache", _lazy_zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
+        self._v = check_buffer("v_cache", _lazy_zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
         self._tokens: list[int] = []  # the ids whose keys and values are in the cache
         self._lock = threading.Lock()
 
@@ -114,7 +123,11 @@ class Engine:
     # -- tokens ---------------------------------------------------------------------------
     @cached_property
     def tokenizer(self) -> GGUFTokenizer:
-        return GGUFTokenizer.from_metadata(self.model.metadata)
+        meta = self.model.metadata
+        return cached_build(
+            self.model.digest, "tokenizer.json", lambda: GGUFTokenizer.from_metadata(meta),
+            GGUFTokenizer.to_json, lambda built: GGUFTokenizer.from_metadata(meta, built),
+        )
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, special=special)

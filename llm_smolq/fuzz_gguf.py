@@ -262,8 +262,9 @@ class _Job:
         self.case_file = work / f"case-{number}.gguf"
         self.log_path = work / f"worker-{number}.log"
         self.log = open(self.log_path, "wb")
-        # The workers import this same package, wherever the parent found it.
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        # The workers import this same package, wherever the parent found it. Every case
+        # is a new file, so the header cache would only collect entries: it is off.
+        env = dict(os.environ, SMOLQ_CACHE_DIR="off", PYTHONPATH=os.pathsep.join(
             filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen(
             cmd + ["--start", str(start), "--stop", str(stop), "--case-file", str(self.case_file)],

@@ -9,6 +9,7 @@ it, and raises GGUFError saying what is wrong and where.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import struct
@@ -47,6 +48,8 @@ class GGUFHeader:
     data_offset: int  # where the tensor data section starts
     file_size: int
     little_endian: bool = True
+    header_bytes: int = 0  # length of the parsed part (everything before the padding)
+    digest: str = ""  # blake2b of those bytes: equal digests and sizes parse equal
 
 
 class _Cursor:
@@ -162,7 +165,19 @@ def _parse(buf: mmap.mmap, path: str) -> GGUFHeader:
             raise GGUFError(f"{path}: tensor {brief(name)} appears twice; the file is corrupt")
         names.add(name)
         tensors.append(RawTensor(name, type_id, shape, data_offset + offset))
-    return GGUFHeader(version, metadata, tensors, alignment, data_offset, len(buf), order == "<")
+    digest = hashlib.blake2b(buf[:cur.pos], digest_size=20).hexdigest()
+    return GGUFHeader(version, metadata, tensors, alignment, data_offset, len(buf), order == "<", cur.pos, digest)
+
+
+def header_digest(path: str, n_bytes: int) -> str | None:
+    """The digest a parse of path's first n_bytes would record, or None if the file
+    is shorter or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(n_bytes)
+    except OSError:
+        return None
+    return hashlib.blake2b(data, digest_size=20).hexdigest() if len(data) == n_bytes else None
 
 
 def type_name(type_id: int) -> str:

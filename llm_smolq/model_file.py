@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
 from .errors import GGUFError, brief
-from .gguf_file import GGUFHeader, read_header, type_name
+from .gguf_file import GGUFHeader, type_name
+from .index_cache import read_header_cached
 
 #: Tensor types the kernel can read.
 SUPPORTED_TYPES = (
@@ -78,6 +79,7 @@ class ModelFile:
     tensors: dict[str, TensorInfo]
     metadata: dict[str, Any]
     data: np.memmap = field(repr=False)  # the whole file, read-only
+    digest: str = ""  # of the header's bytes: names what is cached for this header
 
 
 def open_model(path: str | os.PathLike[str]) -> ModelFile:
@@ -85,7 +87,7 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise GGUFError(f"{path}: no such file")
-    header = read_header(path)
+    header = read_header_cached(path)
     if not header.little_endian:
         raise GGUFError(f"{path}: the file is big-endian; llm-smolq reads little-endian weights only, "
                         "so use the model's ordinary (little-endian) GGUF")
@@ -93,7 +95,8 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
     config = _config(path, header.metadata, tensors)
     _check_model_tensors(path, config, tensors)
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    return ModelFile(path=path, config=config, tensors=tensors, metadata=header.metadata, data=data)
+    return ModelFile(path=path, config=config, tensors=tensors, metadata=header.metadata, data=data,
+                     digest=header.digest)
 
 
 def _tensor_infos(path: str, header: GGUFHeader) -> dict[str, TensorInfo]:

@@ -7,6 +7,19 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def header_cache_dir(tmp_path_factory) -> Path:
+    """The header/tokenizer cache of this test session, away from the user's own."""
+    path = tmp_path_factory.mktemp("smolq-cache")
+    old = os.environ.get("SMOLQ_CACHE_DIR")
+    os.environ["SMOLQ_CACHE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("SMOLQ_CACHE_DIR", None)
+    else:
+        os.environ["SMOLQ_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
     """llama.cpp's ground truth, kept beside the repository in shared/reference."""

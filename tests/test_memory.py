@@ -71,3 +71,22 @@ def test_available_memory_is_a_real_figure():
     free, source = memory.available_memory()
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert 0 < free <= physical, (free, source)
+
+
+def anonymous_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+    return kb / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc")
+def test_a_large_context_costs_memory_only_for_the_positions_used(smollm2_gguf):
+    """SmolLM2's K and V caches for 4096 positions take 180 MiB; 30 tokens use 1.3 MiB of it.
+    The cache is laid out head by head, so memory handed out in huge pages would make
+    the whole of it resident at the first token."""
+    engine = llm_smolq.load(smollm2_gguf, n_ctx=4096, threads=1)
+    full = 2 * engine.k_cache.nbytes / 2**20
+    assert full >= 180
+    before = anonymous_rss_mb()
+    engine.eval(list(range(1, 31)))
+    assert anonymous_rss_mb() - before < full / 4
