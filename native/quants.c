@@ -1605,6 +1605,13 @@ static const vec_dot4_fn simd_vec_dot4[SQ_BF16 + 1] = {
     [SQ_Q4_1] = sq_vec_dot4_q4_1_avx2,
 };
 
+/* Four weight rows at a time for one activation row, each with the one-row function's
+ * bits (sq_vec_dot_rows). */
+typedef void (*rows4_fn)(const void *rows, int64_t row_bytes, const void *xq, int64_t nb, float *out);
+static const rows4_fn simd_rows4[SQ_BF16 + 1] = {
+    [SQ_Q4_1] = sq_rows4_q4_1_avx2, [SQ_Q8_0] = sq_rows4_q8_0_avx2,
+};
+
 /* The kernels also use F16C, which every AVX2 CPU has; checked all the same.
  * libgcc's (and compiler-rt's) checks include the OS saving the YMM registers. */
 static int simd_supported(void) {
@@ -1684,5 +1691,28 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
 #endif
     for (; i < n_tokens; i++)
         y[i * ldy] = sq_vec_dot(type, row, (const uint8_t *)xq + i * xq_stride, n);
+    return 0;
+}
+
+int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
+                    float *y) {
+    const type_traits *t = lookup(type);
+    int64_t nb = whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot || n_rows < 0)
+        return -1;
+    const uint8_t *base = rows;
+    vec_dot_fn one = t->vec_dot;
+    int64_t r = 0;
+#ifdef SQ_HAVE_AVX2_KERNELS
+    if (sq_simd_enabled()) {
+        if (simd_vec_dot[type])
+            one = simd_vec_dot[type];
+        if (simd_rows4[type])
+            for (; r + 4 <= n_rows; r += 4)
+                simd_rows4[type](base + r * row_bytes, row_bytes, xq, nb, y + r);
+    }
+#endif
+    for (; r < n_rows; r++)
+        y[r] = one(base + r * row_bytes, xq, nb);
     return 0;
 }

@@ -603,3 +603,34 @@ def test_vec_dot_batch_bad_arguments():
         rc = lib.sq_vec_dot_batch(int(qtype), ffi.from_buffer(raw), ffi.from_buffer(raw), 292, tokens, n,
                                   ffi.from_buffer("float[]", y), 1)
         assert rc == -1 and (y == 7.0).all(), (qtype, n, tokens)
+
+
+# --- Mat-vec rows (sq_vec_dot_rows) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", [t for t in TYPES if t in VEC_DOT_TYPE], ids=lambda t: t.name)
+def test_vec_dot_rows_is_vec_dot_row_by_row(qtype, simd_restore):
+    """Rows taken several at a time (4 for Q4_1 and Q8_0 on AVX2) give each row exactly
+    sq_vec_dot's bits, on both paths, for row counts that leave every remainder."""
+    rng = np.random.default_rng(700 + int(qtype))
+    n = max(sizes(qtype))
+    xq = c_quantize(VEC_DOT_TYPE[qtype], activations(n, rng))[1][:-GUARD]
+    for simd in (1, 0) if cpu_has_avx2_fma() else (0,):
+        lib.sq_set_simd(simd)
+        for n_rows in (1, 3, 4, 5, 8, 11):
+            rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
+            y = np.full(n_rows + 1, np.nan, dtype=np.float32)
+            rc = lib.sq_vec_dot_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows, ffi.from_buffer(xq),
+                                     n, ffi.from_buffer("float[]", y))
+            assert rc == 0 and np.isnan(y[-1])
+            single = np.array([c_vec_dot(qtype, row, xq, n) for row in rows], dtype=np.float32)
+            assert y[:-1].tobytes() == single.tobytes(), f"{qtype.name} rows={n_rows} simd={simd}"
+
+
+def test_vec_dot_rows_bad_arguments():
+    raw = np.zeros(4096, dtype=np.uint8)
+    y = np.full(8, 7.0, dtype=np.float32)
+    for qtype, n, n_rows in ((T.Q4_1, 100, 4), (T.Q8_K, 256, 4), (99, 256, 4), (T.Q4_1, 256, -1)):
+        rc = lib.sq_vec_dot_rows(int(qtype), ffi.from_buffer(raw), 160, n_rows, ffi.from_buffer(raw), n,
+                                 ffi.from_buffer("float[]", y))
+        assert rc == -1 and (y == 7.0).all(), (qtype, n, n_rows)
