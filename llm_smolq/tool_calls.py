@@ -19,6 +19,7 @@ tools on a model whose template does not read `xml_tools` are refused, not impro
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence, Union
 
@@ -156,7 +157,7 @@ class ToolCallParser:
         out: list[Piece] = []
         if self._in_call:
             self._finish_call(out, final=True)
-        if self._buf and not (self._after_call and not self._buf.strip(_WHITESPACE)):
+        if self._buf:  # (whitespace after a call was dropped as it came)
             out.append(("text", self._buf))
         self._buf = ""
         return out
@@ -202,7 +203,7 @@ class ToolCallParser:
         else:
             body, rest = self._buf[:end], self._buf[end:]
             json_text = scan.json_text(body) if scan.state == "closed" else None
-            problem = scan.problem or "no JSON object before </tool_call>"
+            problem = scan.problem or "not a tool call"
         call, why = _parse_call(json_text) if json_text is not None else (None, problem)
         if call is not None:
             self.calls.append(call)
@@ -320,14 +321,12 @@ def to_llm(pieces: Iterable[Piece], response: Any) -> Iterator[Union[str, Stream
     """Parser pieces as what a model's execute() yields: text as str, each call as its
     tool_call stream events (so it keeps its place among the message's parts) and
     response.add_tool_call() with the same id (so llm runs it)."""
-    from llm.utils import monotonic_ulid
-
     for kind, value in pieces:
         if kind == "text":
             yield value  # type: ignore[misc]
             continue
         call: ParsedCall = value  # type: ignore[assignment]
-        call_id = f"call_{str(monotonic_ulid()).lower()}"
+        call_id = f"call_{uuid.uuid4().hex[:24]}"
         yield StreamEvent(type="tool_call_name", chunk=call.name, tool_call_id=call_id)
         yield StreamEvent(type="tool_call_args", chunk=json.dumps(call.arguments), tool_call_id=call_id)
         response.add_tool_call(llm.ToolCall(name=call.name, arguments=call.arguments, tool_call_id=call_id))

@@ -40,10 +40,11 @@ def add(a: int, b: int = 2) -> int:
 
 
 def parse(text, step=None):
-    """Feed `text` in chunks of `step` characters (or the given list of chunks); return the
-    pieces with adjacent text joined, and the parser."""
+    """Feed `text` in chunks of `step` characters (None: all at once); return the pieces
+    with adjacent text joined, and the parser."""
     parser = ToolCallParser()
-    chunks = step if isinstance(step, list) else [text[i:i + (step or len(text))] for i in range(0, len(text), step or len(text))]
+    step = step or len(text)
+    chunks = [text[i:i + step] for i in range(0, len(text), step)]
     pieces = []
     for chunk in chunks:
         pieces += parser.push(chunk)
@@ -249,7 +250,7 @@ def test_chain_runs_the_tool_and_sends_its_result_back_as_a_tool_turn(tiny3, scr
     spec = {"name": "llm_version", "description": "Return the installed version of llm",
             "parameters": {"properties": {}, "type": "object"}}
     assert [kwargs["xml_tools"] for _, kwargs, _ in renders] == [[spec], [spec]]
-    assert f"### Tools\n\nYou may call one or more functions" in renders[0][2]
+    assert "### Tools\n\nYou may call one or more functions" in renders[0][2]
     assert f"<tools>\n{spec}\n</tools>" in renders[0][2]
     # The second prompt carries the call and, as a tool turn, its result.
     assert renders[1][0] == [
@@ -279,12 +280,16 @@ def test_the_cli_chain_with_tools_debug(tiny3, script, user_dir):
     assert [r["output"] for r in logged[1]["tool_results"]] == [version]
 
 
-def test_reasoning_that_mentions_a_call_is_not_a_call(tiny3, script):
-    script += ["<think>\nMaybe " + CALL_VERSION + " would help.\n</think>\nNo tool needed: 4."]
-    response = llm.get_model("tiny3").prompt("2+2?", tools=[llm_version])
-    assert response.text() == "No tool needed: 4." and response.tool_calls() == []
+def test_with_thinking_on_only_the_answers_call_counts(tiny3, script):
+    script += ["<think>\nMaybe " + CALL_VERSION + " would help.\n</think>\n\n" + CALL_VERSION,
+               "<think>\nNo " + CALL_VERSION + " needed.\n</think>\nIt is 4."]
+    response = llm.get_model("tiny3").prompt("Version?", tools=[llm_version])
+    assert response.text() == ""
+    assert [(c.name, c.arguments) for c in response.tool_calls()] == [("llm_version", {})]
     reasoning = "".join(e.chunk for e in response.stream_events() if e.type == "reasoning")
-    assert CALL_VERSION in reasoning
+    assert reasoning == "Maybe " + CALL_VERSION + " would help.\n"
+    answer = llm.get_model("tiny3").prompt("2+2?", tools=[llm_version])
+    assert answer.text() == "It is 4." and answer.tool_calls() == []
 
 
 def test_a_malformed_call_is_shown_as_text_and_logged_not_run(tiny3, script):
