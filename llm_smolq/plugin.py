@@ -104,6 +104,7 @@ def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
 
 class _SmolQ:
     can_stream = True
+    supports_tools = True  # for templates that have a tool format: see tool_calls.py
     Options = SmolQOptions
 
     def __init__(self, model_id: str):
@@ -115,6 +116,7 @@ class _SmolQ:
     def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, StreamEvent]]:
         from .chat_template import ChatTemplateError
         from .generation import Completion, ReasoningSplitter, SamplingParams, generate
+        from .tool_calls import ToolCallParser, template_tools, to_llm
 
         opts = prompt.options
         try:
@@ -124,10 +126,12 @@ class _SmolQ:
         loaded = load_model(path, opts.n_ctx or 4096, opts.threads)
         engine = loaded.engine
         smollm3 = engine.config.arch == "smollm3"
+        tools = [tool for tool in prompt.tools if isinstance(tool, llm.Tool)]
+        extra = template_tools(tools, loaded.template.variables, self.model_id) if tools else {}
         try:
             text = loaded.template.render(
                 template_messages(prompt), add_generation_prompt=True,
-                **({"enable_thinking": opts.thinking is not False} if smollm3 else {}),
+                **({"enable_thinking": opts.thinking is not False} if smollm3 else {}), **extra,
             )
         except ChatTemplateError as exc:
             raise llm.ModelError(f"the model's chat template failed: {exc}") from None
@@ -150,17 +154,33 @@ class _SmolQ:
         stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
         done = Completion()
         splitter = ReasoningSplitter() if smollm3 else None
+        calls = ToolCallParser() if tools else None
+
+        def events(pieces):
+            for kind, piece in pieces:
+                if kind == "reasoning":
+                    yield StreamEvent(type="reasoning", chunk=piece)
+                elif calls is None:
+                    yield piece
+                else:  # tool calls are read from the answer, never from the reasoning
+                    yield from to_llm(calls.push(piece), response)
+
         try:
             with loaded.lock:
                 try:
+                    # Tool calls are sampled freely for now: constrained decoding goes
+                    # here, as a grammar for the text between tool_calls.OPEN and CLOSE
+                    # built from tool_calls.tool_call_schema(tools).
                     for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done):
-                        yield from _events(splitter.push(chunk) if splitter else [("text", chunk)])
+                        yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
                 except KeyboardInterrupt:
                     # Ctrl-C ends the answer, not the program: llm logs what was produced
                     # and `llm chat` goes on. The KV cache holds only completed steps.
                     done.finish_reason = "interrupted"
                 if splitter:
-                    yield from _events(splitter.flush())
+                    yield from events(splitter.flush())
+                if calls:
+                    yield from to_llm(calls.flush(), response)
         finally:
             response.set_usage(
                 input=done.prompt_tokens, output=len(done.output_ids), details={"cached": done.cached_tokens}
@@ -171,11 +191,8 @@ class _SmolQ:
                 "prefill_seconds": round(done.prefill_seconds, 3),
                 "model_file": str(path),
             }
-
-
-def _events(pieces):
-    for kind, text in pieces:
-        yield text if kind == "text" else StreamEvent(type="reasoning", chunk=text)
+            if calls and calls.errors:  # blocks that were kept as text, and why
+                response.response_json["tool_call_errors"] = calls.errors
 
 
 def _pick(value, default):
@@ -184,18 +201,18 @@ def _pick(value, default):
 
 def template_messages(prompt: llm.Prompt) -> list[dict[str, str]]:
     """llm's Message parts as the {role, content} dicts chat templates read. Reasoning
-    from earlier turns is dropped (SmolLM3's template leaves it out as well)."""
+    from earlier turns is dropped (SmolLM3's template leaves it out as well); tool calls
+    and results are written as SmolLM3 reads them (tool_calls.py)."""
+    from .tool_calls import message_content, result_messages
+
     out = []
     for message in prompt.messages:
-        texts = []
-        for part in message.parts:
-            kind = type(part).__name__
-            if kind == "TextPart":
-                texts.append(part.text)
-            elif kind == "ToolResultPart":
-                texts.append(str(part.output))
-        if texts or message.role != "assistant":
-            out.append({"role": message.role, "content": "".join(texts)})
+        if message.role == "tool":
+            out.extend(result_messages(message.parts))
+            continue
+        content = message_content(message.parts)
+        if content or message.role != "assistant":
+            out.append({"role": message.role, "content": content})
     return out
 
 

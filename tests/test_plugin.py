@@ -16,16 +16,6 @@ from llm_smolq.chat_template import chat_template_from_gguf
 QUICK = ["-o", "max_tokens", "6", "-o", "temperature", "0"]
 
 
-@pytest.fixture
-def user_dir(tmp_path, monkeypatch, smollm2_gguf):
-    """A fresh llm home whose store holds the SmolLM2 file (linked, not copied)."""
-    monkeypatch.setenv("LLM_USER_PATH", str(tmp_path))
-    store = tmp_path / "smolq"
-    store.mkdir()
-    (store / smollm2_gguf.name).symlink_to(smollm2_gguf)
-    return tmp_path
-
-
 def run(*args, input=None):
     result = CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
     return result
