@@ -172,19 +172,28 @@ AVX2 float sq_vec_dot_iq4_nl_avx2(const void *row, const void *xq, int64_t nb) {
     return acc;
 }
 
+/* A block's two halves (d, m of a Q4_1 block; d, s of a Q8_1 block) as floats in
+ * lanes 0 and 1, with one conversion. */
+static inline AVX2 __m128 h2f_pair(const uint16_t *h) {
+    uint32_t both;
+    memcpy(&both, h, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)both));
+}
+
+/* Per block: lane 0 of x's (d, m) times y's (d, s) is the codes' scale d*dy, lane 1
+ * the block's min term m*s, summed in lane 1 of `summs` (lane 0 collects nothing of use). */
 AVX2 float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb) {
     const blk_q4_1 *x = row;
     const blk_q8_1 *y = xq;
     __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
+    __m128 summs = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const float ms = h2f(x[i].m) * h2f(y[i].s);
-        summs += ms;
-        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+        const __m128 scales = _mm_mul_ps(h2f_pair(&x[i].d), h2f_pair(&y[i].d));
+        summs = _mm_add_ps(summs, scales);
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(nibbles32(x[i].qs), qy)), acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot_us8(nibbles32(x[i].qs), qy)), acc);
     }
-    return hsum8(acc) + summs;
+    return hsum8(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
 }
 
 /* Four weight rows times one activation row, each as sq_vec_dot_q4_1_avx2 computes it
@@ -193,23 +202,24 @@ AVX2 void sq_rows4_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq
     const blk_q8_1 *y = xq;
     const blk_q4_1 *x[4];
     __m256 acc[4];
-    float summs[4];
+    __m128 summs[4];
     for (int r = 0; r < 4; r++) {
         x[r] = (const blk_q4_1 *)((const uint8_t *)rows + r * row_bytes);
         acc[r] = _mm256_setzero_ps();
-        summs[r] = 0.0f;
+        summs[r] = _mm_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
-        const float dy = h2f(y[i].d), sy = h2f(y[i].s);
+        const __m128 ys = h2f_pair(&y[i].d);
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         for (int r = 0; r < 4; r++) {
-            summs[r] += h2f(x[r][i].m) * sy;
-            const __m256 d = _mm256_set1_ps(h2f(x[r][i].d) * dy);
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(nibbles32(x[r][i].qs), qy)), acc[r]);
+            const __m128 scales = _mm_mul_ps(h2f_pair(&x[r][i].d), ys);
+            summs[r] = _mm_add_ps(summs[r], scales);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales),
+                                     _mm256_cvtepi32_ps(dot_us8(nibbles32(x[r][i].qs), qy)), acc[r]);
         }
     }
     for (int r = 0; r < 4; r++)
-        out[r] = hsum8(acc[r]) + summs[r];
+        out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[r]));
 }
 
 /* Four activation rows (stride bytes apart) at once, each rounded exactly as
@@ -218,24 +228,24 @@ AVX2 void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride,
     const blk_q4_1 *x = row;
     const blk_q8_1 *y[4];
     __m256 acc[4];
-    float summs[4];
+    __m128 summs[4];
     for (int t = 0; t < 4; t++) {
         y[t] = (const blk_q8_1 *)((const uint8_t *)xq + t * stride);
         acc[t] = _mm256_setzero_ps();
-        summs[t] = 0.0f;
+        summs[t] = _mm_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
-        const float dx = h2f(x[i].d), mx = h2f(x[i].m);
+        const __m128 xs = h2f_pair(&x[i].d);
         const __m256i qx = nibbles32(x[i].qs);
         for (int t = 0; t < 4; t++) {
-            summs[t] += mx * h2f(y[t][i].s);
-            const __m256 d = _mm256_set1_ps(dx * h2f(y[t][i].d));
+            const __m128 scales = _mm_mul_ps(xs, h2f_pair(&y[t][i].d));
+            summs[t] = _mm_add_ps(summs[t], scales);
             const __m256i qy = _mm256_loadu_si256((const __m256i *)y[t][i].qs);
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(qx, qy)), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot_us8(qx, qy)), acc[t]);
         }
     }
     for (int t = 0; t < 4; t++)
-        out[t] = hsum8(acc[t]) + summs[t];
+        out[t] = hsum8(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
 }
 
 /* Bit 4 of the 32 codes of a Q5_0/Q5_1 block as bytes 0x10 or 0: byte j copies
