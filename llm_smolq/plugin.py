@@ -16,6 +16,7 @@ from . import catalog
 
 if TYPE_CHECKING:  # the kernel, gguf and jinja2 load on first use, not on every `llm` start
     from .chat_template import ChatTemplate
+    from .constrained import Constraint
     from .engine import Engine
 
 DEFAULT_MAX_TOKENS = 1024
@@ -104,6 +105,7 @@ def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
 
 class _SmolQ:
     can_stream = True
+    supports_schema = True
     Options = SmolQOptions
 
     def __init__(self, model_id: str):
@@ -124,10 +126,16 @@ class _SmolQ:
         loaded = load_model(path, opts.n_ctx or 4096, opts.threads)
         engine = loaded.engine
         smollm3 = engine.config.arch == "smollm3"
+        messages = template_messages(prompt)
+        constraint = None
+        if prompt.schema is not None:
+            constraint = schema_constraint(engine, prompt.schema)
+            messages = with_schema_instruction(messages, prompt.schema)
         try:
             text = loaded.template.render(
-                template_messages(prompt), add_generation_prompt=True,
-                **({"enable_thinking": opts.thinking is not False} if smollm3 else {}),
+                messages, add_generation_prompt=True,
+                # With a schema the answer is the JSON alone: no <think> part before it.
+                **({"enable_thinking": opts.thinking is not False and constraint is None} if smollm3 else {}),
             )
         except ChatTemplateError as exc:
             raise llm.ModelError(f"the model's chat template failed: {exc}") from None
@@ -149,11 +157,14 @@ class _SmolQ:
         )
         stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
         done = Completion()
-        splitter = ReasoningSplitter() if smollm3 else None
+        splitter = ReasoningSplitter() if smollm3 and constraint is None else None
         try:
             with loaded.lock:
                 try:
-                    for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done):
+                    # constraint goes in only when there is one: generate() stand-ins that
+                    # predate it keep working.
+                    extra = {"constraint": constraint} if constraint is not None else {}
+                    for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done, **extra):
                         yield from _events(splitter.push(chunk) if splitter else [("text", chunk)])
                 except KeyboardInterrupt:
                     # Ctrl-C ends the answer, not the program: llm logs what was produced
@@ -171,6 +182,26 @@ class _SmolQ:
                 "prefill_seconds": round(done.prefill_seconds, 3),
                 "model_file": str(path),
             }
+
+
+def schema_constraint(engine: Engine, schema: dict) -> "Constraint":
+    from .constrained import Constraint, ConstraintError
+
+    try:
+        return Constraint.for_json_schema(engine.tokenizer, schema)
+    except ConstraintError as exc:
+        raise llm.ModelError(f"the schema cannot be used: {exc}; fix it and try again") from None
+
+
+def with_schema_instruction(messages: list[dict[str, str]], schema: dict) -> list[dict[str, str]]:
+    """The messages with the schema asked for in the system prompt: the constraint makes
+    the output valid, the instruction makes the model fill it with the right things."""
+    from .constrained import schema_instruction
+
+    instruction = schema_instruction(schema)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{instruction}"}, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]
 
 
 def _events(pieces):
