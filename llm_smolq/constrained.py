@@ -138,12 +138,12 @@ def tool_call_grammar(
     """A grammar for one tool call in the Hermes/SmolLM3 format,
     `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, whose arguments validate
     against the named tool's input schema. `tools` maps tool names to input schemas
-    (None: any object)."""
+    (None: any object). Objects are closed as in json_schema_grammar."""
     if not tools:
         raise ConstraintError("a tool call grammar needs at least one tool")
     calls = []
     for name, schema in tools.items():
-        arguments = dict(schema) if schema else {"type": "object"}
+        arguments = close_objects(schema) if schema else {"type": "object"}
         calls.append({
             "type": "object",
             "properties": {"name": {"const": name}, "arguments": arguments},
@@ -151,8 +151,7 @@ def tool_call_grammar(
             "additionalProperties": False,
         })
     call_schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
-    layout = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
-    body = json.dumps({**call_schema, **layout})
+    body = json.dumps({**call_schema, "x-guidance": JSON_LAYOUT})
     return lark_grammar(
         f"start: {_tag(open_tag, tokenizer)} \"\\n\"? call \"\\n\"? {_tag(close_tag, tokenizer)}\n"
         f"call: %json {body}\n"
