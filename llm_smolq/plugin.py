@@ -116,6 +116,7 @@ class _SmolQ:
 
     def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, StreamEvent]]:
         from .chat_template import ChatTemplateError
+        from .errors import ConstraintError
         from .generation import Completion, ReasoningSplitter, SamplingParams, generate
 
         opts = prompt.options
@@ -170,6 +171,8 @@ class _SmolQ:
                     # Ctrl-C ends the answer, not the program: llm logs what was produced
                     # and `llm chat` goes on. The KV cache holds only completed steps.
                     done.finish_reason = "interrupted"
+                except ConstraintError as exc:  # a schema past llguidance's limits mid-answer
+                    raise llm.ModelError(f"the schema could not be followed: {exc}; simplify it") from None
                 if splitter:
                     yield from _events(splitter.flush())
         finally:
@@ -184,7 +187,7 @@ class _SmolQ:
             }
 
 
-def schema_constraint(engine: Engine, schema: dict) -> "Constraint":
+def schema_constraint(engine: Engine, schema: dict) -> Constraint:
     from .constrained import Constraint, ConstraintError
 
     try:

@@ -332,3 +332,12 @@ def test_a_schema_that_cannot_be_used_is_a_clear_model_error(user_dir, reference
 def test_a_schema_that_is_not_a_dict_is_refused(tiny_engine):
     with pytest.raises(ConstraintError, match="must be an object"):
         Constraint.for_json_schema(tiny_engine.tokenizer, ["type", "string"])
+
+
+def test_a_constraint_failing_mid_answer_is_a_model_error(user_dir, reference_dir, monkeypatch):
+    """Should the matcher refuse a token (llguidance hitting a limit, say), the answer
+    stops with a ModelError, not a traceback from inside the grammar library."""
+    assert run("smolq", "register", str(reference_dir / TINY), "--alias", "tiny3").exit_code == 0
+    monkeypatch.setattr(Constraint, "mask", lambda self, logits: logits)  # sampling ignores the grammar
+    with pytest.raises(llm.ModelError, match="the schema could not be followed: token .* is not allowed"):
+        llm.get_model("tiny3").prompt("hi", schema={"type": "integer"}, temperature=0).text()
