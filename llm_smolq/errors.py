@@ -24,3 +24,7 @@ class DeviceError(ValueError):
 
 class ResourceError(ValueError):
     """A request (a context length, say) that needs more memory than the machine has."""
+
+
+class ConstraintError(ValueError):
+    """A schema or grammar that cannot constrain decoding, with the reason."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
+    from .constrained import Constraint
     from .engine import Engine
 
 # Control tokens that end an assistant turn in the SmolLM chat formats.
@@ -142,9 +143,14 @@ def generate(
     max_tokens: int,
     stops: Sequence[str] = (),
     completion: Completion | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[str]:
     """Yield text as it is produced. Stops at an end-of-turn token, a stop string,
-    max_tokens, or a full context; `completion` records which, and the counts."""
+    max_tokens, or a full context; `completion` records which, and the counts.
+
+    With a `constraint`, only tokens its grammar allows are sampled, and the answer ends
+    ("stop") once the grammar is complete and nothing but end-of-turn may follow. Cut
+    short by max_tokens, a stop string or the context, the text is an incomplete value."""
     done = completion if completion is not None else Completion()
     done.prompt_tokens = len(prompt_ids)
     sampler, enders, stream = Sampler(params), end_of_turn_ids(engine), TextStream(stops)
@@ -155,16 +161,20 @@ def generate(
     recent = list(prompt_ids[-REPEAT_WINDOW:])
     try:
         while True:
+            if constraint is not None:
+                logits = constraint.mask(logits)
             token = sampler(logits, recent)
             if token in enders:
                 done.finish_reason = "stop"
                 break
+            if constraint is not None:
+                constraint.consume(token)
             done.output_ids.append(token)
             recent.append(token)
             text = stream.push(engine.tokenizer.token_to_bytes(token))
             if text:
                 yield text
-            if stream.stopped:
+            if stream.stopped or (constraint is not None and constraint.finished):
                 done.finish_reason = "stop"
                 break
             if len(done.output_ids) >= max_tokens:

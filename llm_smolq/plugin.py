@@ -16,6 +16,7 @@ from . import catalog
 
 if TYPE_CHECKING:  # the kernel, gguf and jinja2 load on first use, not on every `llm` start
     from .chat_template import ChatTemplate
+    from .constrained import Constraint
     from .engine import Engine
 
 DEFAULT_MAX_TOKENS = 1024
@@ -105,6 +106,7 @@ def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
 class _SmolQ:
     can_stream = True
     supports_tools = True  # for templates that have a tool format: see tool_calls.py
+    supports_schema = True
     Options = SmolQOptions
 
     def __init__(self, model_id: str):
@@ -115,6 +117,7 @@ class _SmolQ:
 
     def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, StreamEvent]]:
         from .chat_template import ChatTemplateError
+        from .errors import ConstraintError
         from .generation import Completion, ReasoningSplitter, SamplingParams, generate
         from .tool_calls import ToolCallParser, template_tools, to_llm
 
@@ -128,10 +131,17 @@ class _SmolQ:
         smollm3 = engine.config.arch == "smollm3"
         tools = [tool for tool in prompt.tools if isinstance(tool, llm.Tool)]
         extra = template_tools(tools, loaded.template.variables, self.model_id) if tools else {}
+        messages = template_messages(prompt)
+        constraint = None
+        if prompt.schema is not None:
+            constraint = schema_constraint(engine, prompt.schema)
+            messages = with_schema_instruction(messages, prompt.schema)
         try:
             text = loaded.template.render(
-                template_messages(prompt), add_generation_prompt=True,
-                **({"enable_thinking": opts.thinking is not False} if smollm3 else {}), **extra,
+                messages, add_generation_prompt=True,
+                # With a schema the answer is the JSON alone: no <think> part before it.
+                **({"enable_thinking": opts.thinking is not False and constraint is None} if smollm3 else {}),
+                **extra,
             )
         except ChatTemplateError as exc:
             raise llm.ModelError(f"the model's chat template failed: {exc}") from None
@@ -153,7 +163,7 @@ class _SmolQ:
         )
         stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
         done = Completion()
-        splitter = ReasoningSplitter() if smollm3 else None
+        splitter = ReasoningSplitter() if smollm3 and constraint is None else None
         calls = ToolCallParser() if tools else None
 
         def events(pieces):
@@ -171,12 +181,17 @@ class _SmolQ:
                     # Tool calls are sampled freely for now: constrained decoding goes
                     # here, as a grammar for the text between tool_calls.OPEN and CLOSE
                     # built from tool_calls.tool_call_schema(tools).
-                    for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done):
+                    # constraint goes in only when there is one: generate() stand-ins that
+                    # predate it keep working.
+                    given = {"constraint": constraint} if constraint is not None else {}
+                    for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done, **given):
                         yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
                 except KeyboardInterrupt:
                     # Ctrl-C ends the answer, not the program: llm logs what was produced
                     # and `llm chat` goes on. The KV cache holds only completed steps.
                     done.finish_reason = "interrupted"
+                except ConstraintError as exc:  # a schema past llguidance's limits mid-answer
+                    raise llm.ModelError(f"the schema could not be followed: {exc}; simplify it") from None
                 if splitter:
                     yield from events(splitter.flush())
                 if calls:
@@ -193,6 +208,26 @@ class _SmolQ:
             }
             if calls and calls.errors:  # blocks that were kept as text, and why
                 response.response_json["tool_call_errors"] = calls.errors
+
+
+def schema_constraint(engine: Engine, schema: dict) -> Constraint:
+    from .constrained import Constraint, ConstraintError
+
+    try:
+        return Constraint.for_json_schema(engine.tokenizer, schema)
+    except ConstraintError as exc:
+        raise llm.ModelError(f"the schema cannot be used: {exc}; fix it and try again") from None
+
+
+def with_schema_instruction(messages: list[dict[str, str]], schema: dict) -> list[dict[str, str]]:
+    """The messages with the schema asked for in the system prompt: the constraint makes
+    the output valid, the instruction makes the model fill it with the right things."""
+    from .constrained import schema_instruction
+
+    instruction = schema_instruction(schema)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{instruction}"}, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]
 
 
 def _pick(value, default):
