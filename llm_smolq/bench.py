@@ -1,13 +1,14 @@
 """Benchmark: prefill and decode speed, load time and peak memory on one GGUF file.
 
     python -m llm_smolq.bench MODEL.gguf [--threads N] [--prefill 256] [--decode 128]
-                              [--repeat 5] [--json] [--vs-llama-cpp]
+                              [--repeat 5] [--json] [--vs-llama-cpp] [--schema]
 
 Every measurement runs in a fresh child process, so load time and peak RSS are those of
 a cold start, and with --vs-llama-cpp the two engines alternate (A B A B ...) so that
 machine noise falls on both alike. Figures are medians over repeats, with min-max.
 Decode is memory-bound: the report sets the weight bytes read per token x decode tok/s
-beside this machine's measured read bandwidth.
+beside this machine's measured read bandwidth. With --schema, each llm-smolq run also
+times what a JSON-schema constraint adds per generated token (mask + matcher update).
 """
 
 from __future__ import annotations
@@ -41,23 +42,51 @@ def _token_ids(vocab: int, n: int, seed: int = 0) -> list[int]:
 
 
 def _load(engine: str, path: str, threads: int, n_ctx: int):
-    """Returns (eval function taking a list of ids, vocabulary size)."""
+    """Returns (eval function taking a list of ids, vocabulary size, the Engine or None)."""
     if engine == "llm-smolq":
         import llm_smolq
 
         eng = llm_smolq.load(path, n_ctx=n_ctx, threads=threads)
-        return eng.eval, eng.config.vocab_size
+        return eng.eval, eng.config.vocab_size, eng
     from llama_cpp import Llama
 
     model = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
                   verbose=False)
-    return model.eval, model.n_vocab()
+    return model.eval, model.n_vocab(), None
 
 
-def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int) -> dict:
+CONSTRAINED_SCHEMA = {
+    "type": "array",
+    "items": {"type": "object", "properties": {"animal": {"type": "string"}, "legs": {"type": "integer"}},
+              "required": ["animal", "legs"]},
+}
+CONSTRAINED_TEXT = '[{"animal": "Lion", "legs": 4}, {"animal": "Snake \\"Kaa\\"", "legs": 0}, {"animal": "Ostrich", "legs": 2}]'
+
+
+def constraint_ms_per_token(engine) -> float:
+    """Median time to mask the logits and advance the matcher, over the tokens of a JSON
+    answer to CONSTRAINED_SCHEMA (compiling the schema and indexing the vocabulary, once
+    per model, are not counted)."""
+    import numpy as np
+
+    from .constrained import Constraint
+
+    logits = np.zeros(engine.config.vocab_size, np.float32)
+    Constraint.for_json_schema(engine.tokenizer, CONSTRAINED_SCHEMA)  # the one-off vocabulary index
+    constraint = Constraint.for_json_schema(engine.tokenizer, CONSTRAINED_SCHEMA)
+    costs = []
+    for token in engine.tokenize(CONSTRAINED_TEXT):
+        t = time.perf_counter()
+        constraint.mask(logits)
+        constraint.consume(token)
+        costs.append(time.perf_counter() - t)
+    return statistics.median(costs) * 1e3
+
+
+def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, schema: bool = False) -> dict:
     """One cold run: load, prefill n_prefill random ids, decode n_decode more one by one."""
     started = time.perf_counter()
-    evaluate, vocab = _load(engine, path, threads, n_prefill + n_decode + 8)
+    evaluate, vocab, eng = _load(engine, path, threads, n_prefill + n_decode + 8)
     load_s = time.perf_counter() - started
     ids = _token_ids(vocab, n_prefill + n_decode)
     t = time.perf_counter()
@@ -67,17 +96,22 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int) -> 
     for token in ids[n_prefill:]:
         evaluate([token])
     decode_s = time.perf_counter() - t
-    return {
+    result = {
         "load_s": load_s,
         "prefill_tok_s": n_prefill / prefill_s,
         "decode_tok_s": n_decode / decode_s,
         "peak_rss_mb": _peak_rss_mb(),
     }
+    if schema and eng is not None:
+        ms = constraint_ms_per_token(eng)
+        result["schema_ms_per_token"] = ms
+        result["schema_pct_of_decode"] = 100 * ms / 1e3 * (n_decode / decode_s)
+    return result
 
 
 def _child(engine: str, args) -> dict:
     cmd = [sys.executable, "-m", "llm_smolq.bench", args.model, "--child", engine, "--threads", str(args.threads),
-           "--prefill", str(args.prefill), "--decode", str(args.decode)]
+           "--prefill", str(args.prefill), "--decode", str(args.decode)] + (["--schema"] if args.schema else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{engine} run failed:\n{done.stderr.strip()}")
@@ -126,11 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--vs-llama-cpp", action="store_true", help="also run llama-cpp-python, interleaved")
+    parser.add_argument("--schema", action="store_true", help="also time a JSON-schema constraint per token")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child:
-        print(json.dumps(run(args.child, args.model, args.threads, args.prefill, args.decode)))
+        print(json.dumps(run(args.child, args.model, args.threads, args.prefill, args.decode, args.schema)))
         return
     if args.vs_llama_cpp:
         try:
@@ -172,10 +207,11 @@ def format_report(r: dict) -> str:
         f"machine read bandwidth: {r['machine_read_gb_s']:.1f} GB/s",
     ]
     fmt = {"prefill_tok_s": "prefill tok/s", "decode_tok_s": "decode tok/s", "load_s": "load s",
-           "peak_rss_mb": "peak RSS MB"}
+           "peak_rss_mb": "peak RSS MB", "schema_ms_per_token": "schema constraint ms/token",
+           "schema_pct_of_decode": "constraint % of a decode step"}
     for engine, stats in r["engines"].items():
         parts = [f"{label} {stats[k]['median']:.2f} ({stats[k]['min']:.2f}-{stats[k]['max']:.2f})"
-                 for k, label in fmt.items()]
+                 for k, label in fmt.items() if k in stats]
         lines.append(f"  {engine:10s} " + ", ".join(parts) + f", decode bandwidth {stats['decode_gb_s']:.1f} GB/s")
     if "ratios" in r:
         parts = [f"{fmt[k]} x{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["ratios"].items()]

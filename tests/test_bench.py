@@ -10,10 +10,11 @@ from gguf import GGUFReader
 def test_bench_reports_speed_memory_and_bandwidth(reference_dir):
     model = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
     cmd = [sys.executable, "-m", "llm_smolq.bench", str(model), "--threads", "2", "--prefill", "16",
-           "--decode", "4", "--repeat", "2", "--json"]
+           "--decode", "4", "--repeat", "2", "--json", "--schema"]
     report = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
     ours = report["engines"]["llm-smolq"]
-    for key in ("prefill_tok_s", "decode_tok_s", "load_s", "peak_rss_mb"):
+    for key in ("prefill_tok_s", "decode_tok_s", "load_s", "peak_rss_mb", "schema_ms_per_token",
+                "schema_pct_of_decode"):
         assert 0 < ours[key]["min"] <= ours[key]["median"] <= ours[key]["max"]
     # Tied embeddings: a decode step reads every tensor once (token_embd as the output).
     assert report["weight_bytes_per_token"] == sum(t.n_bytes for t in GGUFReader(model).tensors)
