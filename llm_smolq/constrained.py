@@ -126,31 +126,37 @@ def lark_grammar(lark: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
+def call_schema(tools: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
+    """The JSON schema of one call's body, `{"name": ..., "arguments": {...}}`, with the
+    arguments valid for the named tool's input schema (None: any object). Objects are
+    closed as in json_schema_grammar."""
+    if not tools:
+        raise ConstraintError("a tool call grammar needs at least one tool")
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": close_objects(schema) if schema else {"type": "object"}},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for name, schema in tools.items()
+    ]
+    return {"anyOf": calls} if len(calls) > 1 else calls[0]
+
+
 def tool_call_grammar(
     tools: Mapping[str, Mapping[str, Any] | None],
     tokenizer: GGUFTokenizer,
-    open_tag: str = "<tool_call>",
+    open_tag: str | None = "<tool_call>",
     close_tag: str = "</tool_call>",
 ) -> str:
     """A grammar for one tool call in the Hermes/SmolLM3 format,
-    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, whose arguments validate
-    against the named tool's input schema. `tools` maps tool names to input schemas
-    (None: any object). Objects are closed as in json_schema_grammar."""
-    if not tools:
-        raise ConstraintError("a tool call grammar needs at least one tool")
-    calls = []
-    for name, schema in tools.items():
-        arguments = close_objects(schema) if schema else {"type": "object"}
-        calls.append({
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": arguments},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
-    call_schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
-    body = json.dumps({**call_schema, "x-guidance": JSON_LAYOUT})
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (call_schema's body), or
+    for what follows the opening tag when open_tag is None."""
+    body = json.dumps({**call_schema(tools), "x-guidance": JSON_LAYOUT})
+    opening = f"{_tag(open_tag, tokenizer)} " if open_tag else ""
     return lark_grammar(
-        f"start: {_tag(open_tag, tokenizer)} \"\\n\"? call \"\\n\"? {_tag(close_tag, tokenizer)}\n"
+        f"start: {opening}\"\\n\"? call \"\\n\"? {_tag(close_tag, tokenizer)}\n"
         f"call: %json {body}\n"
     )
 

@@ -119,7 +119,7 @@ class _SmolQ:
         from .chat_template import ChatTemplateError
         from .errors import ConstraintError
         from .generation import Completion, ReasoningSplitter, SamplingParams, generate
-        from .tool_calls import ToolCallParser, template_tools, to_llm
+        from .tool_calls import ToolCallGuard, ToolCallParser, template_tools, to_llm
 
         opts = prompt.options
         try:
@@ -165,6 +165,8 @@ class _SmolQ:
         done = Completion()
         splitter = ReasoningSplitter() if smollm3 and constraint is None else None
         calls = ToolCallParser() if tools else None
+        if tools and constraint is None:  # a schema'd answer has no room for calls
+            constraint = ToolCallGuard(engine.tokenizer, tools)
 
         def events(pieces):
             for kind, piece in pieces:
@@ -178,9 +180,6 @@ class _SmolQ:
         try:
             with loaded.lock:
                 try:
-                    # Tool calls are sampled freely for now: constrained decoding goes
-                    # here, as a grammar for the text between tool_calls.OPEN and CLOSE
-                    # built from tool_calls.tool_call_schema(tools).
                     # constraint goes in only when there is one: generate() stand-ins that
                     # predate it keep working.
                     given = {"constraint": constraint} if constraint is not None else {}

@@ -57,21 +57,74 @@ def template_tools(tools: Sequence[llm.Tool], template_variables: Iterable[str],
 
 def tool_call_schema(tools: Sequence[llm.Tool]) -> dict[str, Any]:
     """The JSON schema the text between `<tool_call>` and `</tool_call>` must match: the
-    name of one of `tools` and arguments valid for that tool's input schema. A grammar
-    built from it makes every call the model writes parse."""
-    choices = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool.name},
-                "arguments": tool.input_schema or {"type": "object"},
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for tool in tools
-    ]
-    return choices[0] if len(choices) == 1 else {"anyOf": choices}
+    name of one of `tools` and arguments valid for that tool's input schema."""
+    from .constrained import call_schema
+
+    return call_schema({tool.name: tool.input_schema for tool in tools})
+
+
+class ToolCallGuard:
+    """Decoding constraint for an answer that may call tools: free text, but once the
+    model opens a call, only tokens that keep it a valid call of one of the tools (with
+    arguments valid for that tool) may follow, up to the closing tag; then text is free
+    again. A `<tool_call>` inside the `<think>` reasoning is not a call and is left alone,
+    as the parser leaves it. Used by generation like any Constraint (mask, consume)."""
+
+    finished = False  # free text ends where the model ends it
+
+    def __init__(self, tokenizer: Any, tools: Sequence[llm.Tool]):
+        from .constrained import tool_call_grammar
+
+        self._tokenizer = tokenizer
+        self._grammar = tool_call_grammar({t.name: t.input_schema for t in tools}, tokenizer, open_tag=None,
+                                          close_tag=CLOSE)
+        self._call: Any = None  # the Constraint of the call being written
+        self._text = ""  # free text since the last call, as far as it is still needed
+        self._state = "start"  # start -> thinking -> free, or start -> free
+        self.skipped: list[str] = []  # calls left unguarded, and why
+
+    def mask(self, logits):
+        return self._call.mask(logits) if self._call is not None else logits
+
+    def consume(self, token: int) -> None:
+        from .constrained import Constraint, ConstraintError
+
+        if self._call is not None:
+            try:
+                self._call.consume(token)
+            except ConstraintError as exc:  # only if the mask was not applied: let the parser judge
+                self.skipped.append(str(exc))
+                self._call = None
+                return
+            if self._call.finished:
+                self._call = None
+            return
+        self._text += self._tokenizer.token_to_bytes(token).decode("utf-8", errors="replace")
+        if self._state == "start":
+            head = self._text.lstrip()
+            if head.startswith("<think>"):
+                self._state = "thinking"
+            elif not "<think>".startswith(head):
+                self._state = "free"
+        if self._state == "thinking":
+            at = self._text.find("</think>")
+            if at < 0:
+                return
+            self._text, self._state = self._text[at + len("</think>"):], "free"
+        if self._state == "free":
+            at = self._text.find(OPEN)
+            if at < 0:
+                self._text = self._text[-(len(OPEN) - 1):]  # all that could still start a tag
+                return
+            # The token that completed the tag may carry the call's first characters.
+            tail, self._text = self._text[at + len(OPEN):], ""
+            call = Constraint(self._tokenizer, self._grammar)
+            try:
+                call.consume_all(self._tokenizer.encode(tail))
+            except ConstraintError as exc:
+                self.skipped.append(f"the call began with {tail!r}: {exc}")
+                return
+            self._call = None if call.finished else call
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import jsonschema
 import llm
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from llm.cli import cli
@@ -319,3 +320,85 @@ def test_smollm2_refuses_tools_with_the_fix(user_dir):
     result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-T", "llm_version", "hi"])
     assert result.exit_code == 1 and "llm -m smollm3-q -T" in result.output
     assert "Traceback" not in result.output
+
+
+# ───── calls constrained to the tools' schemas ─────
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"]}
+
+
+def get_weather(city: str, days: int) -> str:
+    """Weather forecast for a city."""
+    return f"{city}: sunny for {days} days"
+
+
+@pytest.fixture
+def lead_then_sample(monkeypatch, tiny3):
+    """The model is made to write a given lead-in (e.g. up to `<tool_call>`); from there on
+    it samples freely from its own logits, as masked by the plugin's constraint. The tiny
+    model's weights are random: whatever call it writes is valid only by the constraint."""
+    engine = llm_smolq.load(tiny3, n_ctx=64, threads=1)
+    real = llm_smolq.generation.Sampler
+    leads: list[str] = []
+
+    class LeadThenSample:
+        def __init__(self, params):
+            self.forced = iter(engine.tokenize(leads.pop(0)) if leads else [])
+            self.free = real(llm_smolq.generation.SamplingParams(temperature=1.0, seed=params.seed))
+
+        def __call__(self, logits, recent):
+            return next(self.forced, None) or self.free(logits, recent)
+
+    monkeypatch.setattr(llm_smolq.generation, "Sampler", LeadThenSample)
+    return leads
+
+
+def test_a_call_the_model_opens_is_always_a_valid_call(tiny3, lead_then_sample):
+    weather = llm.Tool.function(get_weather)
+    assert weather.input_schema["required"] == ["city", "days"]
+    model = llm.get_model("tiny3")
+    for seed in range(4):
+        lead_then_sample.append("Let me check.\n<tool_call>")
+        response = model.prompt("Weather in Paris?", tools=[weather, llm.Tool.function(add)],
+                                options={"thinking": False, "seed": seed, "max_tokens": 200})
+        text = response.text()
+        calls = response.tool_calls()
+        assert len(calls) == 1, (text, response.response_json)
+        (call,) = calls
+        schema = {"get_weather": weather.input_schema, "add": llm.Tool.function(add).input_schema}[call.name]
+        jsonschema.validate(call.arguments, schema)
+        assert "tool_call_errors" not in response.response_json
+
+
+def test_a_freely_written_call_runs_through_the_chain(tiny3, lead_then_sample):
+    lead_then_sample += ["<tool_call>", "Done."]
+    ran = []
+    chain = llm.get_model("tiny3").chain(
+        "Add something.", tools=[add], options={"thinking": False, "seed": 3, "max_tokens": 200},
+        after_call=lambda tool, call, result: ran.append((call.arguments, result.output)),
+    )
+    chain.text()
+    ((arguments, output),) = ran
+    assert isinstance(arguments["a"], int) and output == str(add(**arguments))
+
+
+def test_reasoning_is_not_constrained_and_the_answer_is(reference_dir):
+    from llm_smolq.tool_calls import ToolCallGuard
+
+    engine = llm_smolq.load(reference_dir / TINY3, n_ctx=16, threads=1)
+    guard = ToolCallGuard(engine.tokenizer, [llm.Tool.function(add)])
+    logits = np.zeros(engine.config.vocab_size, np.float32)
+    for token in engine.tokenize("<think>\nA <tool_call>{not json"):
+        assert np.isfinite(guard.mask(logits)).all()  # reasoning: everything allowed
+        guard.consume(token)
+    for token in engine.tokenize("</think>\nSure.\n<tool_call>\n"):
+        assert np.isfinite(guard.mask(logits)).all()
+        guard.consume(token)
+    allowed = np.isfinite(guard.mask(logits))  # inside a call now: the JSON must start
+    assert 0 < allowed.sum() < 10 and engine.tokenizer.decode(np.flatnonzero(allowed)[:1]).startswith("{")
+    for token in engine.tokenize('{"name": "add", "arguments": {"a": 1}}\n</tool_call>'):
+        assert np.isfinite(guard.mask(logits)[token])
+        guard.consume(token)
+    assert np.isfinite(guard.mask(logits)).all() and not guard.skipped  # free again after the call
