@@ -52,6 +52,9 @@ class SmolQOptions(llm.Options):
     )
     threads: Optional[int] = Field(default=None, ge=1, le=256, description="CPU threads (default: all cores)")
     thinking: Optional[bool] = Field(default=None, description="SmolLM3: reason in <think> before answering (default true)")
+    prompt_cache: Optional[bool] = Field(
+        default=None, description="Keep the prompt's state on disk so `llm -c` skips re-reading it (default true)"
+    )
 
     @field_validator("stop")
     @classmethod
@@ -115,6 +118,7 @@ class _SmolQ:
     def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, StreamEvent]]:
         from .chat_template import ChatTemplateError
         from .generation import Completion, ReasoningSplitter, SamplingParams, generate
+        from .prompt_cache import CacheActivity, PromptCache
 
         opts = prompt.options
         try:
@@ -148,10 +152,17 @@ class _SmolQ:
             seed=opts.seed,
         )
         stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
+        try:
+            disk = PromptCache.configured() if opts.prompt_cache is not False else None
+        except ValueError as exc:  # a malformed SMOLQ_PROMPT_CACHE_SIZE
+            raise llm.ModelError(str(exc)) from None
+        disk_activity = CacheActivity()
         done = Completion()
         splitter = ReasoningSplitter() if smollm3 else None
         try:
             with loaded.lock:
+                if disk:
+                    disk.restore(engine, ids, disk_activity)
                 try:
                     for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done):
                         yield from _events(splitter.push(chunk) if splitter else [("text", chunk)])
@@ -161,6 +172,8 @@ class _SmolQ:
                     done.finish_reason = "interrupted"
                 if splitter:
                     yield from _events(splitter.flush())
+                if disk:  # after the answer is out: the wait is not before the first token
+                    disk.save(engine, disk_activity)
         finally:
             response.set_usage(
                 input=done.prompt_tokens, output=len(done.output_ids), details={"cached": done.cached_tokens}
@@ -170,6 +183,7 @@ class _SmolQ:
                 "tokens_per_second": done.tokens_per_second,
                 "prefill_seconds": round(done.prefill_seconds, 3),
                 "model_file": str(path),
+                **({"prompt_cache": disk_activity.as_json()} if disk else {}),
             }
 
 
