@@ -185,9 +185,14 @@ def register_cache_commands(smolq: click.Group) -> None:
     @cache.command(name="clear")
     def cache_clear():
         "Delete every saved state"
+        from filelock import Timeout
+
         from . import prompt_cache
 
-        files, size = prompt_cache.PromptCache(prompt_cache.cache_dir()).clear()
+        try:
+            files, size = prompt_cache.PromptCache(prompt_cache.cache_dir()).clear()
+        except Timeout:
+            raise click.ClickException("another llm process is saving to the prompt cache; try again in a moment")
         click.echo(f"Deleted {files} file{'' if files == 1 else 's'} ({catalog.format_size(size)}) "
                    f"from {prompt_cache.cache_dir()}")
 

@@ -58,7 +58,7 @@ _EDGE_BYTES = 1 << 20  # of the model's weights hashed at each end
 _LOCK_TIMEOUT = 10.0  # a response never waits longer than this for another process's save
 _STALE_TEMP_SECONDS = 3600  # a temporary file this old belongs to a writer that died
 _NAME = re.compile(r"^(\d{8})-([0-9a-f]{16})-([0-9a-f]{16})\.kv$")
-_KV_DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}
+_KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}  # native: byteorder is in the root
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
           "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 

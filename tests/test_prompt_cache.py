@@ -115,6 +115,31 @@ def test_llm_continue_in_a_new_process_prefills_only_the_new_turn(user_dir, monk
     assert again.token_details["cached"] == cached
 
 
+@pytest.mark.parametrize("thinking", ["true", "false"])
+def test_smollm3_template_follow_up_reuses_at_least_the_first_prompt(thinking, user_dir, tiny, monkeypatch):
+    assert run("smolq", "register", str(tiny), "--alias", "tiny3").exit_code == 0
+    options = [*QUICK, "-o", "thinking", thinking]
+    assert run("-m", "tiny3", *options, "Hi there").exit_code == 0
+    first_tokens = last_logs(user_dir)[0]["input_tokens"]
+    monkeypatch.setattr(plugin, "_loaded", {})
+    assert run("-c", *options, "And then?").exit_code == 0
+    row = last_logs(user_dir)[0]
+    cached = json.loads(row["token_details"])["cached"]
+    assert first_tokens <= cached == json.loads(row["response_json"])["prompt_cache"]["read_tokens"]
+
+
+def test_the_follow_up_benchmark_runs_warm_and_cold_in_new_processes(tiny):
+    cmd = [sys.executable, "-m", "llm_smolq.bench", str(tiny), "--follow-up", "300", "--threads", "2",
+           "--repeat", "1", "--json"]
+    report = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    first, warm, cold = report["first_turn"], report["warm"], report["cold"]
+    assert report["follow_up_tokens"] > first["first_prompt_tokens"] + first["answer_tokens"] // 2
+    assert warm["read_tokens"] == warm["cached_tokens"] and warm["read_tokens"][0] >= first["first_prompt_tokens"]
+    assert cold["cached_tokens"] == [0] and cold["read_tokens"] == [0]
+    assert first["saved_tokens"] >= first["first_prompt_tokens"] and first["saved_bytes"] > 0
+    assert report["ratio"] == report["warm_ttft_s"] / report["cold_ttft_s"] > 0
+
+
 def flip(offset):
     def damage(path):
         data = bytearray(path.read_bytes())
