@@ -2,6 +2,7 @@
 
     python -m llm_smolq.bench MODEL.gguf [--threads N] [--prefill 256] [--decode 128]
                               [--repeat 5] [--json] [--vs-llama-cpp] [--schema]
+    python -m llm_smolq.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
 
 Every measurement runs in a fresh child process, so load time and peak RSS are those of
 a cold start, and with --vs-llama-cpp the two engines alternate (A B A B ...) so that
@@ -161,8 +162,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--vs-llama-cpp", action="store_true", help="also run llama-cpp-python, interleaved")
     parser.add_argument("--schema", action="store_true", help="also time a JSON-schema constraint per token")
+    parser.add_argument("--follow-up", type=int, metavar="TOKENS",
+                        help="instead: time to first token of a TOKENS-long conversation's follow-up in a new "
+                             "process, with the prompt cache and cold")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+
+    if args.follow_up:
+        from . import follow_up_bench
+
+        report = follow_up_bench.measure(args.model, args.threads, args.follow_up, args.repeat)
+        print(json.dumps(report, indent=2) if args.json else follow_up_bench.format_report(report))
+        return
 
     if args.child:
         print(json.dumps(run(args.child, args.model, args.threads, args.prefill, args.decode, args.schema)))

@@ -1,7 +1,8 @@
-"""The `llm smolq ...` commands: download, register, unregister, models, info."""
+"""The `llm smolq ...` commands: download, register, unregister, models, info, cache."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -128,6 +129,72 @@ def register_commands(cli: click.Group) -> None:
         width = max(len(label) for label, _ in lines) + 1
         for label, value in lines:
             click.echo(f"{label + ':':<{width}} {value}")
+
+    register_cache_commands(smolq)
+
+
+def register_cache_commands(smolq: click.Group) -> None:
+    @smolq.group()
+    def cache():
+        """The prompt cache: saved KV states that let `llm -c` skip re-reading a conversation
+
+        \b
+        Budget: SMOLQ_PROMPT_CACHE_SIZE (default 2GB; 0 turns it off).
+        Per prompt: -o prompt_cache false
+        """
+
+    @cache.command(name="info")
+    def cache_info():
+        "Where the cache is, its budget, and what it holds per model file"
+        import time
+
+        from . import prompt_cache
+
+        directory = prompt_cache.cache_dir()
+        try:
+            budget = prompt_cache.budget_from_environment()
+        except ValueError as exc:
+            raise click.ClickException(str(exc))
+        source = f"from {prompt_cache.SIZE_ENV}" if os.environ.get(prompt_cache.SIZE_ENV, "").strip() else "default"
+        click.echo(f"Directory: {directory}")
+        click.echo(f"Budget:    {catalog.format_size(budget) if budget else 'off'} ({source})")
+        per_model: dict[str, list] = {}  # model file -> [blocks, positions, bytes, last used]
+        unreadable = 0
+        for head in prompt_cache.PromptCache(directory).heads():
+            try:
+                used = os.stat(head.path).st_mtime
+            except FileNotFoundError:
+                continue
+            if isinstance(head, prompt_cache.BlockFile):
+                unreadable += 1
+                continue
+            row = per_model.setdefault(head.model_file, [0, 0, 0, 0.0])
+            row[0] += 1
+            row[1] += len(head.tokens)
+            row[2] += head.size
+            row[3] = max(row[3], used)
+        blocks = sum(row[0] for row in per_model.values())
+        total = catalog.format_size(sum(row[2] for row in per_model.values()))
+        click.echo(f"Stored:    {total} in {blocks} block{'' if blocks == 1 else 's'}"
+                   + (f" ({unreadable} unreadable: deleted when next met)" if unreadable else ""))
+        for name, (n_blocks, positions, size, used) in sorted(per_model.items(), key=lambda item: -item[1][3]):
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(used))
+            click.echo(f"  {name}: {n_blocks} block{'' if n_blocks == 1 else 's'}, {positions} positions, "
+                       f"{catalog.format_size(size)}, last used {when}")
+
+    @cache.command(name="clear")
+    def cache_clear():
+        "Delete every saved state"
+        from filelock import Timeout
+
+        from . import prompt_cache
+
+        try:
+            files, size = prompt_cache.PromptCache(prompt_cache.cache_dir()).clear()
+        except Timeout:
+            raise click.ClickException("another llm process is saving to the prompt cache; try again in a moment")
+        click.echo(f"Deleted {files} file{'' if files == 1 else 's'} ({catalog.format_size(size)}) "
+                   f"from {prompt_cache.cache_dir()}")
 
 
 def _known_choices() -> list[str]:

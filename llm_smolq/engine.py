@@ -12,7 +12,7 @@ import numpy as np
 
 from ._kernel import ffi, lib
 from .buffer_gate import Dims, check_buffer
-from .errors import GGUFError
+from .errors import GGUFError, LayoutError
 from .index_cache import cached_build
 from .memory import check_engine_memory
 from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
@@ -69,6 +69,7 @@ class Engine:
         self.config: ModelConfig = cfg
         self.n_ctx = n_ctx
         self.threads = threads
+        self.kv_dtype = kv_dtype
         np_dtype, self._kv_type = KV_DTYPES[kv_dtype]
         check_engine_memory(model.path, cfg, n_ctx, kv_dtype, np.dtype(np_dtype).itemsize, MAX_BATCH, threads)
         cache_shape = (cfg.n_layers, cfg.n_kv_heads, n_ctx, cfg.head_dim)
@@ -164,6 +165,53 @@ class Engine:
             raise ValueError(f"truncate(n) needs 0 <= n <= n_past ({self.n_past}), got {n!r}")
         with self._lock:
             del self._tokens[int(n):]
+
+    def kv_snapshot(self, n: int | None = None, start: int = 0) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """Copies of the first n cached token ids (all when n is None) and of the keys and
+        values at positions start..n-1, each [n_layers, n_kv_heads, n - start, head_dim]."""
+        with self._lock:
+            n = len(self._tokens) if n is None else n
+            if not isinstance(n, (int, np.integer)) or not isinstance(start, (int, np.integer)) or not (
+                0 <= start <= n <= len(self._tokens)
+            ):
+                raise ValueError(f"kv_snapshot(n, start) needs 0 <= start <= n <= n_past ({self.n_past}), "
+                                 f"got n={n!r}, start={start!r}")
+            n, start = int(n), int(start)
+            return self._tokens[:n], self._k.array[:, :, start:n].copy(), self._v.array[:, :, start:n].copy()
+
+    def restore_kv(self, tokens: Iterable[int], k: np.ndarray, v: np.ndarray, start: int = 0) -> None:
+        """Make the cache hold `tokens`, with the keys and values of positions start.. taken
+        from k and v (as kv_snapshot(len(tokens), start) returns them) and the first `start`
+        positions kept: the cache must already hold tokens[:start]."""
+        ids = list(tokens)
+        if ids:
+            ids = self._check_tokens(ids).tolist()
+        n = len(ids)
+        if not isinstance(start, (int, np.integer)) or not 0 <= start <= n:
+            raise ValueError(f"restore_kv: start must be between 0 and len(tokens) ({n}), got {start!r}")
+        start = int(start)
+        if n > self.n_ctx:
+            raise ValueError(f"restore_kv: {n} tokens do not fit the context of {self.n_ctx}; load with a larger n_ctx")
+        cfg, dtype = self.config, self._k.array.dtype
+        want = (cfg.n_layers, cfg.n_kv_heads, n - start, cfg.head_dim)
+        for name, arr in (("k", k), ("v", v)):
+            if not isinstance(arr, np.ndarray):
+                raise LayoutError(f"restore_kv: {name} must be a numpy array, got {type(arr).__name__}")
+            if arr.dtype != dtype:
+                raise LayoutError(f"restore_kv: {name} is {arr.dtype}, but this engine's KV cache is {dtype} "
+                                  f"(kv_dtype={self.kv_dtype!r}); values are not converted, since that changes them")
+            if arr.shape != want:
+                raise LayoutError(f"restore_kv: {name} has shape {list(arr.shape)}, expected {list(want)} "
+                                  "[n_layers, n_kv_heads, len(tokens) - start, head_dim]")
+        with self._lock:
+            if self._tokens[:start] != ids[:start]:
+                raise ValueError(f"restore_kv: the cache does not hold the first {start} of these tokens, "
+                                 "so they cannot be kept; pass start=0 with every position")
+            # Emptied first: should the copy be interrupted, the cache claims nothing it lacks.
+            del self._tokens[start:]
+            self._k.array[:, :, start:n] = k
+            self._v.array[:, :, start:n] = v
+            self._tokens.extend(ids[start:])
 
     # -- running the model ----------------------------------------------------------------
     def eval(self, ids: Iterable[int], all_logits: bool = False) -> np.ndarray:

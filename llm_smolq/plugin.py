@@ -53,6 +53,9 @@ class SmolQOptions(llm.Options):
     )
     threads: Optional[int] = Field(default=None, ge=1, le=256, description="CPU threads (default: all cores)")
     thinking: Optional[bool] = Field(default=None, description="SmolLM3: reason in <think> before answering (default true)")
+    prompt_cache: Optional[bool] = Field(
+        default=None, description="Keep the prompt's state on disk so `llm -c` skips re-reading it (default true)"
+    )
 
     @field_validator("stop")
     @classmethod
@@ -119,6 +122,7 @@ class _SmolQ:
         from .chat_template import ChatTemplateError
         from .errors import ConstraintError
         from .generation import Completion, ReasoningSplitter, SamplingParams, generate
+        from .prompt_cache import CacheActivity, PromptCache
         from .tool_calls import ToolCallGuard, ToolCallParser, template_tools, to_llm
 
         opts = prompt.options
@@ -162,6 +166,11 @@ class _SmolQ:
             seed=opts.seed,
         )
         stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
+        try:
+            disk = PromptCache.configured() if opts.prompt_cache is not False else None
+        except ValueError as exc:  # a malformed SMOLQ_PROMPT_CACHE_SIZE
+            raise llm.ModelError(str(exc)) from None
+        disk_activity = CacheActivity()
         done = Completion()
         splitter = ReasoningSplitter() if smollm3 and constraint is None else None
         calls = ToolCallParser() if tools else None
@@ -179,6 +188,8 @@ class _SmolQ:
 
         try:
             with loaded.lock:
+                if disk:
+                    disk.restore(engine, ids, disk_activity)
                 try:
                     # constraint goes in only when there is one: generate() stand-ins that
                     # predate it keep working.
@@ -195,6 +206,8 @@ class _SmolQ:
                     yield from events(splitter.flush())
                 if calls:
                     yield from to_llm(calls.flush(), response)
+                if disk:  # after the answer is out: the wait is not before the first token
+                    disk.save(engine, disk_activity)
         finally:
             response.set_usage(
                 input=done.prompt_tokens, output=len(done.output_ids), details={"cached": done.cached_tokens}
@@ -204,6 +217,7 @@ class _SmolQ:
                 "tokens_per_second": done.tokens_per_second,
                 "prefill_seconds": round(done.prefill_seconds, 3),
                 "model_file": str(path),
+                **({"prompt_cache": disk_activity.as_json()} if disk else {}),
             }
             if calls and calls.errors:  # blocks that were kept as text, and why
                 response.response_json["tool_call_errors"] = calls.errors

@@ -1,0 +1,611 @@
+"""The prompt cache on disk: the KV state a response leaves behind, kept between processes,
+so `llm -c "follow-up"` prefills only the new turn.
+
+A state is stored as a chain of blocks of up to 256 positions. Each block file holds its
+token ids and the keys and values of those positions, and is named after a digest that
+covers the model and *every* token before and in it (its parent's digest + its own ids).
+Keys and values at a position depend on all earlier tokens and nothing later, so a block
+is valid for any prompt that starts with the chain's tokens, and a prompt that agrees with
+a block only part way can still use the block's first positions. A growing conversation
+writes only the blocks it does not already have.
+
+Nothing read back is trusted until checked: the format version, the model's identity (file
+size, mtime and a hash of its header and first and last MiB), the kernel build and KV
+layout (all folded into the chain's root digest), the block's place in the chain, its
+size, and a SHA-256 of the whole file. A file that fails is deleted and the prompt is
+prefilled as if it had never been there.
+
+Files live in ``llm.user_dir() / "smolq-prompt-cache"``; the total is held under a budget
+(SMOLQ_PROMPT_CACHE_SIZE, default 2GB, 0 turns the cache off) by deleting the least
+recently used blocks, deepest first, so a kept chain keeps its start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import struct
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+from filelock import FileLock, Timeout
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .model_file import ModelFile
+
+DIR_NAME = "smolq-prompt-cache"
+SIZE_ENV = "SMOLQ_PROMPT_CACHE_SIZE"
+DEFAULT_MAX_BYTES = 2 * 1000**3
+BLOCK_TOKENS = 256
+FORMAT_VERSION = 1
+MAGIC = b"SMOLQKV\x00"
+_PREFIX = struct.Struct("<8sII")  # magic, format version, header length
+_DIGEST_BYTES = 32  # the SHA-256 of everything before it ends the file
+_MAX_HEADER_BYTES = 1 << 16
+_HEADER_ESTIMATE = 512  # a block's JSON header is about 400 bytes
+_MAX_BLOCK_TOKENS = 1 << 20
+_EDGE_BYTES = 1 << 20  # of the model's weights hashed at each end
+_LOCK_TIMEOUT = 10.0  # a response never waits longer than this for another process's save
+_STALE_TEMP_SECONDS = 3600  # a temporary file this old belongs to a writer that died
+_NAME = re.compile(r"^(\d{8})-([0-9a-f]{16})-([0-9a-f]{16})\.kv$")
+_KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}  # native: byteorder is in the root
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> Path:
+    import llm
+
+    return llm.user_dir() / DIR_NAME
+
+
+def parse_size(text: str) -> int:
+    """'2GB', '500MB', '1.5GiB', '123456' (bytes), '0' or 'off' -> bytes."""
+    value = text.strip().lower().replace(" ", "")
+    if value in ("off", "false", "no"):
+        return 0
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", value)
+    if not match or match[2] not in _UNITS:
+        raise ValueError(
+            f"{SIZE_ENV}={text!r} is not a size: give bytes or a number with KB, MB, GB or TB "
+            f"(e.g. {SIZE_ENV}=2GB), or 0 to turn the prompt cache off"
+        )
+    return int(float(match[1]) * _UNITS[match[2]])
+
+
+def budget_from_environment() -> int:
+    raw = os.environ.get(SIZE_ENV)
+    return DEFAULT_MAX_BYTES if raw is None or not raw.strip() else parse_size(raw)
+
+
+# -- what makes a saved state usable by an engine ---------------------------------------------
+@dataclass(frozen=True)
+class KVLayout:
+    kv_dtype: str
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, engine: Engine) -> KVLayout:
+        c = engine.config
+        return cls(engine.kv_dtype, c.n_layers, c.n_kv_heads, c.head_dim)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _KV_DTYPES[self.kv_dtype]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def shape(self, n: int) -> tuple[int, int, int, int]:
+        return (self.n_layers, self.n_kv_heads, n, self.head_dim)
+
+
+def model_fingerprint(model: ModelFile) -> dict:
+    """Cheap but enough to notice a changed file: its size and mtime, and a hash of its
+    header (metadata, vocabulary, tensor table) and of the first and last MiB of weights.
+    Read from the engine's own mapping, so it describes the weights the engine runs."""
+    st = os.stat(model.path)
+    data = model.data
+    weights_start = min((t.offset for t in model.tensors.values()), default=len(data))
+    h = hashlib.sha256()
+    h.update(memoryview(data[:weights_start]))
+    h.update(memoryview(data[weights_start:weights_start + _EDGE_BYTES]))
+    h.update(memoryview(data[max(weights_start, len(data) - _EDGE_BYTES):]))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
+
+
+_kernel_fingerprint: dict | None = None
+
+
+def kernel_fingerprint() -> dict:
+    """The compiled kernel and the code path it picked: another build may round differently."""
+    global _kernel_fingerprint
+    if _kernel_fingerprint is None:
+        from . import _kernel
+
+        digest = hashlib.sha256(Path(_kernel.__file__).read_bytes()).hexdigest()
+        _kernel_fingerprint = {"sha256": digest, "simd": _kernel.ffi.string(_kernel.lib.sq_simd_name()).decode()}
+    return _kernel_fingerprint
+
+
+_roots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_root(engine: Engine) -> str:
+    """The digest every chain for this engine starts from: blocks made by another model
+    file, kernel build, KV layout or format version can never be found from it."""
+    root = _roots.get(engine)
+    if root is None:
+        identity = {
+            "format": FORMAT_VERSION,
+            "model": model_fingerprint(engine.model),
+            "kernel": kernel_fingerprint(),
+            "byteorder": sys.byteorder,
+            "layout": KVLayout.of(engine).__dict__,
+        }
+        root = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        _roots[engine] = root
+    return root
+
+
+def chain_digest(parent: str, tokens: np.ndarray) -> str:
+    return hashlib.sha256(b"smolq-kv-block" + bytes.fromhex(parent) + _ids_bytes(tokens)).hexdigest()
+
+
+def _ids_bytes(tokens: np.ndarray | Sequence[int]) -> bytes:
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n], np.int64) != np.asarray(b[:n], np.int64))
+    return int(differ[0]) if len(differ) else n
+
+
+# -- block files ----------------------------------------------------------------------------
+class BadBlock(Exception):
+    """A block file that cannot be trusted; `inode` names the file that was read."""
+
+    def __init__(self, reason: str, inode: int | None = None):
+        super().__init__(reason)
+        self.inode = inode
+
+
+@dataclass(frozen=True)
+class BlockHead:
+    """A block file's header and token ids, read and checked without its keys and values."""
+
+    path: Path
+    parent: str
+    digest: str
+    start: int
+    tokens: np.ndarray  # int32
+    layout: KVLayout
+    model_file: str
+    size: int
+    inode: int
+
+
+def block_name(start: int, parent: str, digest: str) -> str:
+    return f"{start:08d}-{parent[:16]}-{digest[:16]}.kv"
+
+
+def block_bytes(header_len: int, n: int, layout: KVLayout) -> int:
+    return _PREFIX.size + header_len + 4 * n + n * layout.bytes_per_token + _DIGEST_BYTES
+
+
+def write_block(directory: Path, parent: str, start: int, tokens: np.ndarray, k: np.ndarray, v: np.ndarray,
+                layout: KVLayout, model_file: str) -> Path:
+    """Write one block atomically: a temporary file renamed into place, so a reader sees
+    the whole file or none. No fsync: a file torn by a crash fails its digest when read."""
+    n = len(tokens)
+    digest = chain_digest(parent, tokens)
+    header = json.dumps({
+        "parent": parent, "digest": digest, "start": start, "n_tokens": n, **layout.__dict__,
+        "model_file": model_file, "created": time.time(),
+    }, sort_keys=True).encode()
+    k = np.ascontiguousarray(k, layout.dtype)
+    v = np.ascontiguousarray(v, layout.dtype)
+    if k.shape != layout.shape(n) or v.shape != layout.shape(n):
+        raise ValueError(f"write_block: keys {k.shape} / values {v.shape} do not match {layout.shape(n)}")
+    parts = [_PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)), header, _ids_bytes(tokens),
+             memoryview(k).cast("B"), memoryview(v).cast("B")]
+    final = directory / block_name(start, parent, digest)
+    temp = directory / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    h = hashlib.sha256()
+    try:
+        with open(temp, "wb") as f:
+            for part in parts:
+                h.update(part)
+                f.write(part)
+            f.write(h.digest())
+        os.replace(temp, final)
+    finally:
+        if temp.exists():
+            temp.unlink()
+    return final
+
+
+def _parse_head(path: Path, data: bytes, file_size: int, inode: int) -> BlockHead:
+    """Check what the first bytes of a block file claim; `data` holds at least the
+    prefix, header and token ids (the whole file when it is being loaded)."""
+    if len(data) < _PREFIX.size:
+        raise BadBlock("shorter than its fixed header", inode)
+    magic, version, header_len = _PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        raise BadBlock("not a prompt cache block", inode)
+    if version != FORMAT_VERSION:
+        raise BadBlock(f"format version {version}, this llm-smolq reads {FORMAT_VERSION}", inode)
+    if not 0 < header_len <= _MAX_HEADER_BYTES or len(data) < _PREFIX.size + header_len:
+        raise BadBlock("header length out of range", inode)
+    try:
+        meta = json.loads(data[_PREFIX.size:_PREFIX.size + header_len])
+        layout = KVLayout(meta["kv_dtype"], meta["n_layers"], meta["n_kv_heads"], meta["head_dim"])
+        parent, digest, start, n = meta["parent"], meta["digest"], meta["start"], meta["n_tokens"]
+        model_file = meta["model_file"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadBlock(f"unreadable header ({exc})", inode) from None
+    counts = (layout.n_layers, layout.n_kv_heads, layout.head_dim, n, start)
+    if (not isinstance(layout.kv_dtype, str) or layout.kv_dtype not in _KV_DTYPES
+            or not all(type(x) is int for x in counts)
+            or not all(0 < x <= 1 << 16 for x in counts[:3]) or not 0 < n <= _MAX_BLOCK_TOKENS or start < 0
+            or not all(isinstance(x, str) and re.fullmatch(r"[0-9a-f]{64}", x) for x in (parent, digest))
+            or not isinstance(model_file, str)):
+        raise BadBlock("header values out of range", inode)
+    if path.name != block_name(start, parent, digest):
+        raise BadBlock("its name does not match its header", inode)
+    if file_size != block_bytes(header_len, n, layout):
+        raise BadBlock(f"{file_size} bytes where the header implies {block_bytes(header_len, n, layout)} "
+                       "(truncated or padded)", inode)
+    at = _PREFIX.size + header_len
+    if len(data) < at + 4 * n:
+        raise BadBlock("token ids cut short", inode)
+    tokens = np.frombuffer(data, "<i4", n, at).astype(np.int32)
+    if chain_digest(parent, tokens) != digest:
+        raise BadBlock("its token ids do not match its digest", inode)
+    return BlockHead(path, parent, digest, start, tokens, layout, model_file, file_size, inode)
+
+
+def read_head(path: Path) -> BlockHead:
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        first = f.read(_PREFIX.size)
+        header_len = _PREFIX.unpack_from(first)[2] if len(first) == _PREFIX.size else 0
+        rest = f.read(min(header_len, _MAX_HEADER_BYTES))
+        try:  # the token count is in the header; read just enough for the ids
+            n = json.loads(rest)["n_tokens"]
+            ids = f.read(4 * n) if type(n) is int and 0 < n <= _MAX_BLOCK_TOKENS else b""
+        except (ValueError, KeyError, TypeError):
+            ids = b""
+    return _parse_head(path, first + rest + ids, st.st_size, st.st_ino)
+
+
+def read_block(head: BlockHead) -> tuple[np.ndarray, np.ndarray]:
+    """The block's keys and values, each [n_layers, n_kv_heads, n, head_dim], after the
+    whole file has matched its SHA-256 and the header read earlier."""
+    with open(head.path, "rb") as f:
+        st = os.fstat(f.fileno())
+        data = f.read()
+    if len(data) != st.st_size or len(data) < _DIGEST_BYTES:
+        raise BadBlock("changed while being read", st.st_ino)
+    body = memoryview(data)[:-_DIGEST_BYTES]
+    if hashlib.sha256(body).digest() != data[-_DIGEST_BYTES:]:
+        raise BadBlock("checksum mismatch (the file is damaged)", st.st_ino)
+    again = _parse_head(head.path, data, len(data), st.st_ino)
+    if (again.digest, again.start, again.layout) != (head.digest, head.start, head.layout):
+        raise BadBlock("replaced by a different block while being read", st.st_ino)
+    n, layout = len(again.tokens), again.layout
+    shape = layout.shape(n)
+    half = n * layout.bytes_per_token // 2  # keys, then values, just before the digest
+    k_at = len(data) - _DIGEST_BYTES - 2 * half
+    k = np.frombuffer(data, layout.dtype, half // layout.dtype.itemsize, k_at).reshape(shape)
+    v = np.frombuffer(data, layout.dtype, half // layout.dtype.itemsize, k_at + half).reshape(shape)
+    return k, v
+
+
+# -- the cache --------------------------------------------------------------------------------
+@dataclass
+class CacheActivity:
+    """What the cache did for one response; kept in the response's JSON."""
+
+    read_tokens: int = 0
+    read_seconds: float = 0.0
+    written_tokens: int = 0
+    write_seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        out = {"read_tokens": self.read_tokens, "read_seconds": round(self.read_seconds, 4),
+               "written_tokens": self.written_tokens, "write_seconds": round(self.write_seconds, 4)}
+        return out | ({"problems": self.problems} if self.problems else {})
+
+
+@dataclass(frozen=True)
+class BlockFile:
+    """A block as its file name and stat describe it (nothing read yet)."""
+
+    path: Path
+    start: int
+    parent16: str
+    digest16: str
+    size: int
+    mtime_ns: int
+
+
+class PromptCache:
+    def __init__(self, directory: Path, max_bytes: int = DEFAULT_MAX_BYTES, block_tokens: int = BLOCK_TOKENS):
+        if block_tokens < 1:
+            raise ValueError("block_tokens must be at least 1")
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self.block_tokens = block_tokens
+
+    @classmethod
+    def configured(cls) -> PromptCache | None:
+        """The user's cache, or None when SMOLQ_PROMPT_CACHE_SIZE turns it off; a
+        malformed value is a ValueError saying how to write it."""
+        budget = budget_from_environment()
+        return cls(cache_dir(), budget) if budget > 0 else None
+
+    def _lock(self, timeout: float = _LOCK_TIMEOUT) -> FileLock:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.directory / ".lock"), timeout=timeout)
+
+    # -- reading ------------------------------------------------------------------------------
+    def restore(self, engine: Engine, prompt_ids: Sequence[int], activity: CacheActivity | None = None) -> CacheActivity:
+        """Load into the engine the longest saved prefix of prompt_ids that is longer than
+        what its KV cache already shares with them. Never raises for a bad or missing file."""
+        activity = activity if activity is not None else CacheActivity()
+        started = time.perf_counter()
+        try:
+            self._restore(engine, list(prompt_ids), activity)
+        except OSError as exc:
+            activity.problems.append(f"reading the prompt cache failed: {exc}")
+            log.warning("llm-smolq: reading the prompt cache failed: %s", exc)
+        activity.read_seconds += time.perf_counter() - started
+        return activity
+
+    def _restore(self, engine: Engine, ids: list[int], activity: CacheActivity) -> None:
+        keep = common_prefix(engine.tokens, ids)
+        if keep >= len(ids) - 1 or not self.directory.is_dir():
+            return  # the last prompt token is evaluated anyway, for its logits
+        plan = self._plan(model_root(engine), KVLayout.of(engine), ids, activity)
+        pos, used = 0, []
+        for head, use in plan:
+            end = pos + use
+            if end > keep:
+                try:
+                    k, v = read_block(head)
+                except BadBlock as exc:
+                    self._discard(head.path, exc, activity)
+                    break
+                except FileNotFoundError:  # evicted by another process since the plan
+                    break
+                first = max(keep, pos)
+                # Block by block, each appended to what the cache holds: a bad block later
+                # in the chain leaves a good, shorter prefix.
+                engine.restore_kv(ids[:end], k[:, :, first - pos:use], v[:, :, first - pos:use], start=first)
+                activity.read_tokens += end - first
+            used.append(head.path)
+            pos = end
+        self._touch(used)
+
+    def _plan(self, root: str, layout: KVLayout, ids: list[int], activity: CacheActivity) -> list[tuple[BlockHead, int]]:
+        """Walk the chain from the model's root along the prompt: at each step the block
+        (among those whose parent is the last one taken) that agrees with the most of the
+        prompt's next tokens. Returns (block, positions to use) pairs."""
+        by_parent: dict[str, list[BlockFile]] = {}
+        for entry in self._entries():
+            by_parent.setdefault(entry.parent16, []).append(entry)
+        prompt = np.asarray(ids, np.int64)
+        parent, pos, plan = root, 0, []
+        while pos < len(prompt):
+            best: tuple[BlockHead, int] | None = None
+            for entry in by_parent.get(parent[:16], ()):
+                if entry.start != pos:
+                    continue
+                try:
+                    head = read_head(entry.path)
+                except BadBlock as exc:
+                    self._discard(entry.path, exc, activity)
+                    continue
+                except OSError:
+                    continue
+                if head.parent != parent:
+                    continue  # 64-bit name prefixes agree by chance: someone else's block
+                if head.layout != layout:  # the root digest covers the layout: this file lies
+                    self._discard(entry.path, BadBlock("KV layout differs from its chain's", head.inode), activity)
+                    continue
+                agree = common_prefix(head.tokens, prompt[pos:])
+                if agree and (best is None or agree > best[1]):
+                    best = (head, agree)
+            if best is None:
+                break
+            plan.append(best)
+            pos += best[1]
+            if best[1] < len(best[0].tokens):
+                break  # the prompt leaves this block part way: nothing after it applies
+            parent = best[0].digest
+        return plan
+
+    # -- writing ------------------------------------------------------------------------------
+    def save(self, engine: Engine, activity: CacheActivity | None = None) -> CacheActivity:
+        """Save the engine's KV state (every cached position), writing only the blocks not
+        already on disk, then hold the cache under its budget. Never raises for I/O."""
+        activity = activity if activity is not None else CacheActivity()
+        started = time.perf_counter()
+        try:
+            self._save(engine, activity)
+        except Timeout:
+            activity.problems.append("another process held the prompt cache's lock; this state was not saved")
+        except OSError as exc:
+            activity.problems.append(f"saving the prompt cache failed: {exc}")
+            log.warning("llm-smolq: saving the prompt cache failed: %s (set %s=0 to turn it off)", exc, SIZE_ENV)
+        activity.write_seconds += time.perf_counter() - started
+        return activity
+
+    def _save(self, engine: Engine, activity: CacheActivity) -> None:
+        ids = np.asarray(engine.tokens, np.int32)
+        if not len(ids):
+            return
+        layout, parent = KVLayout.of(engine), model_root(engine)
+        model_file = os.path.basename(engine.model.path)
+        chain = []
+        for start in range(0, len(ids), self.block_tokens):
+            stop = min(start + self.block_tokens, len(ids))
+            digest = chain_digest(parent, ids[start:stop])
+            chain.append((start, stop, parent, digest))
+            parent = digest
+        with self._lock():
+            room = self.max_bytes
+            kept: list[Path] = []
+            for start, stop, parent, digest in chain:
+                room -= block_bytes(_HEADER_ESTIMATE, stop - start, layout)
+                if room < 0:
+                    break  # a state larger than the budget keeps its first blocks
+                path = self.directory / block_name(start, parent, digest)
+                if not path.exists():
+                    tokens, k, v = engine.kv_snapshot(stop, start)
+                    if tokens != ids[:stop].tolist():
+                        break  # the engine moved on: not under this response's lock
+                    write_block(self.directory, parent, start, ids[start:stop], k, v, layout, model_file)
+                    activity.written_tokens += stop - start
+                    self._drop_superseded(path, parent, start, ids[start:stop])
+                kept.append(path)
+            self._touch(kept)
+            self._evict()
+
+    def _drop_superseded(self, new: Path, parent: str, start: int, tokens: np.ndarray) -> None:
+        """Delete sibling blocks that hold a strict prefix of the new block's tokens (the
+        previous turn's last, shorter block): the new one serves every prompt they did."""
+        for entry in self._entries():
+            if entry.path == new or entry.start != start or entry.parent16 != parent[:16]:
+                continue
+            try:
+                head = read_head(entry.path)
+            except (BadBlock, OSError):
+                continue
+            if head.parent == parent and len(head.tokens) < len(tokens) and common_prefix(head.tokens, tokens) == len(
+                    head.tokens):
+                _unlink(entry.path)
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def _entries(self) -> list[BlockFile]:
+        out = []
+        try:
+            listing = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            return out
+        for item in listing:
+            match = _NAME.match(item.name)
+            if not match:
+                continue
+            try:
+                st = item.stat()
+            except FileNotFoundError:
+                continue
+            out.append(BlockFile(Path(item.path), int(match[1]), match[2], match[3], st.st_size, st.st_mtime_ns))
+        return out
+
+    def _touch(self, chain: list[Path]) -> None:
+        """Mark a chain as just used, its first block the newest: eviction goes oldest
+        first, so a chain loses its deepest blocks before its start."""
+        now = time.time_ns()
+        for i, path in enumerate(chain):
+            try:
+                os.utime(path, ns=(now - i * 1_000_000, now - i * 1_000_000))
+            except FileNotFoundError:
+                pass
+
+    def _evict(self) -> None:
+        """Under the lock: delete orphans (blocks whose parent is gone can never be
+        reached), leftovers of writers that died, then least recently used blocks until the
+        total fits the budget."""
+        now = time.time()
+        for item in os.scandir(self.directory):
+            if item.name.startswith(".tmp-"):
+                try:
+                    if now - item.stat().st_mtime > _STALE_TEMP_SECONDS:
+                        _unlink(Path(item.path))
+                except FileNotFoundError:
+                    pass
+        alive = {e.digest16: e for e in self._entries()}
+        total = sum(e.size for e in alive.values())
+
+        def drop(entry: BlockFile) -> None:
+            nonlocal total
+            if alive.pop(entry.digest16, None) is not None:
+                _unlink(entry.path)
+                total -= entry.size
+
+        def drop_orphans() -> None:
+            while orphans := [e for e in alive.values() if e.start > 0 and e.parent16 not in alive]:
+                for e in orphans:
+                    drop(e)
+
+        drop_orphans()
+        for entry in sorted(alive.values(), key=lambda e: (e.mtime_ns, -e.start)):
+            if total <= self.max_bytes:
+                break
+            drop(entry)
+            drop_orphans()
+
+    def _discard(self, path: Path, problem: BadBlock, activity: CacheActivity) -> None:
+        """Delete a block found bad, unless another process has already replaced it."""
+        activity.problems.append(f"ignored {path.name}: {problem}")
+        try:
+            with self._lock(timeout=1.0):
+                if problem.inode is not None and os.stat(path).st_ino == problem.inode:
+                    _unlink(path)
+        except (Timeout, OSError):
+            pass
+
+    # -- for `llm smolq cache` ----------------------------------------------------------------
+    def heads(self) -> Iterator[BlockHead | BlockFile]:
+        """Every block's checked header, or its BlockFile when the header is unreadable."""
+        for entry in self._entries():
+            try:
+                yield read_head(entry.path)
+            except (BadBlock, OSError):
+                yield entry
+
+    def clear(self) -> tuple[int, int]:
+        """Delete every block (and leftover temporary file); returns (files, bytes)."""
+        if not self.directory.is_dir():
+            return 0, 0
+        files = size = 0
+        with self._lock():
+            for item in os.scandir(self.directory):
+                if _NAME.match(item.name) or item.name.startswith(".tmp-"):
+                    try:
+                        size += item.stat().st_size
+                        os.unlink(item.path)
+                        files += 1
+                    except FileNotFoundError:
+                        pass
+        return files, size
+
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self._entries())
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
