@@ -345,6 +345,24 @@ AVX2 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb) {
     return acc - acc_m;
 }
 
+/* One token's four span sums of a Q4_K block (64 elements each, exact, as floats) and
+ * its four min terms mn[2c] * (bsums[4c] + bsums[4c+1]) + mn[2c+1] * (bsums[4c+2] + bsums[4c+3]). */
+static inline AVX2 void q4_K_span_sums(const blk_q8_K *a, const __m256i lo[4], const __m256i hi[4],
+                                       const __m256i scv[8], __m128i mins, __m128 *sums, __m128 *min_terms) {
+    __m256i p[4];
+    for (int c = 0; c < 4; c++) {
+        const __m256i a_lo = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c));
+        const __m256i a_hi = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c + 32));
+        p[c] = _mm256_add_epi32(_mm256_madd_epi16(scv[2 * c], _mm256_maddubs_epi16(lo[c], a_lo)),
+                                _mm256_madd_epi16(scv[2 * c + 1], _mm256_maddubs_epi16(hi[c], a_hi)));
+    }
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    *sums = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)a->bsums),
+                                      _mm_loadu_si128((const __m128i *)(a->bsums + 8)));
+    *min_terms = _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs));
+}
+
 /* Q4_K times n_tokens activation rows (stride bytes apart) in the order of llama.cpp's
  * repacked gemm, as quants.c's batch_dot_q4_K: per 64 elements (groups 2c and 2c+1) an
  * exact integer sum for the codes and one for the mins, each fma'd into its chain.
@@ -372,24 +390,38 @@ AVX2 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride
                 scv[g] = _mm256_set1_epi16(sc[g]);
             const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
             const float dw = h2f(x[i].d), dminw = h2f(x[i].dmin);
-            for (int t = 0; t < nt; t++) {
-                const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
-                __m256i p[4];
-                for (int c = 0; c < 4; c++) {
-                    const __m256i a_lo = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c));
-                    const __m256i a_hi = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c + 32));
-                    p[c] = _mm256_add_epi32(_mm256_madd_epi16(scv[2 * c], _mm256_maddubs_epi16(lo[c], a_lo)),
-                                            _mm256_madd_epi16(scv[2 * c + 1], _mm256_maddubs_epi16(hi[c], a_hi)));
+            int t = 0;
+            /* Eight tokens at a time, one per float lane: their sums are transposed so
+             * that each lane runs its token's chain with the scalar loop's fmas. */
+            for (; t + 8 <= nt; t += 8) {
+                __m128 fs[8], fm[8];
+                float ad[8];
+                for (int k = 0; k < 8; k++) {
+                    const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t + k) * stride) + i;
+                    q4_K_span_sums(a, lo, hi, scv, mins, &fs[k], &fm[k]);
+                    ad[k] = a->d;
                 }
-                /* The four spans' integer sums side by side, then the four min terms:
-                 * mn[2c] * (bsums[4c] + bsums[4c+1]) + mn[2c+1] * (bsums[4c+2] + bsums[4c+3]). */
-                const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                const __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)a->bsums),
-                                                  _mm_loadu_si128((const __m128i *)(a->bsums + 8)));
+                _MM_TRANSPOSE4_PS(fs[0], fs[1], fs[2], fs[3]);
+                _MM_TRANSPOSE4_PS(fs[4], fs[5], fs[6], fs[7]);
+                _MM_TRANSPOSE4_PS(fm[0], fm[1], fm[2], fm[3]);
+                _MM_TRANSPOSE4_PS(fm[4], fm[5], fm[6], fm[7]);
+                const __m256 a_d = _mm256_loadu_ps(ad);
+                const __m256 d = _mm256_mul_ps(_mm256_set1_ps(dw), a_d), dmin = _mm256_mul_ps(_mm256_set1_ps(dminw), a_d);
+                __m256 vf = _mm256_loadu_ps(sumf + t), vm = _mm256_loadu_ps(summ + t);
+                for (int c = 0; c < 4; c++) {
+                    vf = _mm256_fmadd_ps(_mm256_set_m128(fs[4 + c], fs[c]), d, vf);
+                    vm = _mm256_fmadd_ps(_mm256_set_m128(fm[4 + c], fm[c]), dmin, vm);
+                }
+                _mm256_storeu_ps(sumf + t, vf);
+                _mm256_storeu_ps(summ + t, vm);
+            }
+            for (; t < nt; t++) {
+                const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                __m128 vs, vmn;
+                q4_K_span_sums(a, lo, hi, scv, mins, &vs, &vmn);
                 float fs[4], fm[4];
-                _mm_storeu_ps(fs, _mm_cvtepi32_ps(isum));
-                _mm_storeu_ps(fm, _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)));
+                _mm_storeu_ps(fs, vs);
+                _mm_storeu_ps(fm, vmn);
                 const float d = dw * a->d, dmin = dminw * a->d;
                 for (int c = 0; c < 4; c++) {
                     sumf[t] = __builtin_fmaf(fs[c], d, sumf[t]);
