@@ -1605,13 +1605,6 @@ static const vec_dot4_fn simd_vec_dot4[SQ_BF16 + 1] = {
     [SQ_Q4_1] = sq_vec_dot4_q4_1_avx2,
 };
 
-/* Four weight rows at a time for one activation row, each with the one-row function's
- * bits (sq_vec_dot_rows). */
-typedef void (*rows4_fn)(const void *rows, int64_t row_bytes, const void *xq, int64_t nb, float *out);
-static const rows4_fn simd_rows4[SQ_BF16 + 1] = {
-    [SQ_Q4_1] = sq_rows4_q4_1_avx2, [SQ_Q8_0] = sq_rows4_q8_0_avx2,
-};
-
 /* The kernels also use F16C, which every AVX2 CPU has; checked all the same.
  * libgcc's (and compiler-rt's) checks include the OS saving the YMM registers. */
 static int simd_supported(void) {
@@ -1700,19 +1693,15 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
     int64_t nb = whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0)
         return -1;
+    /* The function is chosen once for all rows. (Four rows per pass over xq, tried for
+     * Q4_1 and Q8_0, made decode slower: the weights stream from memory either way.) */
     const uint8_t *base = rows;
     vec_dot_fn one = t->vec_dot;
-    int64_t r = 0;
 #ifdef SQ_HAVE_AVX2_KERNELS
-    if (sq_simd_enabled()) {
-        if (simd_vec_dot[type])
-            one = simd_vec_dot[type];
-        if (simd_rows4[type])
-            for (; r + 4 <= n_rows; r += 4)
-                simd_rows4[type](base + r * row_bytes, row_bytes, xq, nb, y + r);
-    }
+    if (simd_vec_dot[type] && sq_simd_enabled())
+        one = simd_vec_dot[type];
 #endif
-    for (; r < n_rows; r++)
+    for (int64_t r = 0; r < n_rows; r++)
         y[r] = one(base + r * row_bytes, xq, nb);
     return 0;
 }

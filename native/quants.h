@@ -37,10 +37,6 @@ float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb);
 /* The same for four activation rows stride bytes apart, into out[0..3], each exactly
  * as the one-row function computes it. */
 void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
-/* Four weight rows row_bytes apart times one activation row, into out[0..3], each
- * exactly as the one-row function computes it. */
-void sq_rows4_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t nb, float *out);
-void sq_rows4_q8_0_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t nb, float *out);
 float sq_vec_dot_q5_0_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q5_1_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb);

@@ -117,30 +117,6 @@ AVX2 float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb) {
     return hsum8(acc);
 }
 
-/* Four weight rows (row_bytes apart) times one activation row, each exactly as
- * sq_vec_dot_q8_0_avx2 computes it: four independent fma chains instead of one
- * latency-bound chain, and each activation block loaded once for the four. */
-AVX2 void sq_rows4_q8_0_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t nb, float *out) {
-    const blk_q8_0 *y = xq;
-    const blk_q8_0 *x[4];
-    __m256 acc[4];
-    for (int r = 0; r < 4; r++) {
-        x[r] = (const blk_q8_0 *)((const uint8_t *)rows + r * row_bytes);
-        acc[r] = _mm256_setzero_ps();
-    }
-    for (int64_t i = 0; i < nb; i++) {
-        const float dy = h2f(y[i].d);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        for (int r = 0; r < 4; r++) {
-            const __m256 d = _mm256_set1_ps(h2f(x[r][i].d) * dy);
-            const __m256i qx = _mm256_loadu_si256((const __m256i *)x[r][i].qs);
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc[r]);
-        }
-    }
-    for (int r = 0; r < 4; r++)
-        out[r] = hsum8(acc[r]);
-}
-
 /* Q4_0 and IQ4_NL: one whole-block integer sum, then one fma per block in block
  * order, the chain each lane of llama.cpp's repacked (8-row) kernels runs. */
 AVX2 float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb) {
@@ -194,32 +170,6 @@ AVX2 float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb) {
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot_us8(nibbles32(x[i].qs), qy)), acc);
     }
     return hsum8(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
-}
-
-/* Four weight rows times one activation row, each as sq_vec_dot_q4_1_avx2 computes it
- * (see sq_rows4_q8_0_avx2). */
-AVX2 void sq_rows4_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t nb, float *out) {
-    const blk_q8_1 *y = xq;
-    const blk_q4_1 *x[4];
-    __m256 acc[4];
-    __m128 summs[4];
-    for (int r = 0; r < 4; r++) {
-        x[r] = (const blk_q4_1 *)((const uint8_t *)rows + r * row_bytes);
-        acc[r] = _mm256_setzero_ps();
-        summs[r] = _mm_setzero_ps();
-    }
-    for (int64_t i = 0; i < nb; i++) {
-        const __m128 ys = h2f_pair(&y[i].d);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        for (int r = 0; r < 4; r++) {
-            const __m128 scales = _mm_mul_ps(h2f_pair(&x[r][i].d), ys);
-            summs[r] = _mm_add_ps(summs[r], scales);
-            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales),
-                                     _mm256_cvtepi32_ps(dot_us8(nibbles32(x[r][i].qs), qy)), acc[r]);
-        }
-    }
-    for (int r = 0; r < 4; r++)
-        out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[r]));
 }
 
 /* Four activation rows (stride bytes apart) at once, each rounded exactly as

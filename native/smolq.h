@@ -55,8 +55,8 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
                      float *y, int64_t ldy);
 
 /* n_rows weight rows (row_bytes apart) times one activation row, as for sq_vec_dot:
- * y[r] = row r . xq, each exactly sq_vec_dot's value; a mat-vec's rows in one call, so
- * that several rows can share a pass over xq. Returns 0, or -1 as sq_vec_dot_batch. */
+ * y[r] = row r . xq, each exactly sq_vec_dot's value; a mat-vec's rows in one call, the
+ * kernel chosen once. Returns 0, or -1 as sq_vec_dot_batch. */
 int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
                     float *y);
 

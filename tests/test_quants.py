@@ -610,8 +610,7 @@ def test_vec_dot_batch_bad_arguments():
 
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t in VEC_DOT_TYPE], ids=lambda t: t.name)
 def test_vec_dot_rows_is_vec_dot_row_by_row(qtype, simd_restore):
-    """Rows taken several at a time (4 for Q4_1 and Q8_0 on AVX2) give each row exactly
-    sq_vec_dot's bits, on both paths, for row counts that leave every remainder."""
+    """Every row gets exactly sq_vec_dot's bits, on both paths, whatever the row count."""
     rng = np.random.default_rng(700 + int(qtype))
     n = max(sizes(qtype))
     xq = c_quantize(VEC_DOT_TYPE[qtype], activations(n, rng))[1][:-GUARD]
