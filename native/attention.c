@@ -94,20 +94,32 @@ SQ_TWIN void softmax(float *p, size_t n, float scale) {
 /* out[d] = sum_t p[t] * v[t][d], in the order of llama.cpp's kernel for this batch
  * shape: one token -> the f32 dot product over t (4 x 8 lanes); several -> 8 lanes of
  * fma over t, then the register sum. Positions past n_keys are masked there (p = 0),
- * so leaving them out changes nothing. */
+ * so leaving them out changes nothing. The lanes are kept as rows acc[lane][d], so that
+ * both the fmas and the final reductions run along d, 8 outputs per instruction. */
 SQ_TWIN void weighted_sum(const float *p, const void *v, int kv_type, size_t head_dim, size_t n_keys,
                           int batched, float *out) {
-    float buf[CHUNK], acc[CHUNK][32];
+    float buf[CHUNK], acc[32][CHUNK];
     const size_t lanes = batched ? 8 : 32;
     for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {  /* one pass for every head_dim up to CHUNK */
         const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
-        memset(acc, 0, n * sizeof acc[0]);
+        for (size_t l = 0; l < lanes; l++) memset(acc[l], 0, n * sizeof(float));
         for (size_t t = 0; t < n_keys; t++) {
             const float *vr = row_f32(v, kv_type, t * head_dim + d0, n, buf);
-            const size_t l = t % lanes;
-            for (size_t d = 0; d < n; d++) acc[d][l] = fmaf(vr[d], p[t], acc[d][l]);
+            float *a = acc[t % lanes];
+            const float pt = p[t];
+            for (size_t d = 0; d < n; d++) a[d] = fmaf(vr[d], pt, a[d]);
         }
-        for (size_t d = 0; d < n; d++) out[d0 + d] = batched ? hsum8(acc[d]) : reduce32(acc[d]);
+        float *o = out + d0;
+        if (batched) {  /* hsum8 of each output's 8 lanes */
+            for (size_t d = 0; d < n; d++)
+                o[d] = ((acc[0][d] + acc[4][d]) + (acc[2][d] + acc[6][d])) + ((acc[1][d] + acc[5][d]) + (acc[3][d] + acc[7][d]));
+            continue;
+        }
+        for (size_t d = 0; d < n; d++) {  /* reduce32 of each output's 32 lanes */
+            float r[8];
+            for (size_t l = 0; l < 8; l++) r[l] = (acc[l][d] + acc[16 + l][d]) + (acc[8 + l][d] + acc[24 + l][d]);
+            o[d] = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]));
+        }
     }
 }
 
