@@ -25,9 +25,8 @@ static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
         sq_vec_dot_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, w->cols, y + r0);
         return;
     }
-    for (int64_t r = r0; r < r1; r++)
-        sq_vec_dot_batch(w->type, base + r * w->row_bytes, job->xq, job->xq_row_bytes, job->n_tokens, w->cols,
-                         y + r, ldy);
+    sq_vec_dot_batch_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, job->xq_row_bytes,
+                          job->n_tokens, w->cols, y + r0, ldy);
 }
 
 static void matmul_worker(void *p, int ith, int nth) {

@@ -1705,3 +1705,30 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
         y[r] = one(base + r * row_bytes, xq, nb);
     return 0;
 }
+
+int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
+                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
+    const type_traits *t = lookup(type);
+    int64_t nb = whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
+        return -1;
+    const uint8_t *base = rows;
+    int64_t r = 0;
+#ifdef SQ_HAVE_AVX2_KERNELS
+    /* Q4_K: the repacked gemm's tokens (all but n_tokens % 4) eight rows at a time; the
+     * rest of those rows' tokens as sq_vec_dot_batch would do them. */
+    const int by4 = n_tokens - n_tokens % 4;
+    if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
+        for (; r + 8 <= n_rows; r += 8) {
+            sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, y + r, ldy);
+            for (int k = by4; k < n_tokens; k++)
+                for (int j = 0; j < 8; j++)
+                    y[k * ldy + r + j] = sq_vec_dot(type, base + (r + j) * row_bytes,
+                                                    (const uint8_t *)xq + k * xq_stride, n);
+        }
+    }
+#endif
+    for (; r < n_rows; r++)
+        sq_vec_dot_batch(type, base + r * row_bytes, xq, xq_stride, n_tokens, n, y + r, ldy);
+    return 0;
+}

@@ -47,6 +47,10 @@ float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb);
  * batch_dot_q4_K, same bits). */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
+/* Eight Q4_K rows row_bytes apart at once, each with sq_batch_dot_q4_K_avx2's bits:
+ * y[t * ldy + r] for r < 8. */
+void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, float *y, int64_t ldy);
 /* Q6_K rows times n_tokens activation rows in llama.cpp's tiled order (quants.c's
  * batch_dot_k, same bits). */
 void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,

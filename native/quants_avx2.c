@@ -384,6 +384,108 @@ AVX2 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride
     }
 }
 
+/* 8x8 transpose of 32-bit words: v[r] word j -> v[j] word r. */
+static inline AVX2 void transpose8_epi32(__m256i v[8]) {
+    __m256i a[8], b[8];
+    for (int k = 0; k < 8; k += 2) {
+        a[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
+        a[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        b[k] = _mm256_unpacklo_epi64(a[k], a[k + 2]);
+        b[k + 1] = _mm256_unpackhi_epi64(a[k], a[k + 2]);
+        b[k + 2] = _mm256_unpacklo_epi64(a[k + 1], a[k + 3]);
+        b[k + 3] = _mm256_unpackhi_epi64(a[k + 1], a[k + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_permute2x128_si256(b[k], b[k + 4], 0x20);
+        v[k + 4] = _mm256_permute2x128_si256(b[k], b[k + 4], 0x31);
+    }
+}
+
+/* Eight Q4_K rows (row_bytes apart) times n_tokens activation rows, as sq_batch_dot_q4_K_avx2
+ * computes each row (same bits: exact integer sums, the same fmas per 64 elements), with
+ * the rows in the float lanes instead of tokens: per block the 8 rows' codes are put
+ * side by side, 4 consecutive elements of each row in one 32-bit word, so that an
+ * activation word broadcast to all lanes multiplies all 8 rows at once and every sum
+ * stays in its row's lane, with no horizontal reduction. y[t * ldy + r] for r < 8. */
+AVX2 void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                  int n_tokens, int64_t nb, float *y, int64_t ldy) {
+    enum { TILE = 32 };
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    /* codes[c][h][j]: span c, half h (elements 64c + 32h ..), step j (4 elements): 8 rows. */
+    __m256i codes[4][2][8];
+    __m256i scale[8];      /* group g: each row's scale as two int16 (both halves of its word) */
+    __m256i mins[4];       /* span c: each row's (min of group 2c, min of group 2c+1) as int16 */
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        __m256 sumf[TILE], summ[TILE];
+        for (int t = 0; t < nt; t++)
+            sumf[t] = summ[t] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            float dr[8], dminr[8];
+            int32_t sc_words[8][8], mn_words[4][8];
+            for (int r = 0; r < 8; r++) {
+                const blk_q4_K *x = (const blk_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
+                uint32_t u[4];
+                k_unpack_scales(x->scales, u);
+                const uint8_t *sc = (const uint8_t *)u, *mn = (const uint8_t *)(u + 2);
+                for (int g = 0; g < 8; g++)
+                    sc_words[g][r] = (int32_t)(sc[g] | (uint32_t)sc[g] << 16);
+                for (int c = 0; c < 4; c++)
+                    mn_words[c][r] = (int32_t)(mn[2 * c] | (uint32_t)mn[2 * c + 1] << 16);
+                dr[r] = h2f(x->d);
+                dminr[r] = h2f(x->dmin);
+            }
+            for (int g = 0; g < 8; g++)
+                scale[g] = _mm256_loadu_si256((const __m256i *)sc_words[g]);
+            for (int c = 0; c < 4; c++) {
+                mins[c] = _mm256_loadu_si256((const __m256i *)mn_words[c]);
+                __m256i q[8];
+                for (int r = 0; r < 8; r++)
+                    q[r] = _mm256_loadu_si256(
+                        (const __m256i *)(((const blk_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
+                transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
+                for (int j = 0; j < 8; j++) {
+                    codes[c][0][j] = _mm256_and_si256(q[j], m4);
+                    codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
+                }
+            }
+            const __m256 d_rows = _mm256_loadu_ps(dr), dmin_rows = _mm256_loadu_ps(dminr);
+            for (int t = 0; t < nt; t++) {
+                const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                const __m256 a_d = _mm256_set1_ps(a->d);
+                const __m256 d = _mm256_mul_ps(d_rows, a_d), dmin = _mm256_mul_ps(dmin_rows, a_d);
+                __m256 vf = sumf[t], vm = summ[t];
+                for (int c = 0; c < 4; c++) {
+                    __m256i isum = _mm256_setzero_si256();
+                    for (int h = 0; h < 2; h++) {
+                        const int8_t *aq = a->qs + 64 * c + 32 * h;
+                        __m256i s16 = _mm256_setzero_si256();  /* 8 steps of pair sums: |.| <= 8 * 3840 */
+                        for (int j = 0; j < 8; j++) {
+                            int32_t w;
+                            memcpy(&w, aq + 4 * j, 4);
+                            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(codes[c][h][j], _mm256_set1_epi32(w)));
+                        }
+                        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, scale[2 * c + h]));
+                    }
+                    /* The span's min term: bsums of its four 16-element quarters, paired. */
+                    const int32_t bs_lo = a->bsums[4 * c] + a->bsums[4 * c + 1];
+                    const int32_t bs_hi = a->bsums[4 * c + 2] + a->bsums[4 * c + 3];
+                    const __m256i bs = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16));
+                    const __m256i imin = _mm256_madd_epi16(mins[c], bs);
+                    vf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, vf);
+                    vm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), dmin, vm);
+                }
+                sumf[t] = vf;
+                summ[t] = vm;
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_sub_ps(sumf[t], summ[t]));
+    }
+}
+
 /* Q2_K, Q3_K, Q5_K and Q6_K round as llama.cpp's AVX2 kernels do (and as the
  * scalar versions in quants.c, which describe the lanes): each block's integer
  * lanes are those of llama.cpp's, as its float steps are, so results agree bit

@@ -60,6 +60,13 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
 int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
                     float *y);
 
+/* n_rows weight rows (row_bytes apart) times n_tokens activation rows: y[t * ldy + r] =
+ * row r . xq row t, each exactly sq_vec_dot_batch's value for that row; the rows in one
+ * call so that several can share a pass over the activations (Q4_K: 8 at a time on AVX2).
+ * Returns 0, or -1 as sq_vec_dot_batch. */
+int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
+                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy);
+
 /* The kernel paths in use: "avx2" (AVX2/FMA versions of every quantized dot product,
  * the batched ones and attention, chosen on first use when the CPU has AVX2 and FMA
  * and the environment variable SMOLQ_SIMD is not "0") or "scalar". */

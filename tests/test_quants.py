@@ -633,3 +633,27 @@ def test_vec_dot_rows_bad_arguments():
         rc = lib.sq_vec_dot_rows(int(qtype), ffi.from_buffer(raw), 160, n_rows, ffi.from_buffer(raw), n,
                                  ffi.from_buffer("float[]", y))
         assert rc == -1 and (y == 7.0).all(), (qtype, n, n_rows)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
+def test_vec_dot_batch_rows_is_vec_dot_batch_row_by_row(qtype, simd_restore):
+    """Rows taken together (Q4_K: eight at a time on AVX2, codes side by side in the
+    lanes) give each row exactly sq_vec_dot_batch's bits, for every remainder of rows
+    and tokens, on both paths; y is written only where it should be."""
+    rng = np.random.default_rng(800 + int(qtype))
+    n = 512
+    vtype = VEC_DOT_TYPE[qtype]
+    for simd in (1, 0) if cpu_has_avx2_fma() else (0,):
+        lib.sq_set_simd(simd)
+        for n_rows, tokens in ((8, 4), (17, 13), (9, 35), (16, 1), (3, 8)):
+            rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
+            xq = quantized_rows(vtype, n, tokens, rng)
+            ldy = n_rows + 2
+            y = np.full(tokens * ldy, np.nan, dtype=np.float32)
+            rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
+                                           ffi.from_buffer(xq), xq.shape[1], tokens, n, ffi.from_buffer("float[]", y), ldy)
+            assert rc == 0
+            y = y.reshape(tokens, ldy)
+            assert np.isnan(y[:, n_rows:]).all()
+            one_by_one = np.stack([c_vec_dot_batch(qtype, row, xq, n) for row in rows], axis=1)
+            assert y[:, :n_rows].tobytes() == one_by_one.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"
