@@ -1718,6 +1718,9 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     /* Q4_K: the repacked gemm's tokens (all but n_tokens % 4) eight rows at a time; the
      * rest of those rows' tokens as sq_vec_dot_batch would do them. */
     const int by4 = n_tokens - n_tokens % 4;
+    if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled())
+        for (; r + 8 <= n_rows; r += 8)
+            sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, y + r, ldy);
     if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
         for (; r + 8 <= n_rows; r += 8) {
             sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, y + r, ldy);

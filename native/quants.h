@@ -55,6 +55,9 @@ void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq
  * batch_dot_k, same bits). */
 void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
+/* Eight Q6_K rows at once, each with sq_batch_dot_q6_K_avx2's bits: y[t * ldy + r], r < 8. */
+void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, float *y, int64_t ldy);
 float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb);
 float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb);

@@ -678,10 +678,81 @@ AVX2 float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb) {
     return hsum8(acc);
 }
 
-#else
-/* ISO C forbids an empty translation unit. */
-typedef int sq_quants_avx2_unused;
-#endif
+/* Eight Q6_K rows at once in the tiled order of sq_batch_dot_q6_K_avx2, each row with its
+ * bits: per block the exact sum s1 = sum(scale * code * a) - 32 * sum(scale * bsums), then
+ * y = fma(d * s1, a->d, y). As in sq_batch_dot8_q4_K_avx2, the rows sit in the lanes (4
+ * consecutive codes of each row per 32-bit word) and activation words are broadcast.
+ * Two maddubs results fit an int16 (2 * 2 * 63 * 128 = 32256), so pairs are summed
+ * before each group's scale multiplies them. y[t * ldy + r] for r < 8. */
+AVX2 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                  int n_tokens, int64_t nb, float *y, int64_t ldy) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    __m256i codes[8][8];   /* [chunk k: elements 32k..][word j: elements 32k + 4j..+3], 8 rows */
+    __m256i scale[16];     /* group g (16 elements): each row's scale as two int16 */
+    __m256i bs_scale[8];   /* groups 2p, 2p+1: each row's (scale 2p, scale 2p+1) as int16 */
+    for (int t = 0; t < n_tokens; t++)
+        _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
+    for (int64_t i = 0; i < nb; i++) {
+        float dr[8];
+        int32_t sc_words[16][8], pair_words[8][8];
+        for (int r = 0; r < 8; r++) {
+            const blk_q6_K *x = (const blk_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
+            for (int g = 0; g < 16; g++)
+                sc_words[g][r] = (int32_t)((uint16_t)x->scales[g] | (uint32_t)(uint16_t)x->scales[g] << 16);
+            for (int p = 0; p < 8; p++)
+                pair_words[p][r] = (int32_t)((uint16_t)x->scales[2 * p] | (uint32_t)(uint16_t)x->scales[2 * p + 1] << 16);
+            dr[r] = h2f(x->d);
+        }
+        for (int g = 0; g < 16; g++)
+            scale[g] = _mm256_loadu_si256((const __m256i *)sc_words[g]);
+        for (int p = 0; p < 8; p++)
+            bs_scale[p] = _mm256_loadu_si256((const __m256i *)pair_words[p]);
+        for (int k = 0; k < 8; k++) {
+            const int h = k / 4, part = k % 4;  /* elements 128h + 32 part .. */
+            __m256i q[8];
+            for (int r = 0; r < 8; r++) {
+                const blk_q6_K *x = (const blk_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
+                const __m256i l = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32 * (part & 1)));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+                const __m256i low = part < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m2);
+                q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+            }
+            transpose8_epi32(q);
+            for (int j = 0; j < 8; j++)
+                codes[k][j] = q[j];
+        }
+        const __m256 d_rows = _mm256_loadu_ps(dr);
+        for (int t = 0; t < n_tokens; t++) {
+            const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + t * stride) + i;
+            __m256i acc = _mm256_setzero_si256(), off = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) {
+                const int8_t *aq = a->qs + 32 * k;
+                for (int half = 0; half < 2; half++) {  /* group 2k + half: words 4 half .. +3 */
+                    __m256i s16[2];
+                    for (int u = 0; u < 2; u++) {
+                        const int j = 4 * half + 2 * u;
+                        int32_t w0, w1;
+                        memcpy(&w0, aq + 4 * j, 4);
+                        memcpy(&w1, aq + 4 * j + 4, 4);
+                        s16[u] = _mm256_add_epi16(_mm256_maddubs_epi16(codes[k][j], _mm256_set1_epi32(w0)),
+                                                  _mm256_maddubs_epi16(codes[k][j + 1], _mm256_set1_epi32(w1)));
+                    }
+                    const __m256i sc = scale[2 * k + half];
+                    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(s16[0], sc), _mm256_madd_epi16(s16[1], sc)));
+                }
+            }
+            for (int p = 0; p < 8; p++) {
+                const int32_t pair = (int32_t)((uint32_t)(uint16_t)a->bsums[2 * p] | (uint32_t)(uint16_t)a->bsums[2 * p + 1] << 16);
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(bs_scale[p], _mm256_set1_epi32(pair)));
+            }
+            const __m256i s1 = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));
+            float *yt = y + t * ldy;
+            _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_mul_ps(d_rows, _mm256_cvtepi32_ps(s1)), _mm256_set1_ps(a->d),
+                                                 _mm256_loadu_ps(yt)));
+        }
+    }
+}
 
 /* Q6_K times n_tokens activation rows (stride bytes apart) in llama.cpp's tiled
  * order, as quants.c's batch_dot_k: per block the exact integer
@@ -725,3 +796,8 @@ AVX2 void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride
         }
     }
 }
+
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int sq_quants_avx2_unused;
+#endif
