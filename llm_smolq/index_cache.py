@@ -58,19 +58,19 @@ def read_header_cached(path: str) -> GGUFHeader:
     return header
 
 
-def cached_build(digest: str, name: str, build: Callable[[], T], to_text: Callable[[T], str],
-                 from_text: Callable[[str], T]) -> T:
-    """build(), or from_text() of what to_text() gave for the header with this digest:
-    for objects computed from the header alone."""
+def cached_value(digest: str, name: str, build: Callable[[], T], valid: Callable[[object], bool]) -> T:
+    """build(), kept under the header digest it was computed from (so it must depend on
+    the header alone, and be made of what marshal stores); a stored value that valid()
+    refuses is computed again."""
     root = cache_dir()
     if root is None or not digest:
         return build()
     entry = root / f"{digest}.{name}"
     cached = _load(entry)
-    if isinstance(cached, str):
-        return from_text(cached)
+    if cached is not None and valid(cached):
+        return cached
     value = build()
-    _store(entry, to_text(value))
+    _store(entry, value)
     return value
 
 

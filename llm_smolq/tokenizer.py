@@ -102,7 +102,7 @@ class GGUFTokenizer:
         bos_id: int | None = None,
         eos_id: int | None = None,
         add_bos: bool | None = None,
-        built: str | None = None,
+        merge_pairs: list[tuple[str, str]] | None = None,
     ) -> None:
         if pre not in PRE_TOKENIZER_PATTERNS:
             raise GGUFError(
@@ -121,18 +121,20 @@ class GGUFTokenizer:
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.add_bos = bool(pre in _DEFAULT_ADD_BOS if add_bos is None else add_bos)
-        # built: what to_json() gave for these same arguments, which loads twice as fast
-        self.tokenizer = Tokenizer.from_str(built) if built is not None else self._build(merges)
+        # merge_pairs: what usable_merges() gives for these tokens and merges, if known
+        self.tokenizer = self._build(usable_merges(self.tokens, merges) if merge_pairs is None else merge_pairs)
         # tokenizers has no per-call switch for "special token text is plain text", only
         # the encode_special_tokens attribute; flip it under a lock.
         self._lock = threading.Lock()
-        # Raw bytes per id, for decode and streaming (filled on first use).
-        self._bytes: list[bytes] | None = None
+        # Raw bytes per id, for decode and streaming, worked out as ids are met.
+        self._bytes: dict[int, bytes] = {}
 
     @classmethod
-    def from_metadata(cls, meta: Mapping[str, Any], built: str | None = None) -> "GGUFTokenizer":
+    def from_metadata(
+        cls, meta: Mapping[str, Any], merge_pairs: list[tuple[str, str]] | None = None
+    ) -> "GGUFTokenizer":
         """Build from GGUF metadata values keyed by their GGUF names (and, to skip the
-        slow part, what to_json() gave for the same metadata)."""
+        slow part, what usable_merges() gave for the same metadata)."""
         model = meta.get("tokenizer.ggml.model")
         if model not in SUPPORTED_MODELS:
             raise GGUFError(
@@ -164,11 +166,8 @@ class GGUFTokenizer:
             bos_id=token_id("tokenizer.ggml.bos_token_id"),
             eos_id=token_id("tokenizer.ggml.eos_token_id"),
             add_bos=None if add_bos is None else bool(add_bos),
-            built=built,
+            merge_pairs=merge_pairs,
         )
-
-    def to_json(self) -> str:
-        return self.tokenizer.to_str()
 
     @classmethod
     def from_gguf(
@@ -180,21 +179,8 @@ class GGUFTokenizer:
         meta.update(overrides or {})
         return cls.from_metadata(meta)
 
-    def _build(self, merges: Sequence[str]) -> Tokenizer:
+    def _build(self, pairs: list[tuple[str, str]]) -> Tokenizer:
         vocab = {text: i for i, text in enumerate(self.tokens)}
-        pairs = []
-        for merge in merges:
-            # The separator is the first space after the first character, as llama.cpp
-            # reads it (byte-level vocabularies spell a space as "Ġ", so there is one).
-            cut = merge.find(" ", 1)
-            if cut < 0:
-                raise GGUFError(f"tokenizer.ggml.merges entry {brief(merge)} has no space")
-            left, right = merge[:cut], merge[cut + 1 :]
-            # tokenizers panics on a merge whose parts or result are not tokens, so
-            # leave those out. (llama.cpp would keep it and spell the unknown result
-            # as single bytes; SmolLM2's merges have none, nor does its 1024 cut.)
-            if left in vocab and right in vocab and left + right in vocab:
-                pairs.append((left, right))
         tok = Tokenizer(
             models.BPE(vocab, pairs, ignore_merges=self.pre in _IGNORE_MERGES)
         )
@@ -235,18 +221,19 @@ class GGUFTokenizer:
     def token_to_bytes(self, token_id: int, special: bool = True) -> bytes:
         """The bytes one token stands for. A token may end inside a UTF-8 character,
         so streaming output should join bytes before decoding them."""
-        if self._bytes is None:
-            self._bytes = [
-                text.encode("utf-8")
-                if kind in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)
-                else _normal_token_bytes(text)
-                for text, kind in zip(self.tokens, self.token_types)
-            ]
         if not 0 <= token_id < self.vocab_size:
             raise IndexError(f"token id {token_id} is outside 0..{self.vocab_size - 1}")
-        if not special and self.token_types[token_id] in (TOKEN_CONTROL, TOKEN_UNKNOWN):
+        kind = self.token_types[token_id]
+        if not special and kind in (TOKEN_CONTROL, TOKEN_UNKNOWN):
             return b""
-        return self._bytes[token_id]
+        raw = self._bytes.get(token_id)
+        if raw is None:
+            text = self.tokens[token_id]
+            raw = self._bytes[token_id] = (
+                text.encode("utf-8") if kind in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)
+                else _normal_token_bytes(text)
+            )
+        return raw
 
     def token_to_piece(self, token_id: int, special: bool = True) -> str:
         """One token's text (invalid UTF-8 from a partial character becomes U+FFFD)."""
@@ -263,6 +250,33 @@ class GGUFTokenizer:
     def token_id(self, text: str) -> int | None:
         """Id of a token given its vocabulary text (e.g. ``"<|im_end|>"``), or None."""
         return self.tokenizer.token_to_id(text)
+
+
+def usable_merges(tokens: Sequence[str], merges: Sequence[str]) -> list[tuple[str, str]]:
+    """The merges as (left, right) pairs, without those tokenizers cannot take.
+
+    The separator is the first space after the first character, as llama.cpp reads it
+    (byte-level vocabularies spell a space as "Ġ", so there is one). tokenizers panics on
+    a merge whose parts or result are not tokens, so those are left out (llama.cpp would
+    keep it and spell the unknown result as single bytes; SmolLM2's merges have none,
+    nor does its 1024 cut). Half of building a tokenizer is this loop: its result is
+    what the index cache keeps."""
+    vocab = set(tokens)
+    pairs = []
+    for merge in merges:
+        cut = merge.find(" ", 1)
+        if cut < 0:
+            raise GGUFError(f"tokenizer.ggml.merges entry {brief(merge)} has no space")
+        left, right = merge[:cut], merge[cut + 1:]
+        if left in vocab and right in vocab and left + right in vocab:
+            pairs.append((left, right))
+    return pairs
+
+
+def are_merge_pairs(value: object) -> bool:
+    return isinstance(value, list) and all(
+        type(p) is tuple and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value
+    )
 
 
 def _array_of(meta: Mapping[str, Any], key: str, kind: type, what: str) -> list[Any] | None:
