@@ -2,8 +2,9 @@
  *
  * As in llama.cpp's CPU backend, the activations are converted once per call to the
  * format paired with the weight type (sq_vec_dot_type: 8-bit blocks for quantized
- * weights), and every output is a block-wise integer dot product. Matching that
- * arithmetic is what keeps our logits within ~1e-3 of llama.cpp's on the same file.
+ * weights), and every output is a block-wise integer dot product rounded as its
+ * kernels round it (sq_vec_dot_rows for one token, sq_vec_dot_batch_rows for a batch),
+ * which keeps the logits bit-identical to llama.cpp's on the same file.
  */
 #include "matmul.h"
 #include "pool.h"

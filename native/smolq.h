@@ -62,7 +62,8 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
 
 /* n_rows weight rows (row_bytes apart) times n_tokens activation rows: y[t * ldy + r] =
  * row r . xq row t, each exactly sq_vec_dot_batch's value for that row; the rows in one
- * call so that several can share a pass over the activations (Q4_K: 8 at a time on AVX2).
+ * call so that several can share a pass over the activations (Q4_K from 4 tokens, Q6_K
+ * from SQ_TILED_MIN_TOKENS: 8 rows at a time on AVX2).
  * Returns 0, or -1 as sq_vec_dot_batch. */
 int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
                           int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy);
