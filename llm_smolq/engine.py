@@ -13,10 +13,9 @@ import numpy as np
 from ._kernel import ffi, lib
 from .buffer_gate import Dims, check_buffer
 from .errors import GGUFError, LayoutError
-from .index_cache import cached_value
 from .memory import check_engine_memory
 from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
-from .tokenizer import GGUFTokenizer, are_merge_pairs, usable_merges
+from .tokenizer import GGUFTokenizer, cached_bpe_files
 
 KV_DTYPES = {"f32": (np.float32, lib.SQ_F32), "f16": (np.float16, lib.SQ_F16)}
 MAX_BATCH = 256  # tokens per kernel pass during prefill
@@ -125,13 +124,8 @@ class Engine:
     @cached_property
     def tokenizer(self) -> GGUFTokenizer:
         meta = self.model.metadata
-        try:
-            pairs = cached_value(self.model.digest, "merges",
-                                 lambda: usable_merges(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"]),
-                                 are_merge_pairs)
-        except (KeyError, TypeError, AttributeError):  # missing or mistyped: from_metadata says which
-            pairs = None
-        return GGUFTokenizer.from_metadata(meta, merge_pairs=pairs)
+        files = cached_bpe_files(self.model.digest, meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.merges"))
+        return GGUFTokenizer.from_metadata(meta, bpe_files=files)
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, special=special)

@@ -2,11 +2,13 @@
 
 Reading SmolLM2's 49k vocabulary strings and merges from the header and building a
 tokenizer from them takes half a second; a one-shot `llm -m … "prompt"` would pay it on
-every run. Both are pure functions of the header's bytes, so they are kept here, keyed by
-the file (path, size, mtime, inode) and trusted only after checking that the file's
-header still hashes to the digest recorded at parse time, and that the entry itself is
-intact. Anything else (a changed file, a damaged or foreign entry, an unwritable
-directory) means parsing again, never an error.
+every run. Both are pure functions of the header's bytes, so they are kept here: the
+parsed header keyed by the file (path, size, mtime, inode) and trusted only after
+checking that the file's header still hashes to the digest recorded at parse time; the
+tokenizer's vocabulary and merges as files tokenizers reads itself (faster, and in less
+memory than building from Python objects), named by that digest. Every entry carries a
+checksum. Anything else (a changed file, a damaged or foreign entry, an unwritable
+directory) means parsing or building again, never an error.
 
 Location: $SMOLQ_CACHE_DIR, else $XDG_CACHE_HOME/llm-smolq, else ~/.cache/llm-smolq.
 SMOLQ_CACHE_DIR=off turns the cache off.
@@ -19,15 +21,13 @@ import marshal
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable
 
 from .gguf_file import GGUFHeader, RawTensor, header_digest, read_header
 
 MAGIC = b"SMOLQIX1"  # bump the digit when the stored layout changes
 _CHECK = 16  # bytes of blake2b over the payload, after the magic
 MAX_ENTRIES = 64  # beyond this the least recently used entries go
-
-T = TypeVar("T")
 
 
 def cache_dir() -> Path | None:
@@ -58,20 +58,28 @@ def read_header_cached(path: str) -> GGUFHeader:
     return header
 
 
-def cached_value(digest: str, name: str, build: Callable[[], T], valid: Callable[[object], bool]) -> T:
-    """build(), kept under the header digest it was computed from (so it must depend on
-    the header alone, and be made of what marshal stores); a stored value that valid()
-    refuses is computed again."""
+def cached_file(digest: str, name: str, produce: Callable[[], bytes]) -> Path | None:
+    """A file holding produce()'s bytes, kept under the header digest they were computed
+    from, for readers that want a path (its checksum, in a file beside it, is checked on
+    every call). None when the cache is off or cannot be written."""
     root = cache_dir()
     if root is None or not digest:
-        return build()
-    entry = root / f"{digest}.{name}"
-    cached = _load(entry)
-    if cached is not None and valid(cached):
-        return cached
-    value = build()
-    _store(entry, value)
-    return value
+        return None
+    path, check = root / f"{digest}.{name}", root / f"{digest}.{name}.b2"
+    try:
+        if check.read_text() == hashlib.blake2b(path.read_bytes(), digest_size=_CHECK).hexdigest():
+            os.utime(check)
+            return path
+    except OSError:
+        pass
+    data = produce()
+    try:
+        _write_atomically(path, data)
+        _write_atomically(check, hashlib.blake2b(data, digest_size=_CHECK).hexdigest().encode())
+        _evict(root)
+    except OSError:
+        return None
+    return path
 
 
 def _header_entry(root: Path, path: str) -> Path | None:
@@ -106,7 +114,7 @@ def _load(entry: Path):
     except OSError:
         return None
     head = len(MAGIC) + _CHECK
-    payload = blob[head:]
+    payload = memoryview(blob)[head:]  # no copy of a megabyte-sized entry
     if blob[:len(MAGIC)] != MAGIC or hashlib.blake2b(payload, digest_size=_CHECK).digest() != blob[len(MAGIC):head]:
         return None
     try:
@@ -124,20 +132,23 @@ def _store(entry: Path, value) -> None:
     """Write atomically (a reader sees the old entry or the new one); a cache that cannot
     be written is no cache, not an error."""
     payload = marshal.dumps(value)
-    blob = MAGIC + hashlib.blake2b(payload, digest_size=_CHECK).digest() + payload
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, entry)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        _write_atomically(entry, MAGIC + hashlib.blake2b(payload, digest_size=_CHECK).digest() + payload)
         _evict(entry.parent)
     except OSError:
         pass
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _evict(root: Path) -> None:

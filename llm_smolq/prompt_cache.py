@@ -138,7 +138,9 @@ def kernel_fingerprint() -> dict:
     if _kernel_fingerprint is None:
         from . import _kernel
 
-        digest = hashlib.sha256(Path(_kernel.__file__).read_bytes()).hexdigest()
+        with open(_kernel.__file__, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
+                hashlib.sha256(f.read()).hexdigest()
         _kernel_fingerprint = {"sha256": digest, "simd": _kernel.ffi.string(_kernel.lib.sq_simd_name()).decode()}
     return _kernel_fingerprint
 

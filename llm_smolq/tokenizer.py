@@ -11,6 +11,8 @@ folder (253 strings x 2 special modes x 3 pre-types, all matched by the tests).
 
 from __future__ import annotations
 
+import json
+
 import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -102,7 +104,7 @@ class GGUFTokenizer:
         bos_id: int | None = None,
         eos_id: int | None = None,
         add_bos: bool | None = None,
-        merge_pairs: list[tuple[str, str]] | None = None,
+        bpe_files: tuple[Path, Path] | None = None,
     ) -> None:
         if pre not in PRE_TOKENIZER_PATTERNS:
             raise GGUFError(
@@ -121,8 +123,7 @@ class GGUFTokenizer:
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.add_bos = bool(pre in _DEFAULT_ADD_BOS if add_bos is None else add_bos)
-        # merge_pairs: what usable_merges() gives for these tokens and merges, if known
-        self.tokenizer = self._build(usable_merges(self.tokens, merges) if merge_pairs is None else merge_pairs)
+        self.tokenizer = self._build(merges, bpe_files)
         # tokenizers has no per-call switch for "special token text is plain text", only
         # the encode_special_tokens attribute; flip it under a lock.
         self._lock = threading.Lock()
@@ -130,11 +131,10 @@ class GGUFTokenizer:
         self._bytes: dict[int, bytes] = {}
 
     @classmethod
-    def from_metadata(
-        cls, meta: Mapping[str, Any], merge_pairs: list[tuple[str, str]] | None = None
-    ) -> "GGUFTokenizer":
-        """Build from GGUF metadata values keyed by their GGUF names (and, to skip the
-        slow part, what usable_merges() gave for the same metadata)."""
+    def from_metadata(cls, meta: Mapping[str, Any], bpe_files: tuple[Path, Path] | None = None) -> "GGUFTokenizer":
+        """Build from GGUF metadata values keyed by their GGUF names. bpe_files: the
+        vocabulary and merges as bpe_file_contents() writes them for this metadata; read
+        by tokenizers directly, they load faster and in less memory."""
         model = meta.get("tokenizer.ggml.model")
         if model not in SUPPORTED_MODELS:
             raise GGUFError(
@@ -166,7 +166,7 @@ class GGUFTokenizer:
             bos_id=token_id("tokenizer.ggml.bos_token_id"),
             eos_id=token_id("tokenizer.ggml.eos_token_id"),
             add_bos=None if add_bos is None else bool(add_bos),
-            merge_pairs=merge_pairs,
+            bpe_files=bpe_files,
         )
 
     @classmethod
@@ -179,11 +179,14 @@ class GGUFTokenizer:
         meta.update(overrides or {})
         return cls.from_metadata(meta)
 
-    def _build(self, pairs: list[tuple[str, str]]) -> Tokenizer:
-        vocab = {text: i for i, text in enumerate(self.tokens)}
-        tok = Tokenizer(
-            models.BPE(vocab, pairs, ignore_merges=self.pre in _IGNORE_MERGES)
-        )
+    def _build(self, merges: Sequence[str], bpe_files: tuple[Path, Path] | None) -> Tokenizer:
+        ignore_merges = self.pre in _IGNORE_MERGES
+        if bpe_files is not None:
+            bpe = models.BPE.from_file(str(bpe_files[0]), str(bpe_files[1]), ignore_merges=ignore_merges)
+        else:
+            vocab = {text: i for i, text in enumerate(self.tokens)}
+            bpe = models.BPE(vocab, usable_merges(self.tokens, merges), ignore_merges=ignore_merges)
+        tok = Tokenizer(bpe)
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
                 pre_tokenizers.Split(Regex(pattern), behavior="isolated")
@@ -273,10 +276,51 @@ def usable_merges(tokens: Sequence[str], merges: Sequence[str]) -> list[tuple[st
     return pairs
 
 
-def are_merge_pairs(value: object) -> bool:
-    return isinstance(value, list) and all(
-        type(p) is tuple and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value
-    )
+def bpe_file_contents(tokens: Sequence[str], merges: Sequence[str]) -> tuple[bytes, bytes] | None:
+    """The vocabulary (JSON, text -> id, a repeated text keeping its last id as the dict
+    built in memory does) and the usable merges (one "left right" line each) as files for
+    tokenizers' BPE.from_file; None if some merge part holds a space, which that format
+    cannot carry (byte-level vocabularies have none)."""
+    pairs = usable_merges(tokens, merges)
+    if any(" " in left or " " in right for left, right in pairs):
+        return None
+    vocab = json.dumps({text: i for i, text in enumerate(tokens)}, ensure_ascii=False).encode("utf-8")
+    lines = "#version: 0.2\n" + "".join(f"{left} {right}\n" for left, right in pairs)
+    return vocab, lines.encode("utf-8")
+
+
+class _NoFiles(Exception):
+    pass
+
+
+def cached_bpe_files(digest: str, tokens: Any, merges: Any) -> tuple[Path, Path] | None:
+    """bpe_file_contents() as files in the index cache, under the header digest the
+    tokens and merges came from: (vocabulary, merges), or None if the cache is off, the
+    contents cannot be files, or the metadata is malformed (from_metadata then says how)."""
+    from .index_cache import cached_file
+
+    contents: tuple[bytes, bytes] | None = None
+
+    def part(i: int):
+        def produce() -> bytes:
+            nonlocal contents
+            if contents is None:
+                if not isinstance(tokens, list) or not isinstance(merges, list):
+                    raise _NoFiles
+                try:
+                    contents = bpe_file_contents(tokens, merges)
+                except (TypeError, AttributeError, GGUFError):
+                    raise _NoFiles from None
+                if contents is None:
+                    raise _NoFiles
+            return contents[i]
+        return produce
+
+    try:
+        vocab, pairs = cached_file(digest, "vocab.json", part(0)), cached_file(digest, "merges.txt", part(1))
+    except _NoFiles:
+        return None
+    return (vocab, pairs) if vocab and pairs else None
 
 
 def _array_of(meta: Mapping[str, Any], key: str, kind: type, what: str) -> list[Any] | None:

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from llm_smolq import engine as engine_module
 from llm_smolq import index_cache
+from llm_smolq import tokenizer as tokenizer_module
 from llm_smolq.engine import Engine
 from llm_smolq.gguf_file import read_header
 from llm_smolq.model_file import open_model
@@ -87,14 +87,14 @@ def test_a_damaged_entry_is_ignored_and_replaced(cache, model, damage):
     assert index_cache._load(entry) is not None  # written again, whole
 
 
-def test_the_tokenizer_from_cached_merges_encodes_as_a_freshly_built_one(cache, smollm2_gguf, monkeypatch):
+def test_the_tokenizer_from_cached_files_encodes_as_a_freshly_built_one(cache, smollm2_gguf, monkeypatch):
     fresh = GGUFTokenizer.from_metadata(open_model(smollm2_gguf).metadata)
     Engine(open_model(smollm2_gguf), n_ctx=16, threads=1).tokenizer  # fills the cache
-    assert len(list(cache.glob("*.merges"))) == 1
+    assert len(list(cache.glob("*.vocab.json"))) == len(list(cache.glob("*.merges.txt"))) == 1
 
     def refuse(tokens, merges):
         raise AssertionError("the merges were worked out although the cache holds them")
-    monkeypatch.setattr(engine_module, "usable_merges", refuse)
+    monkeypatch.setattr(tokenizer_module, "usable_merges", refuse)
     cached = Engine(open_model(smollm2_gguf), n_ctx=16, threads=1).tokenizer
     for text in TEXTS:
         for special in (True, False):
@@ -103,14 +103,14 @@ def test_the_tokenizer_from_cached_merges_encodes_as_a_freshly_built_one(cache, 
     assert (cached.bos_id, cached.eos_id, cached.add_bos) == (fresh.bos_id, fresh.eos_id, fresh.add_bos)
 
 
-def test_cached_merges_of_the_wrong_shape_are_worked_out_again(cache, model):
-    engine = Engine(open_model(model), n_ctx=16, threads=1)
-    expected = engine.tokenize("Hello world")
-    (entry,) = cache.glob("*.merges")
-    index_cache._store(entry, [("only", "two", "three")])  # intact, but not merge pairs
-    assert Engine(open_model(model), n_ctx=16, threads=1).tokenize("Hello world") == expected
-    assert index_cache.cached_value(engine.model.digest, "merges", lambda: None, lambda v: True) != [
-        ("only", "two", "three")]
+@pytest.mark.parametrize("name", ["vocab.json", "merges.txt"])
+def test_a_damaged_tokenizer_file_is_made_again(cache, model, name):
+    expected = Engine(open_model(model), n_ctx=16, threads=1).tokenize("Hello world, again")
+    (path,) = cache.glob(f"*.{name}")
+    good = path.read_bytes()
+    path.write_bytes(good.replace(b"1", b"2", 1))  # still parses: only the checksum can tell
+    assert Engine(open_model(model), n_ctx=16, threads=1).tokenize("Hello world, again") == expected
+    assert path.read_bytes() == good
 
 
 def test_off_writes_nothing(tmp_path, model, monkeypatch):
