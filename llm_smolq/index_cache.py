@@ -68,6 +68,7 @@ def cached_file(digest: str, name: str, produce: Callable[[], bytes]) -> Path | 
     path, check = root / f"{digest}.{name}", root / f"{digest}.{name}.b2"
     try:
         if check.read_text() == hashlib.blake2b(path.read_bytes(), digest_size=_CHECK).hexdigest():
+            os.utime(path)  # both recently used, as eviction reads it
             os.utime(check)
             return path
     except OSError:

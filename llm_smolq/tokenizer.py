@@ -181,9 +181,13 @@ class GGUFTokenizer:
 
     def _build(self, merges: Sequence[str], bpe_files: tuple[Path, Path] | None) -> Tokenizer:
         ignore_merges = self.pre in _IGNORE_MERGES
+        bpe = None
         if bpe_files is not None:
-            bpe = models.BPE.from_file(str(bpe_files[0]), str(bpe_files[1]), ignore_merges=ignore_merges)
-        else:
+            try:
+                bpe = models.BPE.from_file(str(bpe_files[0]), str(bpe_files[1]), ignore_merges=ignore_merges)
+            except Exception:  # gone since it was checked (another process evicted it): build instead
+                bpe = None
+        if bpe is None:
             vocab = {text: i for i, text in enumerate(self.tokens)}
             bpe = models.BPE(vocab, usable_merges(self.tokens, merges), ignore_merges=ignore_merges)
         tok = Tokenizer(bpe)

@@ -151,3 +151,10 @@ def test_the_least_recently_used_entries_go_past_the_limit(cache, model, tmp_pat
     entries = sorted(cache.glob("*.header"))
     assert len(entries) == 2
     assert index_cache._header_entry(cache, str(copies[0])) not in entries
+
+
+def test_tokenizer_files_gone_before_they_are_read_mean_building_instead(tmp_path, model):
+    meta = open_model(model).metadata
+    expected = GGUFTokenizer.from_metadata(meta).encode("Hello world")
+    missing = (tmp_path / "gone.vocab.json", tmp_path / "gone.merges.txt")
+    assert GGUFTokenizer.from_metadata(meta, bpe_files=missing).encode("Hello world") == expected
