@@ -1693,8 +1693,8 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
     int64_t nb = whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0)
         return -1;
-    /* The function is chosen once for all rows. (Four rows per pass over xq, tried for
-     * Q4_1 and Q8_0, made decode slower: the weights stream from memory either way.) */
+    /* The function is chosen once for all rows. (Several rows per pass over xq, tried for
+     * Q4_1, Q8_0 (4 rows) and Q4_K (8 rows side by side), made decode slower.) */
     const uint8_t *base = rows;
     vec_dot_fn one = t->vec_dot;
 #ifdef SQ_HAVE_AVX2_KERNELS

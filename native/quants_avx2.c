@@ -403,6 +403,67 @@ static inline AVX2 void transpose8_epi32(__m256i v[8]) {
     }
 }
 
+/* Block i of eight Q4_K rows side by side (see sq_batch_dot8_q4_K_avx2): codes[c][h][j]
+ * holds elements 64c + 32h + 4j .. +3 of every row, one row per 32-bit lane; scale[g]
+ * each row's scale of group g as two int16; mins[c] each row's (min 2c, min 2c+1). */
+static inline AVX2 void q4_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i codes[4][2][8],
+                                          __m256i scale[8], __m256i mins[4], __m256 *d_rows, __m256 *dmin_rows) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    float dr[8], dminr[8];
+    int32_t sc_words[8][8], mn_words[4][8];
+    for (int r = 0; r < 8; r++) {
+        const blk_q4_K *x = (const blk_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
+        uint32_t u[4];
+        k_unpack_scales(x->scales, u);
+        const uint8_t *sc = (const uint8_t *)u, *mn = (const uint8_t *)(u + 2);
+        for (int g = 0; g < 8; g++)
+            sc_words[g][r] = (int32_t)(sc[g] | (uint32_t)sc[g] << 16);
+        for (int c = 0; c < 4; c++)
+            mn_words[c][r] = (int32_t)(mn[2 * c] | (uint32_t)mn[2 * c + 1] << 16);
+        dr[r] = h2f(x->d);
+        dminr[r] = h2f(x->dmin);
+    }
+    for (int g = 0; g < 8; g++)
+        scale[g] = _mm256_loadu_si256((const __m256i *)sc_words[g]);
+    for (int c = 0; c < 4; c++) {
+        mins[c] = _mm256_loadu_si256((const __m256i *)mn_words[c]);
+        __m256i q[8];
+        for (int r = 0; r < 8; r++)
+            q[r] = _mm256_loadu_si256(
+                (const __m256i *)(((const blk_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
+        transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
+        for (int j = 0; j < 8; j++) {
+            codes[c][0][j] = _mm256_and_si256(q[j], m4);
+            codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
+        }
+    }
+    *d_rows = _mm256_loadu_ps(dr);
+    *dmin_rows = _mm256_loadu_ps(dminr);
+}
+
+/* Span c of one activation block against eight rows side by side: the exact integer
+ * sum of each row's 64 products (scaled per group), and each row's min term. */
+static inline AVX2 void q4_K_span8(const blk_q8_K *a, int c, __m256i codes[4][2][8], const __m256i scale[8],
+                                   const __m256i mins[4], __m256i *isum_out, __m256i *imin_out) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const int8_t *aq = a->qs + 64 * c + 32 * h;
+        __m256i s16 = _mm256_setzero_si256();  /* 8 steps of pair sums: |.| <= 8 * 3840 */
+        for (int j = 0; j < 8; j++) {
+            int32_t w;
+            memcpy(&w, aq + 4 * j, 4);
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(codes[c][h][j], _mm256_set1_epi32(w)));
+        }
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, scale[2 * c + h]));
+    }
+    /* The span's min term: bsums of its four 16-element quarters, paired. */
+    const int32_t bs_lo = a->bsums[4 * c] + a->bsums[4 * c + 1];
+    const int32_t bs_hi = a->bsums[4 * c + 2] + a->bsums[4 * c + 3];
+    const __m256i bs = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16));
+    *isum_out = isum;
+    *imin_out = _mm256_madd_epi16(mins[c], bs);
+}
+
 /* Eight Q4_K rows (row_bytes apart) times n_tokens activation rows, as sq_batch_dot_q4_K_avx2
  * computes each row (same bits: exact integer sums, the same fmas per 64 elements), with
  * the rows in the float lanes instead of tokens: per block the 8 rows' codes are put
@@ -412,68 +473,23 @@ static inline AVX2 void transpose8_epi32(__m256i v[8]) {
 AVX2 void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, float *y, int64_t ldy) {
     enum { TILE = 32 };
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    /* codes[c][h][j]: span c, half h (elements 64c + 32h ..), step j (4 elements): 8 rows. */
-    __m256i codes[4][2][8];
-    __m256i scale[8];      /* group g: each row's scale as two int16 (both halves of its word) */
-    __m256i mins[4];       /* span c: each row's (min of group 2c, min of group 2c+1) as int16 */
+    __m256i codes[4][2][8], scale[8], mins[4];
+    __m256 d_rows, dmin_rows;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         __m256 sumf[TILE], summ[TILE];
         for (int t = 0; t < nt; t++)
             sumf[t] = summ[t] = _mm256_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
-            float dr[8], dminr[8];
-            int32_t sc_words[8][8], mn_words[4][8];
-            for (int r = 0; r < 8; r++) {
-                const blk_q4_K *x = (const blk_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
-                uint32_t u[4];
-                k_unpack_scales(x->scales, u);
-                const uint8_t *sc = (const uint8_t *)u, *mn = (const uint8_t *)(u + 2);
-                for (int g = 0; g < 8; g++)
-                    sc_words[g][r] = (int32_t)(sc[g] | (uint32_t)sc[g] << 16);
-                for (int c = 0; c < 4; c++)
-                    mn_words[c][r] = (int32_t)(mn[2 * c] | (uint32_t)mn[2 * c + 1] << 16);
-                dr[r] = h2f(x->d);
-                dminr[r] = h2f(x->dmin);
-            }
-            for (int g = 0; g < 8; g++)
-                scale[g] = _mm256_loadu_si256((const __m256i *)sc_words[g]);
-            for (int c = 0; c < 4; c++) {
-                mins[c] = _mm256_loadu_si256((const __m256i *)mn_words[c]);
-                __m256i q[8];
-                for (int r = 0; r < 8; r++)
-                    q[r] = _mm256_loadu_si256(
-                        (const __m256i *)(((const blk_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
-                transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
-                for (int j = 0; j < 8; j++) {
-                    codes[c][0][j] = _mm256_and_si256(q[j], m4);
-                    codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
-                }
-            }
-            const __m256 d_rows = _mm256_loadu_ps(dr), dmin_rows = _mm256_loadu_ps(dminr);
+            q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++) {
                 const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
                 const __m256 a_d = _mm256_set1_ps(a->d);
                 const __m256 d = _mm256_mul_ps(d_rows, a_d), dmin = _mm256_mul_ps(dmin_rows, a_d);
                 __m256 vf = sumf[t], vm = summ[t];
                 for (int c = 0; c < 4; c++) {
-                    __m256i isum = _mm256_setzero_si256();
-                    for (int h = 0; h < 2; h++) {
-                        const int8_t *aq = a->qs + 64 * c + 32 * h;
-                        __m256i s16 = _mm256_setzero_si256();  /* 8 steps of pair sums: |.| <= 8 * 3840 */
-                        for (int j = 0; j < 8; j++) {
-                            int32_t w;
-                            memcpy(&w, aq + 4 * j, 4);
-                            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(codes[c][h][j], _mm256_set1_epi32(w)));
-                        }
-                        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, scale[2 * c + h]));
-                    }
-                    /* The span's min term: bsums of its four 16-element quarters, paired. */
-                    const int32_t bs_lo = a->bsums[4 * c] + a->bsums[4 * c + 1];
-                    const int32_t bs_hi = a->bsums[4 * c + 2] + a->bsums[4 * c + 3];
-                    const __m256i bs = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16));
-                    const __m256i imin = _mm256_madd_epi16(mins[c], bs);
+                    __m256i isum, imin;
+                    q4_K_span8(a, c, codes, scale, mins, &isum, &imin);
                     vf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, vf);
                     vm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), dmin, vm);
                 }
