@@ -23,19 +23,13 @@ import llguidance
 import numpy as np
 
 from .errors import ConstraintError
-from .generation import END_OF_TURN
+from .generation import end_of_turn_ids
 from .tokenizer import GGUFTokenizer
 
 # One compact layout for JSON: ", " and ": " between items and no other whitespace. With
 # free whitespace a model can pad forever (a random-weight one does) without breaking the
 # grammar; fixed separators keep every token on the way to a value.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def end_of_turn_ids(tokenizer: GGUFTokenizer) -> list[int]:
-    """The tokens that may mark the grammar's end: those generation stops at."""
-    ids = {tokenizer.token_id(t) for t in END_OF_TURN} | {tokenizer.eos_id}
-    return sorted(i for i in ids if i is not None)
 
 
 class _VocabularyView:
@@ -64,7 +58,7 @@ def llg_tokenizer(tokenizer: GGUFTokenizer) -> llguidance.LLTokenizer:
     with _llg_lock:
         cached = _llg_tokenizers.get(tokenizer)
         if cached is None:
-            ends = end_of_turn_ids(tokenizer)
+            ends = sorted(end_of_turn_ids(tokenizer))
             if not ends:
                 raise ConstraintError(
                     "the vocabulary has no end-of-turn token (<|im_end|> or an eos id), so a "

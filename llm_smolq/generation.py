@@ -12,6 +12,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .constrained import Constraint
     from .engine import Engine
+    from .tokenizer import GGUFTokenizer
 
 # Control tokens that end an assistant turn in the SmolLM chat formats.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
@@ -130,8 +131,8 @@ class TextStream:
         return len(self._pending) - keep
 
 
-def end_of_turn_ids(engine: Engine) -> set[int]:
-    tok = engine.tokenizer
+def end_of_turn_ids(tok: GGUFTokenizer) -> set[int]:
+    """The tokens an answer ends at (a constrained answer's grammar ends there too)."""
     ids = {tok.token_id(t) for t in END_OF_TURN} | {tok.eos_id}
     return {i for i in ids if i is not None}
 
@@ -153,7 +154,7 @@ def generate(
     short by max_tokens, a stop string or the context, the text is an incomplete value."""
     done = completion if completion is not None else Completion()
     done.prompt_tokens = len(prompt_ids)
-    sampler, enders, stream = Sampler(params), end_of_turn_ids(engine), TextStream(stops)
+    sampler, enders, stream = Sampler(params), end_of_turn_ids(engine.tokenizer), TextStream(stops)
     started = time.perf_counter()
     logits, done.cached_tokens = prefill(engine, prompt_ids)
     done.prefill_seconds = time.perf_counter() - started

@@ -191,10 +191,8 @@ class _SmolQ:
                 if disk:
                     disk.restore(engine, ids, disk_activity)
                 try:
-                    # constraint goes in only when there is one: generate() stand-ins that
-                    # predate it keep working.
-                    given = {"constraint": constraint} if constraint is not None else {}
-                    for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done, **given):
+                    for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done,
+                                          constraint):
                         yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
                 except KeyboardInterrupt:
                     # Ctrl-C ends the answer, not the program: llm logs what was produced

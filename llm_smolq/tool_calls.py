@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 import llm
 from llm.parts import StreamEvent, TextPart, ToolCallPart, ToolResultPart
 
-from .generation import _partial_suffix
+from .generation import ReasoningSplitter, _partial_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 #: The template variable SmolLM3 reads its tool list from.
@@ -79,8 +79,8 @@ class ToolCallGuard:
         self._grammar = tool_call_grammar({t.name: t.input_schema for t in tools}, tokenizer, open_tag=None,
                                           close_tag=CLOSE)
         self._call: Any = None  # the Constraint of the call being written
-        self._text = ""  # free text since the last call, as far as it is still needed
-        self._state = "start"  # start -> thinking -> free, or start -> free
+        self._answer = ReasoningSplitter()  # calls are looked for in the answer, past any <think>
+        self._text = ""  # answer text since the last call, as far as it is still needed
         self.skipped: list[str] = []  # calls left unguarded, and why
 
     def mask(self, logits):
@@ -99,32 +99,21 @@ class ToolCallGuard:
             if self._call.finished:
                 self._call = None
             return
-        self._text += self._tokenizer.token_to_bytes(token).decode("utf-8", errors="replace")
-        if self._state == "start":
-            head = self._text.lstrip()
-            if head.startswith("<think>"):
-                self._state = "thinking"
-            elif not "<think>".startswith(head):
-                self._state = "free"
-        if self._state == "thinking":
-            at = self._text.find("</think>")
-            if at < 0:
-                return
-            self._text, self._state = self._text[at + len("</think>"):], "free"
-        if self._state == "free":
-            at = self._text.find(OPEN)
-            if at < 0:
-                self._text = self._text[-(len(OPEN) - 1):]  # all that could still start a tag
-                return
-            # The token that completed the tag may carry the call's first characters.
-            tail, self._text = self._text[at + len(OPEN):], ""
-            call = Constraint(self._tokenizer, self._grammar)
-            try:
-                call.consume_all(self._tokenizer.encode(tail))
-            except ConstraintError as exc:
-                self.skipped.append(f"the call began with {tail!r}: {exc}")
-                return
-            self._call = None if call.finished else call
+        text = self._tokenizer.token_to_bytes(token).decode("utf-8", errors="replace")
+        self._text += "".join(piece for kind, piece in self._answer.push(text) if kind == "text")
+        at = self._text.find(OPEN)
+        if at < 0:
+            self._text = self._text[-(len(OPEN) - 1):]  # all that could still start a tag
+            return
+        # The token that completed the tag may carry the call's first characters.
+        tail, self._text = self._text[at + len(OPEN):], ""
+        call = Constraint(self._tokenizer, self._grammar)
+        try:
+            call.consume_all(self._tokenizer.encode(tail))
+        except ConstraintError as exc:
+            self.skipped.append(f"the call began with {tail!r}: {exc}")
+            return
+        self._call = None if call.finished else call
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
