@@ -38,11 +38,10 @@ def document(n_sentences: int) -> str:
 
 def _prompt_ids(engine, template, messages: list[dict]) -> list[int]:
     """What the plugin sends for these messages: the chat template's text, tokenized."""
+    from .generation import prompt_ids
+
     extra = {"enable_thinking": True} if engine.config.arch == "smollm3" else {}
-    ids = engine.tokenize(template.render(messages, add_generation_prompt=True, **extra), special=True)
-    if engine.tokenizer.add_bos and engine.tokenizer.bos_id is not None:
-        ids = [engine.tokenizer.bos_id] + ids
-    return ids
+    return prompt_ids(engine, template.render(messages, add_generation_prompt=True, **extra))
 
 
 def _first_messages(engine, template, budget: int) -> list[dict]:

@@ -82,6 +82,14 @@ class Completion:
         return round(n / self.decode_seconds, 2) if n > 0 and self.decode_seconds > 0 else None
 
 
+def prompt_ids(engine: Engine, text: str) -> list[int]:
+    """The ids a rendered chat prompt is evaluated as: control-token text as those tokens,
+    BOS first when the vocabulary asks for it."""
+    ids = engine.tokenize(text, special=True)
+    tok = engine.tokenizer
+    return [tok.bos_id] + ids if tok.add_bos and tok.bos_id is not None else ids
+
+
 def prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
     """Evaluate prompt_ids, reusing the longest prefix already in the KV cache.
     Returns the last position's logits and how many tokens were reused."""

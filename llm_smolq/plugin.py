@@ -121,7 +121,7 @@ class _SmolQ:
     def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, StreamEvent]]:
         from .chat_template import ChatTemplateError
         from .errors import ConstraintError
-        from .generation import Completion, ReasoningSplitter, SamplingParams, generate
+        from .generation import Completion, ReasoningSplitter, SamplingParams, generate, prompt_ids
         from .prompt_cache import CacheActivity, PromptCache
         from .tool_calls import ToolCallGuard, ToolCallParser, template_tools, to_llm
 
@@ -149,9 +149,7 @@ class _SmolQ:
             )
         except ChatTemplateError as exc:
             raise llm.ModelError(f"the model's chat template failed: {exc}") from None
-        ids = engine.tokenize(text, special=True)
-        if engine.tokenizer.add_bos and engine.tokenizer.bos_id is not None:
-            ids = [engine.tokenizer.bos_id] + ids
+        ids = prompt_ids(engine, text)
         if len(ids) >= engine.n_ctx:
             limit = engine.config.context_length
             fix = (f"shorten it or raise the context with -o n_ctx {min(len(ids) * 2, limit)}" if len(ids) < limit
