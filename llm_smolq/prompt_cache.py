@@ -116,17 +116,17 @@ class KVLayout:
 
 
 def model_fingerprint(model: ModelFile) -> dict:
-    """Cheap but enough to notice a changed file: its size and mtime, and a hash of its
-    header (metadata, vocabulary, tensor table) and of the first and last MiB of weights.
-    Read from the engine's own mapping, so it describes the weights the engine runs."""
+    """Cheap but enough to notice a changed file: its size and mtime, the digest of its
+    header (metadata, vocabulary, tensor table) taken when it was opened, and a hash of
+    the first and last MiB of weights, read from the engine's own mapping, so it
+    describes the weights the engine runs."""
     st = os.stat(model.path)
     data = model.data
     weights_start = min((t.offset for t in model.tensors.values()), default=len(data))
     h = hashlib.sha256()
-    h.update(memoryview(data[:weights_start]))
     h.update(memoryview(data[weights_start:weights_start + _EDGE_BYTES]))
     h.update(memoryview(data[max(weights_start, len(data) - _EDGE_BYTES):]))
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": model.digest, "sha256": h.hexdigest()}
 
 
 _kernel_fingerprint: dict | None = None
