@@ -11,6 +11,7 @@ folder (253 strings x 2 special modes x 3 pre-types, all matched by the tests).
 
 from __future__ import annotations
 
+import functools
 import json
 
 import threading
@@ -300,28 +301,24 @@ class _NoFiles(Exception):
 def cached_bpe_files(digest: str, tokens: Any, merges: Any) -> tuple[Path, Path] | None:
     """bpe_file_contents() as files in the index cache, under the header digest the
     tokens and merges came from: (vocabulary, merges), or None if the cache is off, the
-    contents cannot be files, or the metadata is malformed (from_metadata then says how)."""
+    contents cannot be files, or the metadata is malformed (from_metadata then says how).
+    The contents are worked out only when a file is missing or damaged."""
     from .index_cache import cached_file
 
-    contents: tuple[bytes, bytes] | None = None
-
-    def part(i: int):
-        def produce() -> bytes:
-            nonlocal contents
-            if contents is None:
-                if not isinstance(tokens, list) or not isinstance(merges, list):
-                    raise _NoFiles
-                try:
-                    contents = bpe_file_contents(tokens, merges)
-                except (TypeError, AttributeError, GGUFError):
-                    raise _NoFiles from None
-                if contents is None:
-                    raise _NoFiles
-            return contents[i]
-        return produce
+    @functools.cache
+    def contents() -> tuple[bytes, bytes]:
+        try:
+            usable = all(isinstance(v, list) and set(map(type, v)) <= {str} for v in (tokens, merges))
+            made = bpe_file_contents(tokens, merges) if usable else None
+        except (TypeError, AttributeError, GGUFError):
+            made = None
+        if made is None:
+            raise _NoFiles
+        return made
 
     try:
-        vocab, pairs = cached_file(digest, "vocab.json", part(0)), cached_file(digest, "merges.txt", part(1))
+        vocab = cached_file(digest, "vocab.json", lambda: contents()[0])
+        pairs = cached_file(digest, "merges.txt", lambda: contents()[1])
     except _NoFiles:
         return None
     return (vocab, pairs) if vocab and pairs else None
