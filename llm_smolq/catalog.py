@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import llm
 
 from . import pypi_models
+from .atomic_file import replaced_atomically
 
 REGISTRY_FILE = "models.json"
 QUANT_PATTERN = re.compile(
@@ -213,9 +214,8 @@ def _read_registry(strict: bool = True) -> dict[str, dict]:
 def _write_registry(data: dict[str, dict]) -> None:
     path = _registry_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    with replaced_atomically(path) as f:
+        f.write((json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def default_model_id(path: str | os.PathLike[str]) -> str:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
+from .atomic_file import replaced_atomically
 from .gguf_file import GGUFHeader, RawTensor, header_digest, read_header
 
 MAGIC = b"SMOLQIX1"  # bump the digit when the stored layout changes
@@ -142,14 +142,8 @@ def _store(entry: Path, value) -> None:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with replaced_atomically(path) as f:
+        f.write(data)
 
 
 def _evict(root: Path) -> None:

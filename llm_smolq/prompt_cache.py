@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import struct
 import sys
 import time
@@ -38,6 +37,8 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 from filelock import FileLock, Timeout
+
+from .atomic_file import TEMP_PREFIX, replaced_atomically
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -213,8 +214,8 @@ def block_bytes(header_len: int, n: int, layout: KVLayout) -> int:
 
 def write_block(directory: Path, parent: str, start: int, tokens: np.ndarray, k: np.ndarray, v: np.ndarray,
                 layout: KVLayout, model_file: str) -> Path:
-    """Write one block atomically: a temporary file renamed into place, so a reader sees
-    the whole file or none. No fsync: a file torn by a crash fails its digest when read."""
+    """Write one block atomically (a reader sees the whole file or none); a file torn by a
+    crash fails its digest when read."""
     n = len(tokens)
     digest = chain_digest(parent, tokens)
     header = json.dumps({
@@ -228,18 +229,12 @@ def write_block(directory: Path, parent: str, start: int, tokens: np.ndarray, k:
     parts = [_PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)), header, _ids_bytes(tokens),
              memoryview(k).cast("B"), memoryview(v).cast("B")]
     final = directory / block_name(start, parent, digest)
-    temp = directory / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
     h = hashlib.sha256()
-    try:
-        with open(temp, "wb") as f:
-            for part in parts:
-                h.update(part)
-                f.write(part)
-            f.write(h.digest())
-        os.replace(temp, final)
-    finally:
-        if temp.exists():
-            temp.unlink()
+    with replaced_atomically(final) as f:
+        for part in parts:
+            h.update(part)
+            f.write(part)
+        f.write(h.digest())
     return final
 
 
@@ -540,7 +535,7 @@ class PromptCache:
         total fits the budget."""
         now = time.time()
         for item in os.scandir(self.directory):
-            if item.name.startswith(".tmp-"):
+            if item.name.startswith(TEMP_PREFIX):
                 try:
                     if now - item.stat().st_mtime > _STALE_TEMP_SECONDS:
                         _unlink(Path(item.path))
@@ -593,7 +588,7 @@ class PromptCache:
         files = size = 0
         with self._lock():
             for item in os.scandir(self.directory):
-                if _NAME.match(item.name) or item.name.startswith(".tmp-"):
+                if _NAME.match(item.name) or item.name.startswith(TEMP_PREFIX):
                     try:
                         size += item.stat().st_size
                         os.unlink(item.path)
