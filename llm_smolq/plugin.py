@@ -16,7 +16,6 @@ from . import catalog
 
 if TYPE_CHECKING:  # the kernel, gguf and jinja2 load on first use, not on every `llm` start
     from .chat_template import ChatTemplate
-    from .constrained import Constraint
     from .engine import Engine
 
 DEFAULT_MAX_TOKENS = 1024
@@ -119,11 +118,7 @@ class _SmolQ:
         return f"SmolQ: {self.model_id}"
 
     def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, StreamEvent]]:
-        from .chat_template import ChatTemplateError
-        from .errors import ConstraintError
-        from .generation import Completion, ReasoningSplitter, SamplingParams, generate, prompt_ids
-        from .prompt_cache import CacheActivity, PromptCache
-        from .tool_calls import ToolCallGuard, ToolCallParser, template_tools, to_llm
+        from .turn import answer
 
         opts = prompt.options
         try:
@@ -131,133 +126,7 @@ class _SmolQ:
         except catalog.ModelNotFound as exc:
             raise llm.ModelError(str(exc)) from None
         loaded = load_model(path, opts.n_ctx or 4096, opts.threads)
-        engine = loaded.engine
-        smollm3 = engine.config.arch == "smollm3"
-        tools = [tool for tool in prompt.tools if isinstance(tool, llm.Tool)]
-        extra = template_tools(tools, loaded.template.variables, self.model_id) if tools else {}
-        messages = template_messages(prompt)
-        constraint = None
-        if prompt.schema is not None:
-            constraint = schema_constraint(engine, prompt.schema)
-            messages = with_schema_instruction(messages, prompt.schema)
-        try:
-            text = loaded.template.render(
-                messages, add_generation_prompt=True,
-                # With a schema the answer is the JSON alone: no <think> part before it.
-                **({"enable_thinking": opts.thinking is not False and constraint is None} if smollm3 else {}),
-                **extra,
-            )
-        except ChatTemplateError as exc:
-            raise llm.ModelError(f"the model's chat template failed: {exc}") from None
-        ids = prompt_ids(engine, text)
-        if len(ids) >= engine.n_ctx:
-            limit = engine.config.context_length
-            fix = (f"shorten it or raise the context with -o n_ctx {min(len(ids) * 2, limit)}" if len(ids) < limit
-                   else f"shorten it: the model reads at most {limit} tokens")
-            raise llm.ModelError(f"the prompt is {len(ids)} tokens but the context holds {engine.n_ctx}; {fix}")
-        params = SamplingParams(
-            temperature=_pick(opts.temperature, 0.6 if smollm3 else 0.2),
-            top_p=_pick(opts.top_p, 0.95 if smollm3 else 0.9),
-            top_k=_pick(opts.top_k, 0),
-            min_p=_pick(opts.min_p, 0.0),
-            repeat_penalty=_pick(opts.repeat_penalty, 1.0),
-            seed=opts.seed,
-        )
-        stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
-        try:
-            disk = PromptCache.configured() if opts.prompt_cache is not False else None
-        except ValueError as exc:  # a malformed SMOLQ_PROMPT_CACHE_SIZE
-            raise llm.ModelError(str(exc)) from None
-        disk_activity = CacheActivity()
-        done = Completion()
-        splitter = ReasoningSplitter() if smollm3 and constraint is None else None
-        calls = ToolCallParser() if tools else None
-        if tools and constraint is None:  # a schema'd answer has no room for calls
-            constraint = ToolCallGuard(engine.tokenizer, tools)
-
-        def events(pieces):
-            for kind, piece in pieces:
-                if kind == "reasoning":
-                    yield StreamEvent(type="reasoning", chunk=piece)
-                elif calls is None:
-                    yield piece
-                else:  # tool calls are read from the answer, never from the reasoning
-                    yield from to_llm(calls.push(piece), response)
-
-        try:
-            with loaded.lock:
-                if disk:
-                    disk.restore(engine, ids, disk_activity)
-                try:
-                    for chunk in generate(engine, ids, params, opts.max_tokens or DEFAULT_MAX_TOKENS, stops, done,
-                                          constraint):
-                        yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
-                except KeyboardInterrupt:
-                    # Ctrl-C ends the answer, not the program: llm logs what was produced
-                    # and `llm chat` goes on. The KV cache holds only completed steps.
-                    done.finish_reason = "interrupted"
-                except ConstraintError as exc:  # a schema past llguidance's limits mid-answer
-                    raise llm.ModelError(f"the schema could not be followed: {exc}; simplify it") from None
-                if splitter:
-                    yield from events(splitter.flush())
-                if calls:
-                    yield from to_llm(calls.flush(), response)
-                if disk:  # after the answer is out: the wait is not before the first token
-                    disk.save(engine, disk_activity)
-        finally:
-            response.set_usage(
-                input=done.prompt_tokens, output=len(done.output_ids), details={"cached": done.cached_tokens}
-            )
-            response.response_json = {
-                "finish_reason": done.finish_reason or "error",
-                "tokens_per_second": done.tokens_per_second,
-                "prefill_seconds": round(done.prefill_seconds, 3),
-                "model_file": str(path),
-                **({"prompt_cache": disk_activity.as_json()} if disk else {}),
-            }
-            if calls and calls.errors:  # blocks that were kept as text, and why
-                response.response_json["tool_call_errors"] = calls.errors
-
-
-def schema_constraint(engine: Engine, schema: dict) -> Constraint:
-    from .constrained import Constraint, ConstraintError
-
-    try:
-        return Constraint.for_json_schema(engine.tokenizer, schema)
-    except ConstraintError as exc:
-        raise llm.ModelError(f"the schema cannot be used: {exc}; fix it and try again") from None
-
-
-def with_schema_instruction(messages: list[dict[str, str]], schema: dict) -> list[dict[str, str]]:
-    """The messages with the schema asked for in the system prompt: the constraint makes
-    the output valid, the instruction makes the model fill it with the right things."""
-    from .constrained import schema_instruction
-
-    instruction = schema_instruction(schema)
-    if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{instruction}"}, *messages[1:]]
-    return [{"role": "system", "content": instruction}, *messages]
-
-
-def _pick(value, default):
-    return default if value is None else value
-
-
-def template_messages(prompt: llm.Prompt) -> list[dict[str, str]]:
-    """llm's Message parts as the {role, content} dicts chat templates read. Reasoning
-    from earlier turns is dropped (SmolLM3's template leaves it out as well); tool calls
-    and results are written as SmolLM3 reads them (tool_calls.py)."""
-    from .tool_calls import message_content, result_messages
-
-    out = []
-    for message in prompt.messages:
-        if message.role == "tool":
-            out.extend(result_messages(message.parts))
-            continue
-        content = message_content(message.parts)
-        if content or message.role != "assistant":
-            out.append({"role": message.role, "content": content})
-    return out
+        yield from answer(loaded, prompt, response, self.model_id, path)
 
 
 class SmolQModel(_SmolQ, llm.Model):

@@ -17,7 +17,7 @@ from llm.tools import llm_version
 
 import llm_smolq
 import llm_smolq.generation
-from llm_smolq import plugin
+from llm_smolq import plugin, turn
 from llm_smolq.chat_template import ChatTemplate, chat_template_from_gguf
 from llm_smolq.tool_calls import (
     ParsedCall,
@@ -164,7 +164,7 @@ def test_a_chains_history_renders_as_transformers_renders_smollm3s_tool_turn(ref
                               ToolCallPart(name="get_weather", arguments={"city": "Paris"}, tool_call_id="c1")]),
         Message("tool", [ToolResultPart(name="get_weather", output="18C, sunny", tool_call_id="c1")]),
     ]
-    rendered_messages = plugin.template_messages(SimpleNamespace(messages=messages))
+    rendered_messages = turn.template_messages(SimpleNamespace(messages=messages))
     assert rendered_messages == case["messages"]
     template = chat_template_from_gguf(reference_dir / TINY3, now=lambda: datetime(2026, 11, 29))
     assert template.render(rendered_messages, add_generation_prompt=True, **case["kwargs"]) == case["rendered"]
@@ -176,7 +176,7 @@ def test_text_and_several_calls_and_results_keep_their_order():
                               ToolCallPart(name="add", arguments={"a": 2, "b": 5})]),
         Message("tool", [ToolResultPart(name="add", output="3"), ToolResultPart(name="add", output="Error: boom")]),
     ]
-    assert plugin.template_messages(SimpleNamespace(messages=messages)) == [
+    assert turn.template_messages(SimpleNamespace(messages=messages)) == [
         {"role": "assistant", "content": 'Two sums.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n'
                                          '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 5}}\n</tool_call>'},
         {"role": "tool", "content": "3"},

@@ -1,0 +1,173 @@
+"""One answer to an llm prompt: the conversation rendered with the model's own chat
+template, generated under the prompt's options (schema, tools, prompt cache), streamed
+back as llm's text, reasoning and tool-call events, and its usage recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Union
+
+import llm
+from llm.parts import StreamEvent
+
+from . import generation
+from .chat_template import ChatTemplateError
+from .constrained import Constraint, ConstraintError, schema_instruction
+from .generation import Completion, ReasoningSplitter, SamplingParams, prompt_ids
+from .plugin import DEFAULT_MAX_TOKENS, Loaded
+from .prompt_cache import CacheActivity, PromptCache
+from .tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Path
+           ) -> Iterator[Union[str, StreamEvent]]:
+    engine, opts = loaded.engine, prompt.options
+    smollm3 = engine.config.arch == "smollm3"
+    tools = [tool for tool in prompt.tools if isinstance(tool, llm.Tool)]
+    schema = prompt.schema
+    constraint = schema_constraint(engine, schema) if schema is not None else None
+    # With a schema the answer is the JSON alone: no <think> part before it.
+    thinking = (opts.thinking is not False and schema is None) if smollm3 else None
+    ids = conversation_ids(loaded, prompt, model_id, tools, thinking)
+    disk = configured_prompt_cache(opts)
+    disk_activity = CacheActivity()
+    done = Completion()
+    splitter = ReasoningSplitter() if smollm3 and schema is None else None
+    calls = ToolCallParser() if tools else None
+    if tools and constraint is None:  # a schema'd answer has no room for calls
+        constraint = ToolCallGuard(engine.tokenizer, tools)
+
+    def events(pieces):
+        for kind, piece in pieces:
+            if kind == "reasoning":
+                yield StreamEvent(type="reasoning", chunk=piece)
+            elif calls is None:
+                yield piece
+            else:  # tool calls are read from the answer, never from the reasoning
+                yield from to_llm(calls.push(piece), response)
+
+    try:
+        with loaded.lock:
+            if disk:
+                disk.restore(engine, ids, disk_activity)
+            try:
+                for chunk in generation.generate(engine, ids, sampling_params(opts, smollm3),
+                                                 opts.max_tokens or DEFAULT_MAX_TOKENS, stop_strings(opts), done,
+                                                 constraint):
+                    yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
+            except KeyboardInterrupt:
+                # Ctrl-C ends the answer, not the program: llm logs what was produced
+                # and `llm chat` goes on. The KV cache holds only completed steps.
+                done.finish_reason = "interrupted"
+            except ConstraintError as exc:  # a schema past llguidance's limits mid-answer
+                raise llm.ModelError(f"the schema could not be followed: {exc}; simplify it") from None
+            if splitter:
+                yield from events(splitter.flush())
+            if calls:
+                yield from to_llm(calls.flush(), response)
+            if disk:  # after the answer is out: the wait is not before the first token
+                disk.save(engine, disk_activity)
+    finally:
+        record(response, done, path, disk_activity if disk else None, calls)
+
+
+def conversation_ids(loaded: Loaded, prompt: llm.Prompt, model_id: str, tools: list[llm.Tool],
+                     thinking: bool | None) -> list[int]:
+    """The conversation rendered by the model's template (with its tools, the schema
+    asked for, and SmolLM3's thinking switch when not None) as the ids to evaluate;
+    a ModelError when they do not fit the context."""
+    engine = loaded.engine
+    extra = template_tools(tools, loaded.template.variables, model_id) if tools else {}
+    messages = template_messages(prompt)
+    if prompt.schema is not None:
+        messages = with_schema_instruction(messages, prompt.schema)
+    if thinking is not None:
+        extra["enable_thinking"] = thinking
+    try:
+        text = loaded.template.render(messages, add_generation_prompt=True, **extra)
+    except ChatTemplateError as exc:
+        raise llm.ModelError(f"the model's chat template failed: {exc}") from None
+    ids = prompt_ids(engine, text)
+    if len(ids) >= engine.n_ctx:
+        limit = engine.config.context_length
+        fix = (f"shorten it or raise the context with -o n_ctx {min(len(ids) * 2, limit)}" if len(ids) < limit
+               else f"shorten it: the model reads at most {limit} tokens")
+        raise llm.ModelError(f"the prompt is {len(ids)} tokens but the context holds {engine.n_ctx}; {fix}")
+    return ids
+
+
+def template_messages(prompt: llm.Prompt) -> list[dict[str, str]]:
+    """llm's Message parts as the {role, content} dicts chat templates read. Reasoning
+    from earlier turns is dropped (SmolLM3's template leaves it out as well); tool calls
+    and results are written as SmolLM3 reads them (tool_calls.py)."""
+    out = []
+    for message in prompt.messages:
+        if message.role == "tool":
+            out.extend(result_messages(message.parts))
+            continue
+        content = message_content(message.parts)
+        if content or message.role != "assistant":
+            out.append({"role": message.role, "content": content})
+    return out
+
+
+def schema_constraint(engine: Engine, schema: dict) -> Constraint:
+    try:
+        return Constraint.for_json_schema(engine.tokenizer, schema)
+    except ConstraintError as exc:
+        raise llm.ModelError(f"the schema cannot be used: {exc}; fix it and try again") from None
+
+
+def with_schema_instruction(messages: list[dict[str, str]], schema: dict) -> list[dict[str, str]]:
+    """The messages with the schema asked for in the system prompt: the constraint makes
+    the output valid, the instruction makes the model fill it with the right things."""
+    instruction = schema_instruction(schema)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{instruction}"}, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]
+
+
+def sampling_params(opts, smollm3: bool) -> SamplingParams:
+    """The options given, else each model card's recommendation."""
+    return SamplingParams(
+        temperature=_pick(opts.temperature, 0.6 if smollm3 else 0.2),
+        top_p=_pick(opts.top_p, 0.95 if smollm3 else 0.9),
+        top_k=_pick(opts.top_k, 0),
+        min_p=_pick(opts.min_p, 0.0),
+        repeat_penalty=_pick(opts.repeat_penalty, 1.0),
+        seed=opts.seed,
+    )
+
+
+def stop_strings(opts) -> list[str]:
+    return [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
+
+
+def configured_prompt_cache(opts) -> PromptCache | None:
+    if opts.prompt_cache is False:
+        return None
+    try:
+        return PromptCache.configured()
+    except ValueError as exc:  # a malformed SMOLQ_PROMPT_CACHE_SIZE
+        raise llm.ModelError(str(exc)) from None
+
+
+def record(response, done: Completion, path: Path, disk: CacheActivity | None, calls: ToolCallParser | None) -> None:
+    """Usage and what llm logs beside the answer, also for an answer cut short."""
+    response.set_usage(input=done.prompt_tokens, output=len(done.output_ids), details={"cached": done.cached_tokens})
+    response.response_json = {
+        "finish_reason": done.finish_reason or "error",
+        "tokens_per_second": done.tokens_per_second,
+        "prefill_seconds": round(done.prefill_seconds, 3),
+        "model_file": str(path),
+        **({"prompt_cache": disk.as_json()} if disk else {}),
+    }
+    if calls and calls.errors:  # blocks that were kept as text, and why
+        response.response_json["tool_call_errors"] = calls.errors
+
+
+def _pick(value, default):
+    return default if value is None else value
