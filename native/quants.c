@@ -1584,7 +1584,9 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
 typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
 
 #ifdef SQ_HAVE_AVX2_KERNELS
-static const vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
+/* As vec_dot_fn, prefetching no further than stop (quants.h). */
+typedef float (*simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb, const void *stop);
+static const simd_vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
     [SQ_Q4_0] = sq_vec_dot_q4_0_avx2, [SQ_Q4_1] = sq_vec_dot_q4_1_avx2,
     [SQ_Q5_0] = sq_vec_dot_q5_0_avx2, [SQ_Q5_1] = sq_vec_dot_q5_1_avx2,
     [SQ_Q8_0] = sq_vec_dot_q8_0_avx2, [SQ_Q2_K] = sq_vec_dot_q2_K_avx2,
@@ -1646,7 +1648,7 @@ float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
         return NAN;
 #ifdef SQ_HAVE_AVX2_KERNELS
     if (simd_vec_dot[type] && sq_simd_enabled())
-        return simd_vec_dot[type](row, xq, nb);
+        return simd_vec_dot[type](row, xq, nb, (const uint8_t *)row + nb * t->bytes);
 #endif
     return t->vec_dot(row, xq, nb);
 }
@@ -1696,13 +1698,17 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
     /* The function is chosen once for all rows. (Several rows per pass over xq, tried for
      * Q4_1, Q8_0 (4 rows) and Q4_K (8 rows side by side), made decode slower.) */
     const uint8_t *base = rows;
-    vec_dot_fn one = t->vec_dot;
 #ifdef SQ_HAVE_AVX2_KERNELS
-    if (simd_vec_dot[type] && sq_simd_enabled())
-        one = simd_vec_dot[type];
+    if (simd_vec_dot[type] && sq_simd_enabled() && n_rows > 0) {
+        const simd_vec_dot_fn one = simd_vec_dot[type];
+        const uint8_t *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
+        for (int64_t r = 0; r < n_rows; r++)
+            y[r] = one(base + r * row_bytes, xq, nb, stop);
+        return 0;
+    }
 #endif
     for (int64_t r = 0; r < n_rows; r++)
-        y[r] = one(base + r * row_bytes, xq, nb);
+        y[r] = t->vec_dot(base + r * row_bytes, xq, nb);
     return 0;
 }
 

@@ -27,22 +27,24 @@ static inline uint16_t sq_fp32_to_bf16(float f) {
 #define SQ_TWIN static inline __attribute__((always_inline))
 
 /* AVX2/FMA vec_dot functions (quants_avx2.c), same contract as quants.c's scalar
- * vec_dot_<type>: nb blocks of weights times activations in the paired format.
+ * vec_dot_<type>: nb blocks of weights times activations in the paired format. They
+ * prefetch weights ahead of the block they work on, up to `stop`: the end of the row,
+ * or of the last of the rows a mat-vec is going through.
  * Compiled with target attributes; call only when the CPU has AVX2, FMA and F16C. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SQ_HAVE_AVX2_KERNELS 1
-float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_iq4_nl_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_iq4_nl_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
 /* The same for four activation rows stride bytes apart, into out[0..3], each exactly
  * as the one-row function computes it. */
 void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
-float sq_vec_dot_q5_0_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_q5_1_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_q2_K_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_q3_K_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q5_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q5_1_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q2_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q3_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
 /* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order (quants.c's
  * batch_dot_q4_K, same bits). */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
@@ -58,9 +60,9 @@ void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int
 /* Eight Q6_K rows at once, each with sq_batch_dot_q6_K_avx2's bits: y[t * ldy + r], r < 8. */
 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, float *y, int64_t ldy);
-float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb);
-float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb);
+float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
 #endif
 
 /* Whether the AVX2/FMA paths are in use (the setting sq_simd_name reports). */
