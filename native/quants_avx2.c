@@ -276,25 +276,38 @@ static inline void k_unpack_scales(const uint8_t *s, uint32_t u[4]) {
     u[3] = ((a[2] >> 4) & m4) | ((a[1] >> 6) & m2) << 4;     /* mn 4..7 */
 }
 
+/* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block, as
+ * k_unpack_scales gives them, without leaving the vector registers: reads 16 bytes
+ * from s (the 12 packed ones and 4 of the codes after them). */
+static inline AVX2 __m128i k_scales_mins(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* words a0 a2 a1 a2 */
+    const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* words a0 a0 a1 a1 */
+    const __m128i low = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i high = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(low, high);
+}
+
 /* Q4_K: whole-block integer sums for the codes and the mins, then two fma chains
- * in block order subtracted at the end, as each lane of llama.cpp's repacked
- * (8-row) Q4_K kernel computes it. */
+ * in block order (lanes 0 and 1 of acc) subtracted at the end, as each lane of
+ * llama.cpp's repacked (8-row) Q4_K kernel computes it. The group scales stay in a
+ * register and are spread over the codes with byte shuffles. */
 AVX2 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     const blk_q4_K *x = row;
     const blk_q8_K *y = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    float acc = 0.0f, acc_m = 0.0f;
+    __m128 acc = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
-        uint32_t u[4];
-        k_unpack_scales(x[i].scales, u);
-        const uint8_t *sc = (const uint8_t *)u;
+        const __m128i sc_mn = k_scales_mins(x[i].scales);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc_mn)); /* int16 sc[g] */
 
-        /* Min terms: mn[g] * (bsums[2g] + bsums[2g+1]). */
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
-        const __m128i bs_lo = _mm_loadu_si128((const __m128i *)y[i].bsums);
-        const __m128i bs_hi = _mm_loadu_si128((const __m128i *)(y[i].bsums + 8));
-        const __m128i prod = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));
+        /* Min terms: mn[g] * (bsums[2g] + bsums[2g+1]), 4 int32 lanes. */
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sc_mn, sc_mn));
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[i].bsums),
+                                          _mm_loadu_si128((const __m128i *)(y[i].bsums + 8)));
+        const __m128i min_terms = _mm_madd_epi16(mins, bs);
 
         /* Codes: 32 bytes of qs serve groups 2c (low nibbles) and 2c+1 (high). */
         __m256i sumi = _mm256_setzero_si256();
@@ -304,16 +317,21 @@ AVX2 float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb, con
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
             const __m256i y_lo = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
             const __m256i y_hi = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
-            const __m256i p_lo = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(lo, y_lo));
-            const __m256i p_hi = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi, y_hi));
+            /* int16 word g of sc in every word: bytes 2g, 2g+1 picked into each pair */
+            const __m256i s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(0x0202 * (2 * c) + 0x0100)));
+            const __m256i s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(0x0202 * (2 * c + 1) + 0x0100)));
+            const __m256i p_lo = _mm256_madd_epi16(s_lo, _mm256_maddubs_epi16(lo, y_lo));
+            const __m256i p_hi = _mm256_madd_epi16(s_hi, _mm256_maddubs_epi16(hi, y_hi));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
         }
-        const __m256i prod8 = _mm256_castsi128_si256(prod); /* upper lanes unused: zero them */
-        const int32_t imin = hsum8_i32(_mm256_inserti128_si256(prod8, _mm_setzero_si128(), 1));
-        acc = __builtin_fmaf((float)hsum8_i32(sumi), h2f(x[i].d) * y[i].d, acc);
-        acc_m = __builtin_fmaf((float)imin, h2f(x[i].dmin) * y[i].d, acc_m);
+        /* Both block totals at once: lanes S, M, S, M; exact, so any order of adds. */
+        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1));
+        const __m128i h = _mm_hadd_epi32(s4, min_terms);
+        const __m128i totals = _mm_hadd_epi32(h, h);
+        const __m128 scales = _mm_mul_ps(h2f_pair(&x[i].d), _mm_set1_ps(y[i].d)); /* d*dy, dmin*dy */
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(totals), scales, acc);
     }
-    return acc - acc_m;
+    return _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
 }
 
 /* One token's four span sums of a Q4_K block (64 elements each, exact, as floats) and
