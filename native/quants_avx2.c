@@ -678,8 +678,12 @@ AVX2 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb, con
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
-        const int8_t *sc = x[i].scales;
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        /* Even groups' scales in the low 128 bits, odd groups' in the high: the scales of
+         * groups g and g+1 (a register of codes, one per half) are one byte shuffle away. */
+        const __m256i sc_pairs = _mm256_cvtepi8_epi16(
+            _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
         const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
         __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
         for (int h = 0; h < 2; h++) {
@@ -698,8 +702,8 @@ AVX2 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb, con
             for (int c = 0; c < 4; c++) {
                 const int g = 8 * h + 2 * c; /* groups g (bytes 0..15) and g+1 (16..31) */
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(q8 + 32 * c));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale_halves(sc[g], sc[g + 1]),
-                                                                 _mm256_maddubs_epi16(q[c], qy)));
+                const __m256i scale = _mm256_shuffle_epi8(sc_pairs, _mm256_set1_epi16((short)(0x0101 * g + 0x0100)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale, _mm256_maddubs_epi16(q[c], qy)));
             }
         }
         const float d = y[i].d * h2f(x[i].d);
