@@ -1575,30 +1575,42 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
 }
 
 /* ---------------------------------------------------------------------------
- * SIMD selection: AVX2/FMA versions of some vec_dot functions (quants_avx2.c),
- * taking the place of the table's entries while enabled. The setting is made on
- * first use (CPU support, and SMOLQ_SIMD unless it is "0") and then only changed
- * by sq_set_simd; it is one atomic int, read relaxed on every call.
+ * SIMD selection: the AVX2/FMA (quants_avx2.c, x86-64) or NEON (quants_neon.c,
+ * AArch64) versions of the vec_dot functions, taking the place of the table's
+ * entries while enabled. The setting is made on first use (CPU support, and
+ * SMOLQ_SIMD unless it is "0") and then only changed by sq_set_simd; it is one
+ * atomic int, read relaxed on every call.
  * ------------------------------------------------------------------------- */
 
 typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
 
-#ifdef SQ_HAVE_AVX2_KERNELS
+#if defined(SQ_HAVE_AVX2_KERNELS)
+#define SIMD(fn) sq_##fn##_avx2
+#define SIMD_NAME "avx2"
+#elif defined(SQ_HAVE_NEON_KERNELS)
+#define SIMD(fn) sq_##fn##_neon
+#define SIMD_NAME "neon"
+#endif
+
+#ifdef SIMD
+#define HAVE_SIMD 1
 static const vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
-    [SQ_Q4_0] = sq_vec_dot_q4_0_avx2, [SQ_Q4_1] = sq_vec_dot_q4_1_avx2,
-    [SQ_Q5_0] = sq_vec_dot_q5_0_avx2, [SQ_Q5_1] = sq_vec_dot_q5_1_avx2,
-    [SQ_Q8_0] = sq_vec_dot_q8_0_avx2, [SQ_Q2_K] = sq_vec_dot_q2_K_avx2,
-    [SQ_Q3_K] = sq_vec_dot_q3_K_avx2, [SQ_Q4_K] = sq_vec_dot_q4_K_avx2,
-    [SQ_Q5_K] = sq_vec_dot_q5_K_avx2, [SQ_Q6_K] = sq_vec_dot_q6_K_avx2,
-    [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_avx2, [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_avx2,
+    [SQ_Q4_0] = SIMD(vec_dot_q4_0), [SQ_Q4_1] = SIMD(vec_dot_q4_1),
+    [SQ_Q5_0] = SIMD(vec_dot_q5_0), [SQ_Q5_1] = SIMD(vec_dot_q5_1),
+    [SQ_Q8_0] = SIMD(vec_dot_q8_0), [SQ_Q2_K] = SIMD(vec_dot_q2_K),
+    [SQ_Q3_K] = SIMD(vec_dot_q3_K), [SQ_Q4_K] = SIMD(vec_dot_q4_K),
+    [SQ_Q5_K] = SIMD(vec_dot_q5_K), [SQ_Q6_K] = SIMD(vec_dot_q6_K),
+    [SQ_IQ4_NL] = SIMD(vec_dot_iq4_nl), [SQ_IQ4_XS] = SIMD(vec_dot_iq4_xs),
 };
 
 /* Whole batches (sq_vec_dot_batch): the same bits as the C code they stand for
  * (batch_dot_k for Q6_K, batch_dot_q4_K for Q4_K). */
 static const batch_fn simd_batch[SQ_BF16 + 1] = {
-    [SQ_Q4_K] = sq_batch_dot_q4_K_avx2, [SQ_Q6_K] = sq_batch_dot_q6_K_avx2,
+    [SQ_Q4_K] = SIMD(batch_dot_q4_K), [SQ_Q6_K] = SIMD(batch_dot_q6_K),
 };
+#endif
 
+#ifdef SQ_HAVE_AVX2_KERNELS
 /* Four activation rows at a time, each with the one-row function's bits (sq_vec_dot_batch). */
 typedef void (*vec_dot4_fn)(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
 static const vec_dot4_fn simd_vec_dot4[SQ_BF16 + 1] = {
@@ -1611,6 +1623,9 @@ static int simd_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+#elif defined(SQ_HAVE_NEON_KERNELS)
+/* Advanced SIMD is a mandatory part of AArch64. */
+static int simd_supported(void) { return 1; }
 #else
 static int simd_supported(void) { return 0; }
 #endif
@@ -1631,7 +1646,11 @@ int sq_simd_enabled(void) {
 }
 
 const char *sq_simd_name(void) {
-    return sq_simd_enabled() ? "avx2" : "scalar";
+#ifdef HAVE_SIMD
+    if (sq_simd_enabled())
+        return SIMD_NAME;
+#endif
+    return "scalar";
 }
 
 int sq_set_simd(int enabled) {
@@ -1644,7 +1663,7 @@ float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
     int64_t nb = whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot)
         return NAN;
-#ifdef SQ_HAVE_AVX2_KERNELS
+#ifdef HAVE_SIMD
     if (simd_vec_dot[type] && sq_simd_enabled())
         return simd_vec_dot[type](row, xq, nb);
 #endif
@@ -1658,7 +1677,7 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     if (nb < 0 || !t->vec_dot || n_tokens < 0)
         return -1;
     batch_fn simd = NULL;
-#ifdef SQ_HAVE_AVX2_KERNELS
+#ifdef HAVE_SIMD
     if (simd_batch[type] && sq_simd_enabled())
         simd = simd_batch[type];
 #endif
@@ -1697,7 +1716,7 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
      * Q4_1, Q8_0 (4 rows) and Q4_K (8 rows side by side), made decode slower.) */
     const uint8_t *base = rows;
     vec_dot_fn one = t->vec_dot;
-#ifdef SQ_HAVE_AVX2_KERNELS
+#ifdef HAVE_SIMD
     if (simd_vec_dot[type] && sq_simd_enabled())
         one = simd_vec_dot[type];
 #endif
