@@ -25,7 +25,8 @@
  *    decoders: an exact integer sum per block (see "Integer dot products"),
  *    scaled by the float product of the two blocks' scales and summed in float.
  *    Q5_0, Q5_1, IQ4_XS and the K-quants keep the 8 float lanes of the AVX2 kernels
- *    too (see fma_lanes, KLANES), so their scalar and AVX2 versions give the same bits.
+ *    too (see fma_lanes, KLANES), so their scalar, AVX2 and NEON (quants_neon.c,
+ *    the same lanes in two 4-float registers) versions give the same bits.
  *    The activation quantizers reproduce llama.cpp's x86 code bit for bit.
  */
 #include <assert.h>
@@ -183,7 +184,8 @@ static inline int32_t dot_i16(const int16_t *restrict a, const int16_t *restrict
  * 4l..4l+3 of every 32 in a block and is updated once per block with an FMA by
  * the block's float scale; one fixed horizontal sum ends the row. The integer
  * lane sums are exact in any order, so repeating the float steps here, with
- * fmaf for the FMA, makes the scalar code round exactly as the AVX2 code does. */
+ * fmaf for the FMA, makes the scalar code round exactly as the AVX2 code does.
+ * The NEON versions (quants_neon.c) repeat them once more, so every path agrees. */
 #define NLANE 8
 
 /* The lane sums of a 32-element block in element order: lane l takes the
@@ -1734,7 +1736,8 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     const uint8_t *base = rows;
     int64_t r = 0;
 #ifdef SQ_HAVE_AVX2_KERNELS
-    /* Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): eight rows at a time. */
+    /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
+     * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): eight rows at a time. */
     if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled())
         for (; r + 8 <= n_rows; r += 8)
             sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, y + r, ldy);
