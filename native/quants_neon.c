@@ -2,7 +2,9 @@
  *
  * Advanced SIMD is part of every AArch64 CPU, so quants.c uses these whenever it is
  * built for one (unless SMOLQ_SIMD=0 or sq_set_simd(0) asks for the scalar code).
- * Only baseline ARMv8-A instructions are used: no dot-product extension.
+ * Only baseline ARMv8-A instructions are needed. Where the compiler targets the
+ * dot-product extension (ARMv8.2's SDOT, e.g. -mcpu=native on a core that has it),
+ * the two helpers that sum int8 products use it instead; the sums are the same.
  *
  * Every function gives exactly the bits of its scalar twin in quants.c, which was
  * written to give the bits of the AVX2 kernels (see KLANES and fma_lanes there).
@@ -93,11 +95,16 @@ static inline float sum_lanes(f32x8 acc) {
     return vget_lane_f32(u, 0) + vget_lane_f32(u, 1);
 }
 
-/* Lane l of the result is the sum of the products of elements 4l..4l+3. */
+/* Lane l of the result is the sum of the products of elements 4l..4l+3: exactly
+ * what SDOT computes, and otherwise two widening multiplies and pairwise adds. */
 static inline int32x4_t dot16_by4(int8x16_t w, int8x16_t a) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(vdupq_n_s32(0), w, a);
+#else
     const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(a)));
     const int32x4_t hi = vpaddlq_s16(vmull_high_s8(w, a));
     return vpaddq_s32(lo, hi);
+#endif
 }
 
 /* The 8 lane sums of a 32-element chunk: codes w0 (elements 0..15) and w1
@@ -111,8 +118,12 @@ static inline i32x8 add_chunk(i32x8 acc, int8x16_t w0, int8x16_t w1, const int8_
 /* The sum of 16 products, as four int32 partial sums: for callers that only
  * need the total, where the grouping does not matter. */
 static inline int32x4_t dot16_partial(int8x16_t w, int8x16_t a) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(vdupq_n_s32(0), w, a);
+#else
     const int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(a)));
     return vpadalq_s16(s, vmull_high_s8(w, a));
+#endif
 }
 
 /* The whole integer sum of a 32-element chunk, w0 and w1 as in add_chunk. */

@@ -28,8 +28,12 @@ NATIVE = ROOT / "native"
 INSTALL_HINT = "install the test extra: pip install -e '.[test]' (ziglang, unicorn and pyelftools from PyPI)"
 
 # The flags of cffi_build/build_kernel.py's optimised build, with warnings as errors.
-# -mcpu=generic: baseline ARMv8-A, so the NEON code may use nothing newer.
-CFLAGS = ["-O3", "-std=c11", "-fno-wrapv", "-Wall", "-Wextra", "-Werror", "-fno-math-errno", "-mcpu=generic"]
+CFLAGS = ["-O3", "-std=c11", "-fno-wrapv", "-Wall", "-Wextra", "-Werror", "-fno-math-errno"]
+# Target CPUs (zig's -mcpu syntax): baseline ARMv8-A, what a build with no -mcpu flag gets,
+# so the NEON code may use nothing newer; and the same with the dot-product extension,
+# which quants_neon.c uses where the compiler targets it.
+CPU_BASELINE = "generic"
+CPU_DOTPROD = "generic+dotprod"
 
 PAGE = 0x1000
 DATA_BASE, DATA_SIZE = 0x4000_0000, 16 << 20
@@ -51,26 +55,35 @@ def require_tools() -> None:
 @dataclass
 class Build:
     elf: Path
-    command: list[str]
+    flags: list[str]  # the compiler flags of every source file
     output: str  # the compiler's stdout and stderr: empty for a warning-free build
 
 
-def build_kernel(out_dir: Path) -> Build:
-    """Compile native/*.c for aarch64-linux-musl into out_dir/kernel.elf (CalledProcessError on failure).
-    The program's main is a stub: the tests call the kernel's functions, never the program."""
+def build_kernel(out_dir: Path, cpu: str = CPU_BASELINE) -> Build:
+    """Compile native/*.c for aarch64-linux-musl and the target CPU cpu into out_dir/kernel.elf
+    (CalledProcessError on failure). The program's main is a stub: the tests call the kernel's
+    functions, never the program. The link is always against zig's baseline C library, which
+    zig builds on its first use for the target (a minute or two) and caches."""
     require_tools()
     out_dir.mkdir(parents=True, exist_ok=True)
     stub = out_dir / "main.c"
     stub.write_text("int main(void) { return 0; }\n")
-    elf = out_dir / "kernel.elf"
-    sources = sorted(str(p) for p in NATIVE.glob("*.c"))
+    sources = [*sorted(NATIVE.glob("*.c")), stub]
+    zig = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-musl"]
+    compile_flags = [f"-mcpu={cpu}", *CFLAGS, "-I", str(NATIVE)]
+    objects = [out_dir / (src.stem + ".o") for src in sources]
     # --no-gc-sections keeps every function of the kernel, whether or not main reaches it.
-    cmd = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-musl", "-static", *CFLAGS,
-           "-I", str(NATIVE), *sources, str(stub), "-Wl,--no-gc-sections", "-o", str(elf)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
-    return Build(elf, cmd, done.stdout + done.stderr)
+    elf = out_dir / "kernel.elf"
+    commands = [[*zig, *compile_flags, "-c", str(src), "-o", str(obj)] for src, obj in zip(sources, objects)]
+    commands.append([*zig, f"-mcpu={CPU_BASELINE}", "-static", *map(str, objects), "-Wl,--no-gc-sections",
+                     "-o", str(elf)])
+    output = ""
+    for cmd in commands:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
+        output += done.stdout + done.stderr
+    return Build(elf, compile_flags, output)
 
 
 def _page_down(a: int) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from aarch64_kernel import INSTALL_HINT, Aarch64Kernel, build_kernel, require_tools
+from aarch64_kernel import CPU_BASELINE, CPU_DOTPROD, INSTALL_HINT, Aarch64Kernel, build_kernel, require_tools
 from llm_smolq._kernel import ffi, lib
 from test_quants import (ACT_GEOMETRY, GUARD, SIMD_TYPES, VEC_DOT_TYPE, activations, c_quantize, c_vec_dot,
                          extreme_row, random_row)
@@ -23,15 +23,16 @@ TILED_MIN_TOKENS = 8  # smolq.h's SQ_TILED_MIN_TOKENS
 FILLS = (0x00, 0xFF, 0x80, 0x7F)
 
 
-@pytest.fixture(scope="session")
-def aarch64_build(tmp_path_factory):
-    """The kernel built once per session for aarch64-linux-musl, warnings as errors."""
+@pytest.fixture(scope="session", params=[CPU_BASELINE, CPU_DOTPROD], ids=["armv8", "dotprod"])
+def aarch64_build(request, tmp_path_factory):
+    """The kernel built once per session for aarch64-linux-musl, warnings as errors: for
+    baseline ARMv8-A, and with the dot-product extension (SDOT in quants_neon.c's integer sums)."""
     try:
         require_tools()
     except ImportError as e:
         pytest.fail(str(e))
     try:
-        return build_kernel(tmp_path_factory.mktemp("aarch64"))
+        return build_kernel(tmp_path_factory.mktemp("aarch64"), request.param)
     except subprocess.CalledProcessError as e:
         pytest.fail(f"aarch64 build failed:\n{e.stdout}{e.stderr}")
 
@@ -119,7 +120,7 @@ def check_vec_dot(k: Aarch64Kernel, qtype: T, raw: np.ndarray, xq: np.ndarray, n
 
 def test_aarch64_build_is_warning_clean(aarch64_build):
     """-Wall -Wextra -Werror for aarch64 (baseline ARMv8-A): the build succeeded, and said nothing."""
-    assert "-Werror" in aarch64_build.command and "-Wextra" in aarch64_build.command
+    assert {"-Wall", "-Wextra", "-Werror"} <= set(aarch64_build.flags)
     assert aarch64_build.output.strip() == ""
 
 
