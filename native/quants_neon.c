@@ -115,6 +115,11 @@ static inline i32x8 add_chunk(i32x8 acc, int8x16_t w0, int8x16_t w1, const int8_
     return acc;
 }
 
+/* add_chunk for the types with one scale per block, applied in float later. */
+static inline i32x8 chunk_lanes(int8x16_t w0, int8x16_t w1, const int8_t *a) {
+    return add_chunk(i32x8_zero(), w0, w1, a, 1, 1);
+}
+
 /* The sum of 16 products, as four int32 partial sums: for callers that only
  * need the total, where the grouping does not matter. */
 static inline int32x4_t dot16_partial(int8x16_t w, int8x16_t a) {
@@ -199,7 +204,7 @@ float sq_vec_dot_q8_0_neon(const void *row, const void *xq, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const int8x16_t w0 = vld1q_s8(x[i].qs), w1 = vld1q_s8(x[i].qs + 16);
         const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fma_lanes(acc, d, add_chunk(i32x8_zero(), w0, w1, y[i].qs, 1, 1));
+        acc = fma_lanes(acc, d, chunk_lanes(w0, w1, y[i].qs));
     }
     return sum_lanes(acc);
 }
@@ -247,7 +252,7 @@ float sq_vec_dot_q4_1_neon(const void *row, const void *xq, int64_t nb) {
         const float ms = half_to_f32(x[i].m) * half_to_f32(y[i].s);
         summs += ms;
         const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fma_lanes(acc, d, add_chunk(i32x8_zero(), w0, w1, y[i].qs, 1, 1));
+        acc = fma_lanes(acc, d, chunk_lanes(w0, w1, y[i].qs));
     }
     return sum_lanes(acc) + summs;
 }
@@ -268,7 +273,7 @@ float sq_vec_dot_q5_0_neon(const void *row, const void *xq, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         int8x16_t w0, w1;
         q5_codes(x[i].qs, x[i].qh, &w0, &w1);
-        const i32x8 lane = add_chunk(i32x8_zero(), vsubq_s8(w0, sixteen), vsubq_s8(w1, sixteen), y[i].qs, 1, 1);
+        const i32x8 lane = chunk_lanes(vsubq_s8(w0, sixteen), vsubq_s8(w1, sixteen), y[i].qs);
         const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
         acc = fma_lanes(acc, d, lane);
     }
@@ -286,7 +291,7 @@ float sq_vec_dot_q5_1_neon(const void *row, const void *xq, int64_t nb) {
         const float ms = half_to_f32(x[i].m) * half_to_f32(y[i].s);
         summs += ms;
         const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fma_lanes(acc, d, add_chunk(i32x8_zero(), w0, w1, y[i].qs, 1, 1));
+        acc = fma_lanes(acc, d, chunk_lanes(w0, w1, y[i].qs));
     }
     return sum_lanes(acc) + summs;
 }
