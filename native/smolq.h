@@ -76,8 +76,9 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
 const char *sq_simd_name(void);
 
 /* Switch between the SIMD (enabled != 0: AVX2 or NEON) and scalar vec_dot functions;
- * enabling only takes effect on a CPU that supports them (always, on arm64). Returns the previous setting (1 or 0).
- * Safe at any time: a dot product already running finishes with the set it started on. */
+ * enabling only takes effect on a CPU that supports them (every arm64 CPU does).
+ * Returns the previous setting (1 or 0). Safe at any time: a dot product already
+ * running finishes with the set it started on. */
 int sq_set_simd(int enabled);
 
 /* A weight matrix as a view into the mapped GGUF file (never copied). */
