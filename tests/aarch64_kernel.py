@@ -16,6 +16,7 @@ and .alloc) and reclaimed all at once with .reset().
 
 from __future__ import annotations
 
+import importlib
 import struct
 import subprocess
 import sys
@@ -45,9 +46,8 @@ STOP_ADDR = 0x7200_0000  # the return address of every call: reaching it ends th
 def require_tools() -> None:
     """Raise ImportError with INSTALL_HINT unless the cross compiler and the emulator are installed."""
     try:
-        import elftools  # noqa: F401
-        import unicorn  # noqa: F401
-        import ziglang  # noqa: F401
+        for module in ("elftools", "unicorn", "ziglang"):
+            importlib.import_module(module)
     except ImportError as e:
         raise ImportError(f"{e}; {INSTALL_HINT}") from e
 
