@@ -25,7 +25,8 @@
  *    decoders: an exact integer sum per block (see "Integer dot products"),
  *    scaled by the float product of the two blocks' scales and summed in float.
  *    Q5_0, Q5_1, IQ4_XS and the K-quants keep the 8 float lanes of the AVX2 kernels
- *    too (see fma_lanes, KLANES), so their scalar and AVX2 versions give the same bits.
+ *    too (see fma_lanes, KLANES), so their scalar, AVX2 and NEON (quants_neon.c,
+ *    the same lanes in two 4-float registers) versions give the same bits.
  *    The activation quantizers reproduce llama.cpp's x86 code bit for bit.
  */
 #include <assert.h>
@@ -183,7 +184,8 @@ static inline int32_t dot_i16(const int16_t *restrict a, const int16_t *restrict
  * 4l..4l+3 of every 32 in a block and is updated once per block with an FMA by
  * the block's float scale; one fixed horizontal sum ends the row. The integer
  * lane sums are exact in any order, so repeating the float steps here, with
- * fmaf for the FMA, makes the scalar code round exactly as the AVX2 code does. */
+ * fmaf for the FMA, makes the scalar code round exactly as the AVX2 code does.
+ * The NEON versions (quants_neon.c) repeat them once more, so every path agrees. */
 #define NLANE 8
 
 /* The lane sums of a 32-element block in element order: lane l takes the
@@ -1575,32 +1577,44 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
 }
 
 /* ---------------------------------------------------------------------------
- * SIMD selection: AVX2/FMA versions of some vec_dot functions (quants_avx2.c),
- * taking the place of the table's entries while enabled. The setting is made on
- * first use (CPU support, and SMOLQ_SIMD unless it is "0") and then only changed
- * by sq_set_simd; it is one atomic int, read relaxed on every call.
+ * SIMD selection: the AVX2/FMA (quants_avx2.c, x86-64) or NEON (quants_neon.c,
+ * AArch64) versions of the vec_dot functions, taking the place of the table's
+ * entries while enabled. The setting is made on first use (CPU support, and
+ * SMOLQ_SIMD unless it is "0") and then only changed by sq_set_simd; it is one
+ * atomic int, read relaxed on every call.
  * ------------------------------------------------------------------------- */
 
 typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
 
-#ifdef SQ_HAVE_AVX2_KERNELS
+#if defined(SQ_HAVE_AVX2_KERNELS)
+#define SIMD(fn) sq_##fn##_avx2
+#define SIMD_NAME "avx2"
+#elif defined(SQ_HAVE_NEON_KERNELS)
+#define SIMD(fn) sq_##fn##_neon
+#define SIMD_NAME "neon"
+#endif
+
+#ifdef SIMD
+#define HAVE_SIMD 1
 /* As vec_dot_fn, prefetching no further than stop (quants.h). */
 typedef float (*simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb, const void *stop);
 static const simd_vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
-    [SQ_Q4_0] = sq_vec_dot_q4_0_avx2, [SQ_Q4_1] = sq_vec_dot_q4_1_avx2,
-    [SQ_Q5_0] = sq_vec_dot_q5_0_avx2, [SQ_Q5_1] = sq_vec_dot_q5_1_avx2,
-    [SQ_Q8_0] = sq_vec_dot_q8_0_avx2, [SQ_Q2_K] = sq_vec_dot_q2_K_avx2,
-    [SQ_Q3_K] = sq_vec_dot_q3_K_avx2, [SQ_Q4_K] = sq_vec_dot_q4_K_avx2,
-    [SQ_Q5_K] = sq_vec_dot_q5_K_avx2, [SQ_Q6_K] = sq_vec_dot_q6_K_avx2,
-    [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_avx2, [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_avx2,
+    [SQ_Q4_0] = SIMD(vec_dot_q4_0), [SQ_Q4_1] = SIMD(vec_dot_q4_1),
+    [SQ_Q5_0] = SIMD(vec_dot_q5_0), [SQ_Q5_1] = SIMD(vec_dot_q5_1),
+    [SQ_Q8_0] = SIMD(vec_dot_q8_0), [SQ_Q2_K] = SIMD(vec_dot_q2_K),
+    [SQ_Q3_K] = SIMD(vec_dot_q3_K), [SQ_Q4_K] = SIMD(vec_dot_q4_K),
+    [SQ_Q5_K] = SIMD(vec_dot_q5_K), [SQ_Q6_K] = SIMD(vec_dot_q6_K),
+    [SQ_IQ4_NL] = SIMD(vec_dot_iq4_nl), [SQ_IQ4_XS] = SIMD(vec_dot_iq4_xs),
 };
 
 /* Whole batches (sq_vec_dot_batch): the same bits as the C code they stand for
  * (batch_dot_k for Q6_K, batch_dot_q4_K for Q4_K). */
 static const batch_fn simd_batch[SQ_BF16 + 1] = {
-    [SQ_Q4_K] = sq_batch_dot_q4_K_avx2, [SQ_Q6_K] = sq_batch_dot_q6_K_avx2,
+    [SQ_Q4_K] = SIMD(batch_dot_q4_K), [SQ_Q6_K] = SIMD(batch_dot_q6_K),
 };
+#endif
 
+#ifdef SQ_HAVE_AVX2_KERNELS
 /* Four activation rows at a time, each with the one-row function's bits (sq_vec_dot_batch). */
 typedef void (*vec_dot4_fn)(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
 static const vec_dot4_fn simd_vec_dot4[SQ_BF16 + 1] = {
@@ -1613,6 +1627,9 @@ static int simd_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+#elif defined(SQ_HAVE_NEON_KERNELS)
+/* Advanced SIMD is a mandatory part of AArch64. */
+static int simd_supported(void) { return 1; }
 #else
 static int simd_supported(void) { return 0; }
 #endif
@@ -1633,7 +1650,11 @@ int sq_simd_enabled(void) {
 }
 
 const char *sq_simd_name(void) {
-    return sq_simd_enabled() ? "avx2" : "scalar";
+#ifdef HAVE_SIMD
+    if (sq_simd_enabled())
+        return SIMD_NAME;
+#endif
+    return "scalar";
 }
 
 int sq_set_simd(int enabled) {
@@ -1646,7 +1667,7 @@ float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
     int64_t nb = whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot)
         return NAN;
-#ifdef SQ_HAVE_AVX2_KERNELS
+#ifdef HAVE_SIMD
     if (simd_vec_dot[type] && sq_simd_enabled())
         return simd_vec_dot[type](row, xq, nb, (const uint8_t *)row + nb * t->bytes);
 #endif
@@ -1660,7 +1681,7 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     if (nb < 0 || !t->vec_dot || n_tokens < 0)
         return -1;
     batch_fn simd = NULL;
-#ifdef SQ_HAVE_AVX2_KERNELS
+#ifdef HAVE_SIMD
     if (simd_batch[type] && sq_simd_enabled())
         simd = simd_batch[type];
 #endif
@@ -1698,7 +1719,7 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
     /* The function is chosen once for all rows. (Several rows per pass over xq, tried for
      * Q4_1, Q8_0 (4 rows) and Q4_K (8 rows side by side), made decode slower.) */
     const uint8_t *base = rows;
-#ifdef SQ_HAVE_AVX2_KERNELS
+#ifdef HAVE_SIMD
     if (simd_vec_dot[type] && sq_simd_enabled() && n_rows > 0) {
         const simd_vec_dot_fn one = simd_vec_dot[type];
         const uint8_t *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
@@ -1721,7 +1742,8 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     const uint8_t *base = rows;
     int64_t r = 0;
 #ifdef SQ_HAVE_AVX2_KERNELS
-    /* Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): eight rows at a time. */
+    /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
+     * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): eight rows at a time. */
     if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled())
         for (; r + 8 <= n_rows; r += 8)
             sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, y + r, ldy);

@@ -65,7 +65,32 @@ float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb, const vo
 float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
 #endif
 
-/* Whether the AVX2/FMA paths are in use (the setting sq_simd_name reports). */
+/* NEON vec_dot functions (quants_neon.c), the same contract and the same bits as the
+ * scalar ones. Advanced SIMD is part of every AArch64 CPU: no run-time check needed.
+ * They take the AVX2 ones' `stop` but do not prefetch: that paid off on one x86 core
+ * and has not been measured on an arm64 one. */
+#if defined(__aarch64__)
+#define SQ_HAVE_NEON_KERNELS 1
+float sq_vec_dot_q4_0_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_iq4_nl_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q4_1_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q5_0_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q5_1_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q8_0_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q2_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q3_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q4_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q5_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q6_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+/* Batches with the bits of quants.c's batch_dot_q4_K and (for Q6_K) batch_dot_k. */
+void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                            float *y, int64_t ldy);
+void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                            float *y, int64_t ldy);
+#endif
+
+/* Whether the SIMD paths (AVX2/FMA or NEON) are in use (the setting sq_simd_name reports). */
 int sq_simd_enabled(void);
 
 #endif

@@ -2,6 +2,7 @@
 the llama.cpp path: activations quantized to a vec_dot type, then integer block dot products."""
 
 import os
+import platform
 
 import numpy as np
 import pytest
@@ -454,7 +455,7 @@ def test_vec_dot_bad_length(qtype):
         assert rc == -1 and (buf == 0xAB).all(), f"n={n}"
 
 
-# --- SIMD vec_dot (native/quants_avx2.c), selected at run time --------------------------
+# --- SIMD vec_dot (native/quants_avx2.c, native/quants_neon.c), selected at run time -------
 
 SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
               T.IQ4_NL, T.IQ4_XS]
@@ -471,6 +472,14 @@ def cpu_has_avx2_fma() -> bool:
     return "avx2" in flags and "fma" in flags
 
 
+def native_simd() -> str | None:
+    """The SIMD path this machine's kernel has: "neon" on arm64 (always there), "avx2" on an
+    x86-64 CPU with AVX2 and FMA, else None. (tests/test_neon.py tests NEON anywhere.)"""
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return "neon"
+    return "avx2" if cpu_has_avx2_fma() else None
+
+
 @pytest.fixture
 def simd_restore():
     prev = lib.sq_set_simd(1)
@@ -481,14 +490,15 @@ def simd_restore():
 
 def test_simd_name(simd_restore):
     name = ffi.string(lib.sq_simd_name()).decode()
-    assert name in ("avx2", "scalar")
-    if cpu_has_avx2_fma():
+    simd = native_simd()
+    assert name in ("avx2", "neon", "scalar")
+    if simd:
         # Unless the environment turned it off, as SMOLQ_SIMD=0 does.
-        assert name == ("scalar" if os.environ.get("SMOLQ_SIMD") == "0" else "avx2")
+        assert name == ("scalar" if os.environ.get("SMOLQ_SIMD") == "0" else simd)
         lib.sq_set_simd(1)
-        assert ffi.string(lib.sq_simd_name()) == b"avx2"
+        assert ffi.string(lib.sq_simd_name()).decode() == simd
     prev = lib.sq_set_simd(0)
-    assert prev == (1 if cpu_has_avx2_fma() else 0)
+    assert prev == (1 if simd else 0)
     assert ffi.string(lib.sq_simd_name()) == b"scalar"
     assert lib.sq_set_simd(0) == 0
 
@@ -498,8 +508,8 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
     """SIMD and scalar vec_dot: the same exact integer block sums, so they differ only by
     the order of float roundings, far below 1e-6 of sum |w * x|, or not at all for
     EXACT_SIMD_TYPES."""
-    if not cpu_has_avx2_fma():
-        pytest.skip("no AVX2/FMA")
+    if not native_simd():
+        pytest.skip("no SIMD path on this CPU (no AVX2/FMA)")
 
     def check(simd, scalar, raw, xq, n, what):
         if qtype in EXACT_SIMD_TYPES:
@@ -555,7 +565,7 @@ def quantized_rows(vtype: T, n: int, tokens: int, rng: np.random.Generator) -> n
 def test_vec_dot_batch(qtype, simd_restore):
     """Below 8 tokens every output is sq_vec_dot's, bit for bit, but Q4_K's rows taken 4 at
     a time; from 8 tokens on the tiled types round in their own order. Those are within
-    1e-5 of the exact dot product and the same on the scalar and AVX2 paths, and a row's
+    1e-5 of the exact dot product and the same on the scalar and SIMD paths, and a row's
     result does not depend on the other rows of the batch."""
     rng = np.random.default_rng(500 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
@@ -576,7 +586,7 @@ def test_vec_dot_batch(qtype, simd_restore):
             assert abs(got[t] - terms.sum()) <= 1e-5 * np.abs(terms).sum(), f"{qtype.name} token {t}"
         reordered = c_vec_dot_batch(qtype, raw, np.ascontiguousarray(xq[own_order - 1::-1]), n)[::-1]
         assert got[:own_order].tobytes() == reordered.tobytes(), qtype.name
-        if cpu_has_avx2_fma():
+        if native_simd():
             lib.sq_set_simd(0)
             assert c_vec_dot_batch(qtype, raw, xq, n).tobytes() == got.tobytes(), f"{qtype.name} scalar"
 
@@ -614,7 +624,7 @@ def test_vec_dot_rows_is_vec_dot_row_by_row(qtype, simd_restore):
     rng = np.random.default_rng(700 + int(qtype))
     n = max(sizes(qtype))
     xq = c_quantize(VEC_DOT_TYPE[qtype], activations(n, rng))[1][:-GUARD]
-    for simd in (1, 0) if cpu_has_avx2_fma() else (0,):
+    for simd in (1, 0) if native_simd() else (0,):
         lib.sq_set_simd(simd)
         for n_rows in (1, 3, 4, 5, 8, 11):
             rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
@@ -643,7 +653,7 @@ def test_vec_dot_batch_rows_is_vec_dot_batch_row_by_row(qtype, simd_restore):
     rng = np.random.default_rng(800 + int(qtype))
     n = 512
     vtype = VEC_DOT_TYPE[qtype]
-    for simd in (1, 0) if cpu_has_avx2_fma() else (0,):
+    for simd in (1, 0) if native_simd() else (0,):
         lib.sq_set_simd(simd)
         for n_rows, tokens in ((8, 4), (17, 13), (9, 35), (16, 1), (3, 8)):
             rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
