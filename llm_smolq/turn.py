@@ -12,13 +12,14 @@ from llm.parts import StreamEvent
 
 from . import generation
 from .chat_template import ChatTemplateError
-from .constrained import Constraint, ConstraintError, schema_instruction
+from .errors import ConstraintError
 from .generation import Completion, ReasoningSplitter, SamplingParams, prompt_ids
 from .plugin import DEFAULT_MAX_TOKENS, Loaded
 from .prompt_cache import CacheActivity, PromptCache
 from .tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # llguidance loads only for a prompt with a schema or tools
+    from .constrained import Constraint
     from .engine import Engine
 
 
@@ -115,6 +116,8 @@ def template_messages(prompt: llm.Prompt) -> list[dict[str, str]]:
 
 
 def schema_constraint(engine: Engine, schema: dict) -> Constraint:
+    from .constrained import Constraint
+
     try:
         return Constraint.for_json_schema(engine.tokenizer, schema)
     except ConstraintError as exc:
@@ -124,6 +127,8 @@ def schema_constraint(engine: Engine, schema: dict) -> Constraint:
 def with_schema_instruction(messages: list[dict[str, str]], schema: dict) -> list[dict[str, str]]:
     """The messages with the schema asked for in the system prompt: the constraint makes
     the output valid, the instruction makes the model fill it with the right things."""
+    from .constrained import schema_instruction
+
     instruction = schema_instruction(schema)
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": f"{messages[0]['content']}\n\n{instruction}"}, *messages[1:]]

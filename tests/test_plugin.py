@@ -296,3 +296,29 @@ def test_a_broken_vocabulary_is_refused_at_load(user_dir, reference_dir, tmp_pat
     with pytest.raises(llm.ModelError, match="bos_token_id = 5000 is not a token id"):
         llm.get_model("badvocab").prompt("hi", max_tokens=1).text()
     assert str(bad.resolve()) not in plugin._loaded  # not kept for the next prompt to fail on
+
+
+def test_llm_start_and_a_plain_prompt_import_only_what_they_use(user_dir):
+    """`llm` loads the plugin on every start: that must not load the kernel, the GGUF
+    reader, the tokenizer or jinja2; a prompt without a schema or tools must not load
+    llguidance."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys, llm\n"
+        "llm.get_models()  # what every llm start does: load plugins, register models\n"
+        "start = set(sys.modules)\n"
+        "llm.get_model('smollm2-q').prompt('Hi', max_tokens=2, temperature=0).text()\n"
+        "after = set(sys.modules)\n"
+        "print(json.dumps([sorted(start), sorted(after)]))\n"
+    )
+    env = {**os.environ, "LLM_LOAD_PLUGINS": "llm-smolq"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    start, after = (set(names) for names in json.loads(done.stdout.splitlines()[-1]))
+    assert "llm_smolq.plugin" in start
+    assert not {"llm_smolq._kernel", "llm_smolq.engine", "gguf", "jinja2", "tokenizers", "llguidance"} & start
+    assert {"llm_smolq._kernel", "gguf", "tokenizers"} <= after  # the prompt did run through the engine
+    assert "llguidance" not in after
