@@ -4,6 +4,9 @@
 (`python cffi_build/build_kernel.py`) rebuilds the extension in place.
 With SMOLQ_SANITIZE=1 in the environment either way builds the kernel with AddressSanitizer
 and UndefinedBehaviorSanitizer (see the README for how to load it).
+With SMOLQ_VNNI_VIA_SIMDE=<SIMDe's include directory> (simde_py.get_include() of the
+simde-py package) it builds a test kernel whose AVX-512 VNNI vec_dots take the VNNI
+instructions from SIMDe and are chosen on any AVX2 CPU (tests/test_avx512vnni.py).
 """
 
 import os
@@ -44,10 +47,25 @@ def _compile_args(sanitize: bool) -> list[str]:
     return args
 
 
-def make_builder(absolute_sources: bool = False, sanitize: bool | None = None) -> FFI:
-    """sanitize: None follows SMOLQ_SANITIZE."""
+def _simde_args(vnni_via_simde: str | None) -> list[str]:
+    # -isystem: SIMDe's headers are not held to the kernel's -Wall -Wextra. -Wno-psabi: SIMDe's
+    # functions, compiled without AVX, return 256-bit vectors, which gcc notes changes the
+    # calling convention; they are static and inlined into the kernels, so no call crosses it.
+    if not vnni_via_simde:
+        return []
+    if not (Path(vnni_via_simde) / "simde" / "x86" / "avx512" / "dpbusd.h").is_file():
+        raise FileNotFoundError(f"no SIMDe headers (simde/x86/avx512/dpbusd.h) under {vnni_via_simde}")
+    return ["-DSQ_VNNI_VIA_SIMDE", "-Wno-psabi", "-isystem", str(vnni_via_simde)]
+
+
+def make_builder(absolute_sources: bool = False, sanitize: bool | None = None,
+                 vnni_via_simde: str | None = None) -> FFI:
+    """sanitize: None follows SMOLQ_SANITIZE. vnni_via_simde: SIMDe's include directory for
+    a test build of the VNNI kernels on any AVX2 CPU; None follows SMOLQ_VNNI_VIA_SIMDE."""
     if sanitize is None:
         sanitize = sanitize_requested()
+    if vnni_via_simde is None:
+        vnni_via_simde = os.environ.get("SMOLQ_VNNI_VIA_SIMDE") or None
     # setuptools insists on sources relative to the project; cffi's own compile() runs
     # the compiler from its temporary directory, where only absolute paths resolve.
     sources = sorted(NATIVE.glob("*.c"))
@@ -58,16 +76,18 @@ def make_builder(absolute_sources: bool = False, sanitize: bool | None = None) -
         '#include "smolq.h"',
         sources=[str(p if absolute_sources else p.relative_to(ROOT)) for p in sources],
         include_dirs=[str(NATIVE)],
-        extra_compile_args=_compile_args(sanitize),
+        extra_compile_args=_compile_args(sanitize) + _simde_args(vnni_via_simde),
         extra_link_args=["-pthread", *(SANITIZE if sanitize else [])],
         libraries=["m"],
     )
     return builder
 
 
-def compile_kernel(tmpdir: Path, sanitize: bool | None = None, verbose: bool = False) -> Path:
+def compile_kernel(tmpdir: Path, sanitize: bool | None = None, verbose: bool = False,
+                   vnni_via_simde: str | None = None) -> Path:
     """Build the extension under tmpdir and return the path of the module file."""
-    built = make_builder(absolute_sources=True, sanitize=sanitize).compile(tmpdir=str(tmpdir), verbose=verbose)
+    builder = make_builder(absolute_sources=True, sanitize=sanitize, vnni_via_simde=vnni_via_simde)
+    built = builder.compile(tmpdir=str(tmpdir), verbose=verbose)
     return Path(built)
 
 

@@ -1577,34 +1577,47 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
 }
 
 /* ---------------------------------------------------------------------------
- * SIMD selection: the AVX2/FMA (quants_avx2.c, x86-64) or NEON (quants_neon.c,
- * AArch64) versions of the vec_dot functions, taking the place of the table's
- * entries while enabled. The setting is made on first use (CPU support, and
- * SMOLQ_SIMD unless it is "0") and then only changed by sq_set_simd; it is one
- * atomic int, read relaxed on every call.
+ * SIMD selection: the AVX2/FMA or AVX-512 VNNI (quants_avx2.c, quants_avx512vnni.c,
+ * x86-64) or NEON (quants_neon.c, AArch64) versions of the vec_dot functions, taking
+ * the place of the table's entries while enabled. The setting is made on first use
+ * (CPU support, and SMOLQ_SIMD: "0" for scalar, "avx2" to keep to AVX2 on a VNNI
+ * CPU) and then only changed by sq_set_simd; it is one atomic int, read relaxed on
+ * every call.
  * ------------------------------------------------------------------------- */
 
 typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
 
+/* The setting: which copy of the vec_dots is in use. The batched products, attention
+ * and the rest have one SIMD version, used at SIMD_BASE and SIMD_VNNI alike. */
+enum { SIMD_OFF, SIMD_BASE, SIMD_VNNI, SIMD_LEVELS };
+
 #if defined(SQ_HAVE_AVX2_KERNELS)
 #define SIMD(fn) sq_##fn##_avx2
-#define SIMD_NAME "avx2"
+static const char *const simd_names[SIMD_LEVELS] = {"scalar", "avx2", "avx512vnni"};
 #elif defined(SQ_HAVE_NEON_KERNELS)
 #define SIMD(fn) sq_##fn##_neon
-#define SIMD_NAME "neon"
+static const char *const simd_names[SIMD_LEVELS] = {"scalar", "neon", "neon"};
 #endif
 
 #ifdef SIMD
 #define HAVE_SIMD 1
 /* As vec_dot_fn, prefetching no further than stop (quants.h). */
 typedef float (*simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb, const void *stop);
-static const simd_vec_dot_fn simd_vec_dot[SQ_BF16 + 1] = {
-    [SQ_Q4_0] = SIMD(vec_dot_q4_0), [SQ_Q4_1] = SIMD(vec_dot_q4_1),
-    [SQ_Q5_0] = SIMD(vec_dot_q5_0), [SQ_Q5_1] = SIMD(vec_dot_q5_1),
-    [SQ_Q8_0] = SIMD(vec_dot_q8_0), [SQ_Q2_K] = SIMD(vec_dot_q2_K),
-    [SQ_Q3_K] = SIMD(vec_dot_q3_K), [SQ_Q4_K] = SIMD(vec_dot_q4_K),
-    [SQ_Q5_K] = SIMD(vec_dot_q5_K), [SQ_Q6_K] = SIMD(vec_dot_q6_K),
-    [SQ_IQ4_NL] = SIMD(vec_dot_iq4_nl), [SQ_IQ4_XS] = SIMD(vec_dot_iq4_xs),
+#define VEC_DOTS(suffix) {                                                                \
+    [SQ_Q4_0] = sq_vec_dot_q4_0_##suffix, [SQ_Q4_1] = sq_vec_dot_q4_1_##suffix,            \
+    [SQ_Q5_0] = sq_vec_dot_q5_0_##suffix, [SQ_Q5_1] = sq_vec_dot_q5_1_##suffix,            \
+    [SQ_Q8_0] = sq_vec_dot_q8_0_##suffix, [SQ_Q2_K] = sq_vec_dot_q2_K_##suffix,            \
+    [SQ_Q3_K] = sq_vec_dot_q3_K_##suffix, [SQ_Q4_K] = sq_vec_dot_q4_K_##suffix,            \
+    [SQ_Q5_K] = sq_vec_dot_q5_K_##suffix, [SQ_Q6_K] = sq_vec_dot_q6_K_##suffix,            \
+    [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_##suffix, [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_##suffix,    \
+}
+/* By setting, then type: all NULL at SIMD_OFF. */
+static const simd_vec_dot_fn simd_vec_dot[SIMD_LEVELS][SQ_BF16 + 1] = {
+#if defined(SQ_HAVE_AVX2_KERNELS)
+    [SIMD_BASE] = VEC_DOTS(avx2), [SIMD_VNNI] = VEC_DOTS(avx512vnni),
+#else
+    [SIMD_BASE] = VEC_DOTS(neon),
+#endif
 };
 
 /* Whole batches (sq_vec_dot_batch): the same bits as the C code they stand for
@@ -1622,26 +1635,50 @@ static const vec_dot4_fn simd_vec_dot4[SQ_BF16 + 1] = {
 };
 
 /* The kernels also use F16C, which every AVX2 CPU has; checked all the same.
- * libgcc's (and compiler-rt's) checks include the OS saving the YMM registers. */
+ * libgcc's (and compiler-rt's) checks include the OS saving the YMM registers
+ * (and, for the AVX-512 features, the mask and ZMM state). */
 static int simd_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+
+#ifdef SQ_VNNI_VIA_SIMDE
+/* A test build: the VNNI copy takes its VNNI instructions from SIMDe and runs wherever
+ * the AVX2 one does. */
+static int vnni_supported(void) { return 1; }
+#else
+static int vnni_supported(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+#endif
 #elif defined(SQ_HAVE_NEON_KERNELS)
 /* Advanced SIMD is a mandatory part of AArch64. */
 static int simd_supported(void) { return 1; }
+static int vnni_supported(void) { return 0; }
 #else
 static int simd_supported(void) { return 0; }
+static int vnni_supported(void) { return 0; }
 #endif
 
-static atomic_int simd_state = -1; /* -1 until first use, then 1 (SIMD) or 0 (scalar) */
+/* The best copy this CPU runs, no further than AVX2 if SMOLQ_SIMD says "avx2". */
+static int simd_best(void) {
+    if (!simd_supported())
+        return SIMD_OFF;
+    const char *env = getenv("SMOLQ_SIMD");
+    if (vnni_supported() && !(env && strcmp(env, "avx2") == 0))
+        return SIMD_VNNI;
+    return SIMD_BASE;
+}
 
-int sq_simd_enabled(void) {
+static atomic_int simd_state = -1; /* -1 until first use, then SIMD_OFF, SIMD_BASE or SIMD_VNNI */
+
+static int simd_level(void) {
     int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
     if (s >= 0)
         return s;
     const char *env = getenv("SMOLQ_SIMD");
-    int want = simd_supported() && !(env && strcmp(env, "0") == 0);
+    int want = env && strcmp(env, "0") == 0 ? SIMD_OFF : simd_best();
     /* Racing first uses compute the same value; an sq_set_simd in between wins. */
     int expected = -1;
     if (!atomic_compare_exchange_strong(&simd_state, &expected, want))
@@ -1649,17 +1686,19 @@ int sq_simd_enabled(void) {
     return want;
 }
 
+int sq_simd_enabled(void) { return simd_level() != SIMD_OFF; }
+
 const char *sq_simd_name(void) {
 #ifdef HAVE_SIMD
-    if (sq_simd_enabled())
-        return SIMD_NAME;
-#endif
+    return simd_names[simd_level()];
+#else
     return "scalar";
+#endif
 }
 
 int sq_set_simd(int enabled) {
-    sq_simd_enabled(); /* settle the first-use choice, so it cannot overwrite this one */
-    return atomic_exchange(&simd_state, enabled != 0 && simd_supported());
+    simd_level(); /* settle the first-use choice, so it cannot overwrite this one */
+    return atomic_exchange(&simd_state, enabled != 0 ? simd_best() : SIMD_OFF) != SIMD_OFF;
 }
 
 float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
@@ -1668,8 +1707,9 @@ float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
     if (nb < 0 || !t->vec_dot)
         return NAN;
 #ifdef HAVE_SIMD
-    if (simd_vec_dot[type] && sq_simd_enabled())
-        return simd_vec_dot[type](row, xq, nb, (const uint8_t *)row + nb * t->bytes);
+    const simd_vec_dot_fn simd = simd_vec_dot[simd_level()][type];
+    if (simd)
+        return simd(row, xq, nb, (const uint8_t *)row + nb * t->bytes);
 #endif
     return t->vec_dot(row, xq, nb);
 }
@@ -1720,8 +1760,8 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
      * Q4_1, Q8_0 (4 rows) and Q4_K (8 rows side by side), made decode slower.) */
     const uint8_t *base = rows;
 #ifdef HAVE_SIMD
-    if (simd_vec_dot[type] && sq_simd_enabled() && n_rows > 0) {
-        const simd_vec_dot_fn one = simd_vec_dot[type];
+    const simd_vec_dot_fn one = simd_vec_dot[simd_level()][type];
+    if (one && n_rows > 0) {
         const uint8_t *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
         for (int64_t r = 0; r < n_rows; r++)
             y[r] = one(base + r * row_bytes, xq, nb, stop);

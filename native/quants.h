@@ -63,6 +63,22 @@ void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq
 float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
 float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
 float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+
+/* The same vec_dots for CPUs with AVX-512 VNNI, VL and BW as well (quants_avx512vnni.c):
+ * the AVX2 ones' contract and bits. Call only when the CPU has all of those and the
+ * AVX2 set; a build with SQ_VNNI_VIA_SIMDE needs only the AVX2 set. */
+float sq_vec_dot_q4_0_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_iq4_nl_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q4_1_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q5_0_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q5_1_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q8_0_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q2_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q3_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q4_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q5_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_q6_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+float sq_vec_dot_iq4_xs_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
 #endif
 
 /* NEON vec_dot functions (quants_neon.c), the same contract and the same bits as the
@@ -90,7 +106,8 @@ void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int
                             float *y, int64_t ldy);
 #endif
 
-/* Whether the SIMD paths (AVX2/FMA or NEON) are in use (the setting sq_simd_name reports). */
+/* Whether the SIMD paths (AVX2/FMA, AVX-512 VNNI or NEON) are in use (the setting
+ * sq_simd_name reports). */
 int sq_simd_enabled(void);
 
 #endif

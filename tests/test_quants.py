@@ -455,7 +455,7 @@ def test_vec_dot_bad_length(qtype):
         assert rc == -1 and (buf == 0xAB).all(), f"n={n}"
 
 
-# --- SIMD vec_dot (native/quants_avx2.c, native/quants_neon.c), selected at run time -------
+# --- SIMD vec_dot (native/quants_avx2.c, quants_avx512vnni.c, quants_neon.c), chosen at run time
 
 SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
               T.IQ4_NL, T.IQ4_XS]
@@ -463,21 +463,27 @@ SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.
 EXACT_SIMD_TYPES = set(SIMD_TYPES)
 
 
-def cpu_has_avx2_fma() -> bool:
+def cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return False
-    return "avx2" in flags and "fma" in flags
+        return set()
 
 
 def native_simd() -> str | None:
-    """The SIMD path this machine's kernel has: "neon" on arm64 (always there), "avx2" on an
-    x86-64 CPU with AVX2 and FMA, else None. (tests/test_neon.py tests NEON anywhere.)"""
+    """The SIMD path this machine's kernel takes: "neon" on arm64 (always there); on x86-64
+    "avx512vnni" where the CPU has AVX-512 VNNI, VL and BW besides AVX2 and FMA, or has AVX2
+    and FMA and the kernel is the SIMDe test build (SMOLQ_VNNI_VIA_SIMDE set, as
+    tests/test_avx512vnni.py does), unless SMOLQ_SIMD=avx2; "avx2" on other AVX2/FMA CPUs;
+    else None. (tests/test_neon.py tests NEON anywhere.)"""
     if platform.machine().lower() in ("aarch64", "arm64"):
         return "neon"
-    return "avx2" if cpu_has_avx2_fma() else None
+    flags = cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        return None
+    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags or bool(os.environ.get("SMOLQ_VNNI_VIA_SIMDE"))
+    return "avx512vnni" if vnni and os.environ.get("SMOLQ_SIMD") != "avx2" else "avx2"
 
 
 @pytest.fixture
@@ -491,7 +497,7 @@ def simd_restore():
 def test_simd_name(simd_restore):
     name = ffi.string(lib.sq_simd_name()).decode()
     simd = native_simd()
-    assert name in ("avx2", "neon", "scalar")
+    assert name in ("avx512vnni", "avx2", "neon", "scalar")
     if simd:
         # Unless the environment turned it off, as SMOLQ_SIMD=0 does.
         assert name == ("scalar" if os.environ.get("SMOLQ_SIMD") == "0" else simd)

@@ -19,8 +19,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
 
 # The selections each child runs: "default" with the SIMD code the CPU supports, "scalar"
 # with SMOLQ_SIMD=0. The long-context tests are left out (minutes each when sanitized). The
@@ -34,24 +33,6 @@ SELECTIONS = {
                  for kind in ("F16", "Q4_0", "Q4_1", "Q4_K_M"))],
 }
 REPORT = re.compile(r"\w+Sanitizer|runtime error: ")
-
-# Child programs start with this: the kernel file in argv[1] becomes llm_smolq._kernel.
-LOAD_KERNEL = """
-import importlib.util, sys
-import llm_smolq
-spec = importlib.util.spec_from_file_location("llm_smolq._kernel", sys.argv[1])
-kernel = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kernel)
-sys.modules["llm_smolq._kernel"] = llm_smolq._kernel = kernel
-ffi, lib = kernel.ffi, kernel.lib
-"""
-RUN_PYTEST = LOAD_KERNEL + """
-import pytest
-rc = pytest.main(sys.argv[2:])
-print("kernel in use:", sys.modules["llm_smolq._kernel"].__file__)
-sys.exit(rc)
-"""
-
 
 def compiler() -> str:
     # The compiler cffi's build uses.
@@ -81,18 +62,7 @@ def runtime() -> Path:
 @pytest.fixture(scope="module")
 def sanitized_kernel(runtime, tmp_path_factory) -> Path:
     """The kernel built with sanitize=True, by the builder's own code path."""
-    out = tmp_path_factory.mktemp("sanitized")
-    # In a child, to see the compiler's own output.
-    code = ("import sys; from pathlib import Path; import build_kernel\n"
-            "print(build_kernel.compile_kernel(Path(sys.argv[1]), sanitize=True))")
-    build = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT / "cffi_build",
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, f"the sanitized build failed:\n{build.stdout}\n{build.stderr}"
-    warnings = [line for line in (build.stdout + build.stderr).splitlines() if "warning:" in line]
-    assert not warnings, "the kernel must build -Wall -Wextra clean; fix these warnings:\n" + "\n".join(warnings)
-    path = Path(build.stdout.strip().splitlines()[-1])
-    assert path.is_file() and out in path.parents, build.stdout
-    return path
+    return build(tmp_path_factory.mktemp("sanitized"), "sanitized", sanitize=True)
 
 
 def child_env(runtime: Path, simd: str) -> dict[str, str]:
@@ -169,5 +139,4 @@ def test_kernel_and_engine_tests_pass_sanitized(simd, sanitized_kernel, runtime)
         f"failed: check it on the normal build (python -m pytest {shlex.join(args)}), or "
         f"{reproduce(runtime, simd, args)}\n{out[-12000:]}"
     )
-    assert f"kernel in use: {sanitized_kernel}" in run.stdout, f"the child ran another kernel:\n{out[-2000:]}"
-    assert re.search(r"\d+ passed", run.stdout), f"the selection ran no tests:\n{out[-2000:]}"
+    check_pytest_run(run, sanitized_kernel, f"sanitized run ({simd})")

@@ -1,0 +1,80 @@
+"""The AVX-512 VNNI vec_dots (native/quants_avx512vnni.c) on a CPU without AVX-512.
+
+cffi_build/build_kernel.py builds a copy of the kernel from the same source whose VNNI
+kernels take their two VNNI instructions (vpdpbusd, vpdpwssd) from SIMDe (the simde-py
+package, in the `test` extra), which implements them with AVX2 and plain C, and which
+chooses those kernels on any AVX2 CPU. A child python loads that copy and runs the kernel
+tests (every type's SIMD vec_dot against the scalar one, bit for bit, with sq_simd_name()
+"avx512vnni") and the engine's tests against llama.cpp's reference logits.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
+from test_quants import cpu_flags
+
+SELECTION = ["tests/test_quants.py", "tests/test_engine_reference.py", "-k", "not long_context"]
+
+
+def simde_include() -> str:
+    try:
+        import simde_py
+    except ImportError:
+        pytest.fail("simde-py (SIMDe's headers) is missing: install the test extra, pip install -e '.[test]'")
+    return simde_py.get_include()
+
+
+@pytest.fixture(scope="module")
+def vnni_kernel(tmp_path_factory) -> Path:
+    """The kernel with SIMDe standing in for the VNNI instructions, by the builder's own code path."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
+        pytest.skip("the VNNI kernels are x86-64 code; their SIMDe build runs on CPUs with AVX2, FMA and F16C")
+    return build(tmp_path_factory.mktemp("vnni"), "VNNI via SIMDe", vnni_via_simde=simde_include())
+
+
+def child_env(simd: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    # Tells test_quants which path the kernel takes (native_simd).
+    env["SMOLQ_VNNI_VIA_SIMDE"] = simde_include()
+    env.pop("SMOLQ_SIMD", None)
+    if simd is not None:
+        env["SMOLQ_SIMD"] = simd
+    return env
+
+
+NAMES = LOAD_KERNEL + """
+name = lambda: ffi.string(lib.sq_simd_name()).decode()
+first = name()
+lib.sq_set_simd(0)
+off = name()
+lib.sq_set_simd(1)
+print(first, off, name())
+"""
+
+
+@pytest.mark.parametrize("simd, names", [(None, "avx512vnni scalar avx512vnni"),
+                                         ("avx2", "avx2 scalar avx2"),
+                                         ("0", "scalar scalar avx512vnni")])
+def test_simd_names(vnni_kernel, simd, names):
+    """The path on first use, after sq_set_simd(0) and after sq_set_simd(1): SMOLQ_SIMD=avx2
+    keeps to the AVX2 kernels, SMOLQ_SIMD=0 starts with the scalar ones."""
+    run = subprocess.run([sys.executable, "-c", NAMES, str(vnni_kernel)], cwd=ROOT, env=child_env(simd),
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == names.split(), f"SMOLQ_SIMD={simd}: {run.stdout}"
+
+
+def test_kernel_and_engine_tests_pass_with_vnni(vnni_kernel):
+    args = ["-q", "-p", "no:cacheprovider", *SELECTION]
+    run = subprocess.run([sys.executable, "-c", RUN_PYTEST, str(vnni_kernel), *args], cwd=ROOT,
+                         env=child_env(None), capture_output=True, text=True, timeout=600)
+    check_pytest_run(run, vnni_kernel, "the VNNI kernels via SIMDe "
+                     f"(SMOLQ_VNNI_VIA_SIMDE=<simde_py.get_include()> python cffi_build/build_kernel.py, then "
+                     f"python -m pytest {' '.join(args[3:])})")
