@@ -48,14 +48,12 @@ def _compile_args(sanitize: bool) -> list[str]:
 
 
 def _simde_args(vnni_via_simde: str | None) -> list[str]:
-    # -isystem: SIMDe's headers are not held to the kernel's -Wall -Wextra. -Wno-psabi: SIMDe's
-    # functions, compiled without AVX, return 256-bit vectors, which gcc notes changes the
-    # calling convention; they are static and inlined into the kernels, so no call crosses it.
+    # -isystem: SIMDe's headers are not held to the kernel's -Wall -Wextra.
     if not vnni_via_simde:
         return []
     if not (Path(vnni_via_simde) / "simde" / "x86" / "avx512" / "dpbusd.h").is_file():
         raise FileNotFoundError(f"no SIMDe headers (simde/x86/avx512/dpbusd.h) under {vnni_via_simde}")
-    return ["-DSQ_VNNI_VIA_SIMDE", "-Wno-psabi", "-isystem", str(vnni_via_simde)]
+    return ["-DSQ_VNNI_VIA_SIMDE", "-isystem", str(vnni_via_simde)]
 
 
 def make_builder(absolute_sources: bool = False, sanitize: bool | None = None,

@@ -48,8 +48,23 @@
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 #define KERNEL(fn) sq_##fn##_avx2
 #elif defined(SQ_VNNI_VIA_SIMDE)
+#ifdef __clang__
 #include <simde/x86/avx512/dpbusd.h>
 #include <simde/x86/avx512/dpwssd.h>
+#else
+/* gcc: SIMDe's AVX2 code; under this pragma gcc defines __AVX2__, from which SIMDe
+ * takes what it may use. SIMDE_NO_CONVERT_VECTOR makes it write vpdpbusd as a plain
+ * loop over the 32 byte products instead of widening 32 bytes at once into a 128-byte
+ * vector, which gcc 12 takes apart with a byte extract per element: the test build's
+ * engine tests ran in half the time. (Either way far slower than the real instruction;
+ * this build is for checking bits, not speed.) */
+#define SIMDE_NO_CONVERT_VECTOR
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include <simde/x86/avx512/dpbusd.h>
+#include <simde/x86/avx512/dpwssd.h>
+#pragma GCC pop_options
+#endif
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 #define KERNEL(fn) sq_##fn##_avx512vnni
 #else

@@ -68,15 +68,19 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
 int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
                           int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy);
 
-/* The kernel paths in use, chosen on first use unless the environment variable
- * SMOLQ_SIMD is "0": "avx2" on x86-64 when the CPU has AVX2 and FMA (AVX2/FMA versions
- * of every quantized dot product, the batched ones and attention), "neon" on arm64
- * (NEON versions of every quantized dot product and of the batched Q4_K and Q6_K
- * ones), or "scalar". Every path gives the same bits. */
+/* The kernel paths in use, chosen on first use: "avx512vnni" on x86-64 when the CPU
+ * has AVX-512 VNNI, VL and BW besides AVX2, FMA and F16C (AVX-512 VNNI versions of every
+ * quantized dot product; the batched ones and attention as on "avx2"), "avx2" on x86-64
+ * when the CPU has AVX2, FMA and F16C (AVX2/FMA versions of every quantized dot product,
+ * the batched ones and attention), "neon" on arm64 (NEON versions of every quantized dot
+ * product and of the batched Q4_K and Q6_K ones), or "scalar". The environment variable
+ * SMOLQ_SIMD set to "0" starts with "scalar", set to "avx2" keeps to "avx2" on a CPU
+ * with AVX-512 VNNI. Every path gives the same bits. */
 const char *sq_simd_name(void);
 
-/* Switch between the SIMD (enabled != 0: AVX2 or NEON) and scalar vec_dot functions;
- * enabling only takes effect on a CPU that supports them (every arm64 CPU does).
+/* Switch between the SIMD (enabled != 0: AVX-512 VNNI, AVX2 or NEON, the best the CPU
+ * has, but AVX2 under SMOLQ_SIMD=avx2) and scalar vec_dot functions; enabling only
+ * takes effect on a CPU that supports them (every arm64 CPU does).
  * Returns the previous setting (1 or 0). Safe at any time: a dot product already
  * running finishes with the set it started on. */
 int sq_set_simd(int enabled);
