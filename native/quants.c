@@ -1,6 +1,7 @@
-/* quants.c: GGUF block layouts, row decoders and row dot products.
+/* quants.c: GGUF block encodings, row decoders and row dot products.
  *
- * Every quantized type gets one section: the block layout, a one-block decoder,
+ * Every quantized type gets one section: how its block encodes the values (the
+ * block_<type> struct itself is in quant_blocks.h), a one-block decoder,
  * then the row decoder and row dot product built from it (ROW_FUNCS below), and
  * its vec_dot: the dot product with activations already converted to the block
  * format llama.cpp pairs with the type. Those activation formats (Q8_0, also a
@@ -38,8 +39,7 @@
 
 #include "smolq.h"
 #include "quants.h"
-
-#define QK_K 256 /* elements per super-block of the K and IQ4_XS types */
+#include "quant_blocks.h"
 
 static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -313,13 +313,6 @@ VEC_DOT_LANES(bf16, uint16_t, sq_bf16_to_fp32)
  * activation format of Q4_0, Q5_0, Q8_0 and IQ4_NL weights.
  * ------------------------------------------------------------------------- */
 
-#define QK8_0 32
-typedef struct {
-    uint16_t d;              /* f16 scale */
-    int8_t qs[QK8_0];
-} block_q8_0;
-static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
-
 static inline void decode_q8_0(const block_q8_0 *restrict b, float *restrict y) {
     const float d = half_to_float(b->d);
     for (int j = 0; j < QK8_0; j++)
@@ -376,14 +369,6 @@ static float vec_dot_q8_0(const void *row, const void *xq, int64_t nb) {
  * m * s to a block's dot product without touching the codes).
  * ------------------------------------------------------------------------- */
 
-#define QK8_1 32
-typedef struct {
-    uint16_t d;              /* f16 scale */
-    uint16_t s;              /* f16 of d * sum(qs), d the unrounded scale (llama.cpp's x86 code) */
-    int8_t qs[QK8_1];
-} block_q8_1;
-static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
-
 static inline void decode_q8_1(const block_q8_1 *restrict b, float *restrict y) {
     const float d = half_to_float(b->d);
     for (int j = 0; j < QK8_1; j++)
@@ -404,18 +389,12 @@ static void quant_q8_1(const float *restrict x, void *restrict dst, int64_t nb) 
 }
 
 /* ---------------------------------------------------------------------------
- * Q8_K: 256 elements, y = d * q, q a signed byte in -127..127, d a float. Only
+ * Q8_K: 256 elements, y = d * q, q a signed byte in -127..127, d a float
+ * (negative when the block's largest-magnitude value is positive). Only
  * an activation format (of the K-quants and IQ4_XS). bsums lets the types with
  * per-group offsets (mins in Q2_K/Q4_K/Q5_K) apply them as mn * sum(q) per group.
  * The float d makes the block 4-byte aligned: rows of it must start so.
  * ------------------------------------------------------------------------- */
-
-typedef struct {
-    float d;                   /* scale; negative when the block's largest-magnitude value is positive */
-    int8_t qs[QK_K];
-    int16_t bsums[QK_K / 16];  /* bsums[g] = sum of qs[16g .. 16g + 16) */
-} block_q8_K;
-static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
 
 static inline void decode_q8_K(const block_q8_K *restrict b, float *restrict y) {
     for (int j = 0; j < QK_K; j++)
@@ -506,13 +485,6 @@ static inline float k_lanes_total(const float *acc) {
  * Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble.
  * ------------------------------------------------------------------------- */
 
-#define QK4_0 32
-typedef struct {
-    uint16_t d;              /* f16 scale */
-    uint8_t qs[QK4_0 / 2];   /* nibbles */
-} block_q4_0;
-static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
-
 static inline void decode_q4_0(const block_q4_0 *restrict b, float *restrict y) {
     const float d = half_to_float(b->d);
     for (int j = 0; j < QK4_0 / 2; j++) {
@@ -547,14 +519,6 @@ static float vec_dot_q4_0(const void *row, const void *xq, int64_t nb) {
 /* ---------------------------------------------------------------------------
  * Q4_1: 32 elements, y = d * q + m, q a 4-bit code; nibble order as Q4_0.
  * ------------------------------------------------------------------------- */
-
-#define QK4_1 32
-typedef struct {
-    uint16_t d;              /* f16 scale */
-    uint16_t m;              /* f16 offset (the block minimum) */
-    uint8_t qs[QK4_1 / 2];   /* nibbles */
-} block_q4_1;
-static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
 
 static inline void decode_q4_1(const block_q4_1 *restrict b, float *restrict y) {
     const float d = half_to_float(b->d), m = half_to_float(b->m);
@@ -593,14 +557,6 @@ static float vec_dot_q4_1(const void *row, const void *xq, int64_t nb) {
  * Q5_0: 32 elements, y = d * (q - 16), q a 5-bit code. The low 4 bits are laid
  * out as in Q4_0; bit 4 of element j is bit j of the 32-bit little-endian qh.
  * ------------------------------------------------------------------------- */
-
-#define QK5_0 32
-typedef struct {
-    uint16_t d;              /* f16 scale */
-    uint8_t qh[4];           /* bit 4 of every element */
-    uint8_t qs[QK5_0 / 2];   /* low nibbles */
-} block_q5_0;
-static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
 
 /* Bit 4 of each of the 32 elements of a Q5_0/Q5_1 block, as 0 or 16. Testing
  * against a table of masks, not shifting by the element index, because SSE2
@@ -657,15 +613,6 @@ static float vec_dot_q5_0(const void *row, const void *xq, int64_t nb) {
  * Q5_1: 32 elements, y = d * q + m, q a 5-bit code laid out as in Q5_0.
  * ------------------------------------------------------------------------- */
 
-#define QK5_1 32
-typedef struct {
-    uint16_t d;              /* f16 scale */
-    uint16_t m;              /* f16 offset */
-    uint8_t qh[4];           /* bit 4 of every element */
-    uint8_t qs[QK5_1 / 2];   /* low nibbles */
-} block_q5_1;
-static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
-
 static inline void decode_q5_1(const block_q5_1 *restrict b, float *restrict y) {
     const float d = half_to_float(b->d), m = half_to_float(b->m);
     uint8_t hb[QK5_1];
@@ -710,14 +657,6 @@ static float vec_dot_q5_1(const void *row, const void *xq, int64_t nb) {
  * Each 128-element half reads 32 bytes of qs, taking bits 0-1 for its first 32
  * elements, bits 2-3 for the next 32, and so on.
  * ------------------------------------------------------------------------- */
-
-typedef struct {
-    uint8_t scales[QK_K / 16]; /* per group: scale (low nibble), min (high nibble) */
-    uint8_t qs[QK_K / 4];      /* 2-bit codes */
-    uint16_t d;                /* f16 super-scale for the scales */
-    uint16_t dmin;             /* f16 super-scale for the mins */
-} block_q2_K;
-static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
 
 static inline void decode_q2_K(const block_q2_K *restrict b, float *restrict y) {
     const float d = half_to_float(b->d), dmin = half_to_float(b->dmin);
@@ -804,14 +743,6 @@ static float vec_dot_q2_K(const void *row, const void *xq, int64_t nb) {
  * scales[i], group i >= 8 from the high nibble of scales[i - 8]; its high 2 bits
  * are bits 2*(i/4)..+1 of scales[8 + i % 4].
  * ------------------------------------------------------------------------- */
-
-typedef struct {
-    uint8_t hmask[QK_K / 8];   /* high bit of every element (set means no -4) */
-    uint8_t qs[QK_K / 4];      /* low 2 bits */
-    uint8_t scales[12];        /* 16 6-bit scales, packed as above */
-    uint16_t d;                /* f16 super-scale */
-} block_q3_K;
-static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
 
 static inline void decode_q3_K(const block_q3_K *restrict b, float *restrict y) {
     const float d = half_to_float(b->d);
@@ -909,14 +840,6 @@ static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
  * q a 4-bit code. Groups 2c and 2c+1 share qs[32c .. 32c+32): low nibbles for
  * the even group, high nibbles for the odd one.
  * ------------------------------------------------------------------------- */
-
-typedef struct {
-    uint16_t d;                /* f16 super-scale for the scales */
-    uint16_t dmin;             /* f16 super-scale for the mins */
-    uint8_t scales[12];        /* 8 6-bit (scale, min) pairs, see k_scale_min */
-    uint8_t qs[QK_K / 2];      /* 4-bit codes */
-} block_q4_K;
-static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 
 /* d * sc and dmin * mn for the 8 groups of a Q4_K or Q5_K block. */
 static inline void k_group_scales(const uint8_t *scales, float d, float dmin, float *dl, float *ml) {
@@ -1027,15 +950,6 @@ static void batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, i
  * Q5_K: Q4_K plus a fifth bit: bit 4 of element l of group g is bit g of qh[l].
  * ------------------------------------------------------------------------- */
 
-typedef struct {
-    uint16_t d;                /* f16 super-scale for the scales */
-    uint16_t dmin;             /* f16 super-scale for the mins */
-    uint8_t scales[12];        /* 8 6-bit (scale, min) pairs, see k_scale_min */
-    uint8_t qh[QK_K / 8];      /* bit 4 of every element */
-    uint8_t qs[QK_K / 2];      /* low 4 bits */
-} block_q5_K;
-static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
-
 static inline void decode_q5_K(const block_q5_K *restrict b, float *restrict y) {
     float dl[8], ml[8];
     k_group_scales(b->scales, half_to_float(b->d), half_to_float(b->dmin), dl, ml);
@@ -1101,14 +1015,6 @@ static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
  * low 4 bits from ql[64h + k % 64] (low nibble if k < 64, else high) and its
  * top 2 bits from bits 2*(k/32)..+1 of qh[32h + k % 32].
  * ------------------------------------------------------------------------- */
-
-typedef struct {
-    uint8_t ql[QK_K / 2];      /* low 4 bits */
-    uint8_t qh[QK_K / 4];      /* high 2 bits */
-    int8_t scales[QK_K / 16];  /* signed group scales */
-    uint16_t d;                /* f16 super-scale */
-} block_q6_K;
-static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 
 static inline void decode_q6_K(const block_q6_K *restrict b, float *restrict y) {
     const float d = half_to_float(b->d);
@@ -1186,13 +1092,6 @@ static const int8_t kvalues_iq4nl[16] = {
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 };
 
-#define QK4_NL 32
-typedef struct {
-    uint16_t d;                /* f16 scale */
-    uint8_t qs[QK4_NL / 2];    /* grid indices */
-} block_iq4_nl;
-static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
-
 /* 32 elements from 16 bytes of grid indices. Scaling the 16 grid values once
  * and looking the codes up gives the same floats as scaling every element, at
  * half the multiplies. */
@@ -1263,14 +1162,6 @@ static float vec_dot_iq4_nl(const void *row, const void *xq, int64_t nb) {
  * scale is d * (s - 32), s a 6-bit code: low 4 bits in nibble g % 2 of
  * scales_l[g / 2], high 2 bits at bits 2g..2g+1 of scales_h.
  * ------------------------------------------------------------------------- */
-
-typedef struct {
-    uint16_t d;                /* f16 super-scale */
-    uint16_t scales_h;         /* high 2 bits of the 8 group scales */
-    uint8_t scales_l[QK_K / 64]; /* low 4 bits of the group scales */
-    uint8_t qs[QK_K / 2];      /* grid indices */
-} block_iq4_xs;
-static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 
 /* The 6-bit scale code of group g. */
 static inline int iq4_xs_scale(const block_iq4_xs *b, int g) {

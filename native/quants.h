@@ -1,5 +1,6 @@
-/* quants.h: scalar conversions shared by the kernel's C files. The block layouts,
- * row decoders and dot products themselves live in quants.c, declared in smolq.h. */
+/* quants.h: scalar conversions shared by the kernel's C files. The block layouts are
+ * in quant_blocks.h; the row decoders and dot products live in quants.c, declared in
+ * smolq.h. */
 #ifndef SMOLQ_QUANTS_H
 #define SMOLQ_QUANTS_H
 #include <stdint.h>

@@ -11,12 +11,12 @@
 /* Four activation rows (stride bytes apart) at once, each rounded exactly as
  * sq_vec_dot_q4_1_avx2 rounds it: the block's codes are unpacked once for the four. */
 TARGET void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride, int64_t nb, float *out) {
-    const blk_q4_1 *x = row;
-    const blk_q8_1 *y[4];
+    const block_q4_1 *x = row;
+    const block_q8_1 *y[4];
     __m256 acc[4];
     __m128 summs[4];
     for (int t = 0; t < 4; t++) {
-        y[t] = (const blk_q8_1 *)((const uint8_t *)xq + t * stride);
+        y[t] = (const block_q8_1 *)((const uint8_t *)xq + t * stride);
         acc[t] = _mm256_setzero_ps();
         summs[t] = _mm_setzero_ps();
     }
@@ -36,7 +36,7 @@ TARGET void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t strid
 
 /* One token's four span sums of a Q4_K block (64 elements each, exact, as floats) and
  * its four min terms mn[2c] * (bsums[4c] + bsums[4c+1]) + mn[2c+1] * (bsums[4c+2] + bsums[4c+3]). */
-static inline TARGET void q4_K_span_sums(const blk_q8_K *a, const __m256i lo[4], const __m256i hi[4],
+static inline TARGET void q4_K_span_sums(const block_q8_K *a, const __m256i lo[4], const __m256i hi[4],
                                        const __m256i scv[8], __m128i mins, __m128 *sums, __m128 *min_terms) {
     __m256i p[4];
     for (int c = 0; c < 4; c++) {
@@ -59,7 +59,7 @@ static inline TARGET void q4_K_span_sums(const blk_q8_K *a, const __m256i lo[4],
 TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                                  float *y, int64_t ldy) {
     enum { TILE = 16 };
-    const blk_q4_K *x = row;
+    const block_q4_K *x = row;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -86,7 +86,7 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
                 __m128 fs[8], fm[8];
                 float ad[8];
                 for (int k = 0; k < 8; k++) {
-                    const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t + k) * stride) + i;
+                    const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t + k) * stride) + i;
                     q4_K_span_sums(a, lo, hi, scv, mins, &fs[k], &fm[k]);
                     ad[k] = a->d;
                 }
@@ -105,7 +105,7 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
                 _mm256_storeu_ps(summ + t, vm);
             }
             for (; t < nt; t++) {
-                const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
                 __m128 vs, vmn;
                 q4_K_span_sums(a, lo, hi, scv, mins, &vs, &vmn);
                 float fs[4], fm[4];
@@ -151,7 +151,7 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
     float dr[8], dminr[8];
     int32_t sc_words[8][8], mn_words[4][8];
     for (int r = 0; r < 8; r++) {
-        const blk_q4_K *x = (const blk_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
+        const block_q4_K *x = (const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
         uint32_t u[4];
         k_unpack_scales(x->scales, u);
         const uint8_t *sc = (const uint8_t *)u, *mn = (const uint8_t *)(u + 2);
@@ -169,7 +169,7 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
         __m256i q[8];
         for (int r = 0; r < 8; r++)
             q[r] = _mm256_loadu_si256(
-                (const __m256i *)(((const blk_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
+                (const __m256i *)(((const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
         transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
         for (int j = 0; j < 8; j++) {
             codes[c][0][j] = _mm256_and_si256(q[j], m4);
@@ -182,7 +182,7 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
 
 /* Span c of one activation block against eight rows side by side: the exact integer
  * sum of each row's 64 products (scaled per group), and each row's min term. */
-static inline TARGET void q4_K_span8(const blk_q8_K *a, int c, __m256i codes[4][2][8], const __m256i scale[8],
+static inline TARGET void q4_K_span8(const block_q8_K *a, int c, __m256i codes[4][2][8], const __m256i scale[8],
                                    const __m256i mins[4], __m256i *isum_out, __m256i *imin_out) {
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
@@ -222,7 +222,7 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
         for (int64_t i = 0; i < nb; i++) {
             q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++) {
-                const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
                 const __m256 a_d = _mm256_set1_ps(a->d);
                 const __m256 d = _mm256_mul_ps(d_rows, a_d), dmin = _mm256_mul_ps(dmin_rows, a_d);
                 __m256 vf = sumf[t], vm = summ[t];
@@ -259,7 +259,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
         float dr[8];
         int32_t sc_words[16][8], pair_words[8][8];
         for (int r = 0; r < 8; r++) {
-            const blk_q6_K *x = (const blk_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
+            const block_q6_K *x = (const block_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
             for (int g = 0; g < 16; g++)
                 sc_words[g][r] = (int32_t)((uint16_t)x->scales[g] | (uint32_t)(uint16_t)x->scales[g] << 16);
             for (int p = 0; p < 8; p++)
@@ -274,7 +274,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
             const int h = k / 4, part = k % 4;  /* elements 128h + 32 part .. */
             __m256i q[8];
             for (int r = 0; r < 8; r++) {
-                const blk_q6_K *x = (const blk_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
+                const block_q6_K *x = (const block_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
                 const __m256i l = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32 * (part & 1)));
                 const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
                 const __m256i low = part < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
@@ -287,7 +287,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
         }
         const __m256 d_rows = _mm256_loadu_ps(dr);
         for (int t = 0; t < n_tokens; t++) {
-            const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + t * stride) + i;
+            const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
             __m256i acc = _mm256_setzero_si256(), off = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) {
                 const int8_t *aq = a->qs + 32 * k;
@@ -323,7 +323,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
  * y = fma(d * s1, dy, y). The 6-bit codes are assembled once per block for all rows. */
 TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                                  float *y, int64_t ldy) {
-    const blk_q6_K *x = row;
+    const block_q6_K *x = row;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     for (int t = 0; t < n_tokens; t++)
         y[t * ldy] = 0.0f;
@@ -347,7 +347,7 @@ TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stri
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const float d = h2f(x[i].d);
         for (int t = 0; t < n_tokens; t++) {
-            const blk_q8_K *a = (const blk_q8_K *)((const uint8_t *)xq + t * stride) + i;
+            const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
             __m256i acc = _mm256_setzero_si256();
             for (int j = 0; j < 8; j++) {
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));

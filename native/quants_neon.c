@@ -26,34 +26,11 @@
 #if defined(__aarch64__)
 
 #include <arm_neon.h>
-#include <assert.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "quants.h"
-
-#define QK_K 256
-
-/* Block layouts, as in quants.c (which documents them). */
-typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
-typedef struct { uint16_t d, s; int8_t qs[32]; } blk_q8_1;
-typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } blk_q8_K;
-typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0, blk_iq4_nl;
-typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
-typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;
-typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;
-typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } blk_q2_K;
-typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } blk_q3_K;
-typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } blk_q4_K;
-typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } blk_q5_K;
-typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } blk_q6_K;
-typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } blk_iq4_xs;
-static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q8_1) == 36 && sizeof(blk_q8_K) == 292, "activation blocks");
-static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20, "Q4 blocks");
-static_assert(sizeof(blk_q5_0) == 22 && sizeof(blk_q5_1) == 24, "Q5 blocks");
-static_assert(sizeof(blk_q2_K) == 84 && sizeof(blk_q3_K) == 110, "K blocks");
-static_assert(sizeof(blk_q4_K) == 144 && sizeof(blk_q5_K) == 176 && sizeof(blk_q6_K) == 210, "K blocks");
-static_assert(sizeof(blk_iq4_xs) == 136, "IQ4_XS block");
+#include "quant_blocks.h"
 
 /* ---------------------------------------------------------------------------
  * Small helpers
@@ -200,7 +177,7 @@ static inline int32_t k_min_total(const int32_t mn[8], const int16_t *bsums) {
 
 float sq_vec_dot_q8_0_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q8_0 *x = row, *y = xq;
+    const block_q8_0 *x = row, *y = xq;
     f32x8 acc = f32x8_zero();
     for (int64_t i = 0; i < nb; i++) {
         const int8x16_t w0 = vld1q_s8(x[i].qs), w1 = vld1q_s8(x[i].qs + 16);
@@ -213,8 +190,8 @@ float sq_vec_dot_q8_0_neon(const void *row, const void *xq, int64_t nb, const vo
 /* Q4_0 and IQ4_NL run one fmaf chain over whole-block sums (see quants.c). */
 float sq_vec_dot_q4_0_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q4_0 *x = row;
-    const blk_q8_0 *y = xq;
+    const block_q4_0 *x = row;
+    const block_q8_0 *y = xq;
     const int8x16_t eight = vdupq_n_s8(8);
     float acc = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
@@ -229,8 +206,8 @@ float sq_vec_dot_q4_0_neon(const void *row, const void *xq, int64_t nb, const vo
 
 float sq_vec_dot_iq4_nl_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_iq4_nl *x = row;
-    const blk_q8_0 *y = xq;
+    const block_iq4_nl *x = row;
+    const block_q8_0 *y = xq;
     const int8x16_t grid = vld1q_s8(iq4_grid);
     float acc = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
@@ -246,8 +223,8 @@ float sq_vec_dot_iq4_nl_neon(const void *row, const void *xq, int64_t nb, const 
 /* The offset terms m * s have a float sum of their own, added after the lanes. */
 float sq_vec_dot_q4_1_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q4_1 *x = row;
-    const blk_q8_1 *y = xq;
+    const block_q4_1 *x = row;
+    const block_q8_1 *y = xq;
     f32x8 acc = f32x8_zero();
     float summs = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
@@ -271,8 +248,8 @@ static inline void q5_codes(const uint8_t *qs, const uint8_t *qh, int8x16_t *lo,
 
 float sq_vec_dot_q5_0_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q5_0 *x = row;
-    const blk_q8_0 *y = xq;
+    const block_q5_0 *x = row;
+    const block_q8_0 *y = xq;
     const int8x16_t sixteen = vdupq_n_s8(16);
     f32x8 acc = f32x8_zero();
     for (int64_t i = 0; i < nb; i++) {
@@ -287,8 +264,8 @@ float sq_vec_dot_q5_0_neon(const void *row, const void *xq, int64_t nb, const vo
 
 float sq_vec_dot_q5_1_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q5_1 *x = row;
-    const blk_q8_1 *y = xq;
+    const block_q5_1 *x = row;
+    const block_q8_1 *y = xq;
     f32x8 acc = f32x8_zero();
     float summs = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
@@ -315,8 +292,8 @@ float sq_vec_dot_q5_1_neon(const void *row, const void *xq, int64_t nb, const vo
  * element 32c + l of its 128-element half. */
 float sq_vec_dot_q2_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q2_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q2_K *x = row;
+    const block_q8_K *y = xq;
     const uint8x16_t m3 = vdupq_n_u8(3);
     f32x8 acc = f32x8_zero();
     for (int64_t i = 0; i < nb; i++) {
@@ -358,8 +335,8 @@ static inline void q3_K_scales(const uint8_t *s, int32_t sc[16]) {
  * at bit 4h + c of hmask[l], and its code is low2 - 4 unless that bit is set. */
 float sq_vec_dot_q3_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q3_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q3_K *x = row;
+    const block_q8_K *y = xq;
     const uint8x16_t m3 = vdupq_n_u8(3), four = vdupq_n_u8(4);
     f32x8 acc = f32x8_zero();
     for (int64_t i = 0; i < nb; i++) {
@@ -413,8 +390,8 @@ static inline int32_t q4_K_span(const q4_K_codes *q, int c, const int32_t sc[8],
  * at the end (quants.c's vec_dot_q4_K). */
 float sq_vec_dot_q4_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q4_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q4_K *x = row;
+    const block_q8_K *y = xq;
     float sumf = 0.0f, summ = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int32_t sc[8], mn[8];
@@ -437,8 +414,8 @@ float sq_vec_dot_q4_K_neon(const void *row, const void *xq, int64_t nb, const vo
  * block, fma'd by -(dy * dmin) into a float of their own added at the end. */
 float sq_vec_dot_q5_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q5_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q5_K *x = row;
+    const block_q8_K *y = xq;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m16 = vdupq_n_u8(0x10);
     f32x8 acc = f32x8_zero();
     float summ = 0.0f;
@@ -470,7 +447,7 @@ float sq_vec_dot_q5_K_neon(const void *row, const void *xq, int64_t nb, const vo
  * elements 128h + 32k .. +31 as two registers of 16. Byte l of ql (ql + 32)
  * gives the low nibble of elements l and 64 + l (32 + l and 96 + l) of a half;
  * bits 2k..2k+1 of qh[l] the top bits of element 32k + l. */
-static inline void q6_K_codes(const blk_q6_K *b, int8x16_t q[8][2]) {
+static inline void q6_K_codes(const block_q6_K *b, int8x16_t q[8][2]) {
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m3 = vdupq_n_u8(3);
     for (int h = 0; h < 2; h++)
         for (int k = 0; k < 2; k++) {
@@ -494,8 +471,8 @@ static inline void q6_K_codes(const blk_q6_K *b, int8x16_t q[8][2]) {
  * signed codes would not give the same bits. */
 float sq_vec_dot_q6_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_q6_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q6_K *x = row;
+    const block_q8_K *y = xq;
     f32x8 acc = f32x8_zero();
     for (int64_t i = 0; i < nb; i++) {
         const int8_t *sc = x[i].scales;
@@ -518,8 +495,8 @@ float sq_vec_dot_q6_K_neon(const void *row, const void *xq, int64_t nb, const vo
  * lane sums; the 8 groups are summed in integers before the block's one FMA. */
 float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants.h */
-    const blk_iq4_xs *x = row;
-    const blk_q8_K *y = xq;
+    const block_iq4_xs *x = row;
+    const block_q8_K *y = xq;
     const int8x16_t grid = vld1q_s8(iq4_grid);
     f32x8 acc = f32x8_zero();
     for (int64_t i = 0; i < nb; i++) {
@@ -542,8 +519,8 @@ float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const 
  * scalar batch functions' (quants.c's batch_dot_q4_K and batch_dot_k).
  * ------------------------------------------------------------------------- */
 
-static inline const blk_q8_K *act_block(const void *xq, int64_t stride, int t, int64_t i) {
-    return (const blk_q8_K *)((const uint8_t *)xq + t * stride) + i;
+static inline const block_q8_K *act_block(const void *xq, int64_t stride, int t, int64_t i) {
+    return (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
 }
 
 /* Q4_K in the repacked gemm's order: per 64 elements an integer code sum and a
@@ -552,7 +529,7 @@ static inline const blk_q8_K *act_block(const void *xq, int64_t stride, int t, i
 void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy) {
     enum { TILE = 16 };
-    const blk_q4_K *x = row;
+    const block_q4_K *x = row;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         float sumf[TILE] = {0}, summ[TILE] = {0};
@@ -563,7 +540,7 @@ void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int
             unpack_q4_K(x[i].qs, &q);
             const float dw = half_to_f32(x[i].d), dminw = half_to_f32(x[i].dmin);
             for (int t = 0; t < nt; t++) {
-                const blk_q8_K *a = act_block(xq, stride, t0 + t, i);
+                const block_q8_K *a = act_block(xq, stride, t0 + t, i);
                 const float d = dw * a->d, dmin = dminw * a->d;
                 for (int c = 0; c < 4; c++) {
                     const int16_t *bs = a->bsums + 4 * c;
@@ -582,7 +559,7 @@ void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int
  * y = fma(d * s1, dy, y). The signed codes q - 32 are formed once per block. */
 void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy) {
-    const blk_q6_K *x = row;
+    const block_q6_K *x = row;
     const int8x16_t bias = vdupq_n_s8(32);
     for (int t = 0; t < n_tokens; t++)
         y[t * ldy] = 0.0f;
@@ -596,7 +573,7 @@ void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int
         const int8_t *sc = x[i].scales;
         const float d = half_to_f32(x[i].d);
         for (int t = 0; t < n_tokens; t++) {
-            const blk_q8_K *a = act_block(xq, stride, t, i);
+            const block_q8_K *a = act_block(xq, stride, t, i);
             int32x4_t s = vdupq_n_s32(0);
             for (int j = 0; j < 8; j++) {
                 s = vmlaq_n_s32(s, dot16_partial(q[j][0], vld1q_s8(a->qs + 32 * j)), sc[2 * j]);

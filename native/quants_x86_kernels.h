@@ -36,13 +36,13 @@
 #ifndef SMOLQ_QUANTS_X86_KERNELS_H
 #define SMOLQ_QUANTS_X86_KERNELS_H
 
-#include <assert.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <immintrin.h>
 
 #include "quants.h"
+#include "quant_blocks.h"
 
 #if !defined(SQ_X86_VNNI)
 #define TARGET __attribute__((target("avx2,fma,f16c")))
@@ -71,29 +71,6 @@
 #define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KERNEL(fn) sq_##fn##_avx512vnni
 #endif
-
-#define QK_K 256
-
-/* Block layouts, as in quants.c (which documents them). */
-typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
-typedef struct { uint16_t d, s; int8_t qs[32]; } blk_q8_1;
-typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } blk_q8_K;
-typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0, blk_iq4_nl;
-typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
-typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;
-typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;
-typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } blk_iq4_xs;
-typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } blk_q4_K;
-typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } blk_q2_K;
-typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } blk_q3_K;
-typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } blk_q5_K;
-typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } blk_q6_K;
-static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q8_1) == 36 && sizeof(blk_q8_K) == 292, "activation blocks");
-static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20, "Q4 blocks");
-static_assert(sizeof(blk_q5_0) == 22 && sizeof(blk_q5_1) == 24, "Q5 blocks");
-static_assert(sizeof(blk_iq4_xs) == 136, "IQ4_XS block");
-static_assert(sizeof(blk_q2_K) == 84 && sizeof(blk_q3_K) == 110, "K blocks");
-static_assert(sizeof(blk_q4_K) == 144 && sizeof(blk_q5_K) == 176 && sizeof(blk_q6_K) == 210, "K blocks");
 
 /* f16 -> f32 with F16C: exact for every half, as quants.c's conversion is. */
 static inline TARGET float h2f(uint16_t h) {
@@ -198,7 +175,7 @@ static inline TARGET __m256i dot_ss8(__m256i x, __m256i y) {
 }
 
 TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q8_0 *x = row, *y = xq;
+    const block_q8_0 *x = row, *y = xq;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
@@ -213,8 +190,8 @@ TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, c
 /* Q4_0 and IQ4_NL: one whole-block integer sum, then one fma per block in block
  * order, the chain each lane of llama.cpp's repacked (8-row) kernels runs. */
 TARGET float KERNEL(vec_dot_q4_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q4_0 *x = row;
-    const blk_q8_0 *y = xq;
+    const block_q4_0 *x = row;
+    const block_q8_0 *y = xq;
     float acc = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
@@ -228,8 +205,8 @@ TARGET float KERNEL(vec_dot_q4_0)(const void *row, const void *xq, int64_t nb, c
 
 /* The 16 grid values of IQ4_NL, looked up 32 codes at a time with a byte shuffle. */
 TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_iq4_nl *x = row;
-    const blk_q8_0 *y = xq;
+    const block_iq4_nl *x = row;
+    const block_q8_0 *y = xq;
     const __m128i grid = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
     const __m256i lut = _mm256_broadcastsi128_si256(grid);
     float acc = 0.0f;
@@ -254,8 +231,8 @@ static inline TARGET __m128 h2f_pair(const uint16_t *h) {
 /* Per block: lane 0 of x's (d, m) times y's (d, s) is the codes' scale d*dy, lane 1
  * the block's min term m*s, summed in lane 1 of `summs` (lane 0 collects nothing of use). */
 TARGET float KERNEL(vec_dot_q4_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q4_1 *x = row;
-    const blk_q8_1 *y = xq;
+    const block_q4_1 *x = row;
+    const block_q8_1 *y = xq;
     __m256 acc = _mm256_setzero_ps();
     __m128 summs = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
@@ -283,8 +260,8 @@ static inline TARGET __m256i q5_bit4(const uint8_t *qh) {
 
 /* quants.c's vec_dot_q5_0 does the same lane by lane, so the two agree bit for bit. */
 TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q5_0 *x = row;
-    const blk_q8_0 *y = xq;
+    const block_q5_0 *x = row;
+    const block_q8_0 *y = xq;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
@@ -299,8 +276,8 @@ TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, c
 
 /* As Q4_1 with 5-bit codes; bit-exact with quants.c's vec_dot_q5_1. */
 TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q5_1 *x = row;
-    const blk_q8_1 *y = xq;
+    const block_q5_1 *x = row;
+    const block_q8_1 *y = xq;
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
@@ -346,8 +323,8 @@ static inline TARGET __m128i k_scales_mins(const uint8_t *s) {
  * llama.cpp's repacked (8-row) Q4_K kernel computes it. The group scales stay in a
  * register and are spread over the codes with byte shuffles. */
 TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q4_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q4_K *x = row;
+    const block_q8_K *y = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m128 acc = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
@@ -397,8 +374,8 @@ static inline TARGET __m256i scale_halves(int lo, int hi) {
 /* Q2_K: the min lanes (mn[2l] * bsums[2l] + mn[2l+1] * bsums[2l+1]) go into the
  * accumulators first, by -(dy * dmin); then the code lanes by dy * d. */
 TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q2_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q2_K *x = row;
+    const block_q8_K *y = xq;
     const __m256i m3 = _mm256_set1_epi8(3);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
@@ -432,8 +409,8 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
 /* Q3_K: q = low2 - 4 * (hbit clear) is taken as maddubs(low2, y) - maddubs(4 or 0, y),
  * both unsigned times signed; the pair sums are at most 2 * 4 * 128. */
 TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q3_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q3_K *x = row;
+    const block_q8_K *y = xq;
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), zero = _mm256_setzero_si256();
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
@@ -471,8 +448,8 @@ TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, c
  * one integer per block, FMA'd by -(dy * dmin) into a scalar added at the end (a
  * multiply and add in llama.cpp's source, which its FMA build contracts into one). */
 TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q5_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q5_K *x = row;
+    const block_q8_K *y = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
@@ -513,8 +490,8 @@ TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, c
  * 2 * 63 * 128; the -32 offset comes off afterwards as 32 * (sc * bsum) lanes, two
  * groups each, as in llama.cpp (not per element: that would fill the lanes differently). */
 TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_q6_K *x = row;
-    const blk_q8_K *y = xq;
+    const block_q6_K *x = row;
+    const block_q8_K *y = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m2 = _mm256_set1_epi8(0x03), m2_2 = _mm256_set1_epi8(0x0c);
     const __m256i m2_4 = _mm256_set1_epi8(0x30), m2_6 = _mm256_set1_epi8((char)0xc0);
@@ -565,8 +542,8 @@ static const int8_t iq4_grid[16] = {
 };
 
 TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const blk_iq4_xs *x = row;
-    const blk_q8_K *y = xq;
+    const block_iq4_xs *x = row;
+    const block_q8_K *y = xq;
     const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_grid));
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {

@@ -1,0 +1,90 @@
+/* quant_blocks.h: the GGUF block layouts of the quantized types, in one place for
+ * quants.c (whose section for each type explains its encoding), the x86 kernels
+ * (quants_x86_kernels.h) and the NEON kernels (quants_neon.c).
+ *
+ * Fields are little-endian, as GGUF stores them; "f16" is an IEEE half kept as its
+ * 16 bits. None of the structs has padding (the size asserts check it), so an array
+ * of them is exactly a row as the file holds it.
+ */
+#ifndef SMOLQ_QUANT_BLOCKS_H
+#define SMOLQ_QUANT_BLOCKS_H
+
+#include <assert.h>
+#include <stdint.h>
+
+/* Elements per block: QK_K for the K-quants, IQ4_XS and Q8_K, 32 for the rest. */
+#ifndef QK_K
+#define QK_K 256
+#endif
+static_assert(QK_K == 256, "QK_K must be 256");
+#define QK8_0 32
+#define QK8_1 32
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define QK4_NL 32
+
+/* Activation formats (Q8_0 is also a weight type). */
+
+/* Q8_0: f16 scale d, then 32 signed byte codes. */
+typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+
+/* Q8_1: f16 scale d, f16 s = d * sum(qs) (from d before its rounding), 32 signed byte codes. */
+typedef struct { uint16_t d, s; int8_t qs[QK8_1]; } block_q8_1;
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
+
+/* Q8_K: float scale d, 256 codes in -127..127, bsums[g] the sum of codes 16g..16g+15. */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+
+/* Weight types of 32 elements. */
+
+/* Q4_0: f16 scale d, 32 4-bit codes (element j in the low nibble of qs[j], j + 16 in its high). */
+typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
+
+/* Q4_1: f16 scale d and offset m (the block minimum), 32 4-bit codes in Q4_0's order. */
+typedef struct { uint16_t d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
+
+/* Q5_0: f16 scale d, bit 4 of element j at bit j of qh, the low 4 bits in Q4_0's order. */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+
+/* Q5_1: f16 scale d and offset m, then qh and qs as in Q5_0. */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
+
+/* IQ4_NL: f16 scale d, 32 4-bit indices into the IQ4 grid, in Q4_0's order. */
+typedef struct { uint16_t d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
+static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
+
+/* Weight types of QK_K elements. */
+
+/* Q2_K: per group of 16 a byte of scale (low nibble) and min (high), 2-bit codes, f16 d and dmin. */
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } block_q2_K;
+static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
+
+/* Q3_K: the codes' high bits (hmask) and low 2 bits (qs), 16 6-bit scales in 12 bytes, f16 d. */
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
+static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
+
+/* Q4_K: f16 d (for the scales) and dmin (for the mins), 8 6-bit scale/min pairs in 12 bytes, codes. */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+
+/* Q5_K: Q4_K's fields, with bit 4 of every code in qh ahead of the low 4 bits in qs. */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
+
+/* Q6_K: the codes' low 4 bits (ql) and high 2 bits (qh), 16 signed group scales, f16 d. */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+
+/* IQ4_XS: f16 d, 8 6-bit group scales (high 2 bits in scales_h, low 4 in scales_l), grid indices. */
+typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
+
+#endif
