@@ -65,9 +65,9 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         float sumf[TILE] = {0}, summ[TILE] = {0};
         for (int64_t i = 0; i < nb; i++) {
-            uint32_t u[4];
-            k_unpack_scales(x[i].scales, u);
-            const uint8_t *sc = (const uint8_t *)u, *mn = (const uint8_t *)(u + 2);
+            uint8_t sc_mn[16];
+            _mm_storeu_si128((__m128i *)sc_mn, k_scales_mins(x[i].scales));
+            const uint8_t *sc = sc_mn, *mn = sc_mn + 8;
             __m256i lo[4], hi[4];
             for (int c = 0; c < 4; c++) {
                 const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
@@ -152,9 +152,9 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
     int32_t sc_words[8][8], mn_words[4][8];
     for (int r = 0; r < 8; r++) {
         const block_q4_K *x = (const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
-        uint32_t u[4];
-        k_unpack_scales(x->scales, u);
-        const uint8_t *sc = (const uint8_t *)u, *mn = (const uint8_t *)(u + 2);
+        uint8_t sc_mn[16];
+        _mm_storeu_si128((__m128i *)sc_mn, k_scales_mins(x->scales));
+        const uint8_t *sc = sc_mn, *mn = sc_mn + 8;
         for (int g = 0; g < 8; g++)
             sc_words[g][r] = (int32_t)(sc[g] | (uint32_t)sc[g] << 16);
         for (int c = 0; c < 4; c++)

@@ -292,22 +292,9 @@ TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, c
     return hsum8(acc) + summs;
 }
 
-/* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block,
- * rearranged from their 12 packed bytes a 32-bit word at a time (k_scale_min in
- * quants.c gives the same values one pair at a time). */
-static inline void k_unpack_scales(const uint8_t *s, uint32_t u[4]) {
-    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    uint32_t a[3];
-    memcpy(a, s, 12);
-    u[0] = a[0] & m6;                                        /* sc 0..3 */
-    u[1] = (a[2] & m4) | ((a[0] >> 6) & m2) << 4;            /* sc 4..7 */
-    u[2] = a[1] & m6;                                        /* mn 0..3 */
-    u[3] = ((a[2] >> 4) & m4) | ((a[1] >> 6) & m2) << 4;     /* mn 4..7 */
-}
-
-/* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block, as
- * k_unpack_scales gives them, without leaving the vector registers: reads 16 bytes
- * from s (the 12 packed ones and 4 of the codes after them). */
+/* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block, from
+ * their 12 packed bytes a 32-bit word at a time (quants.c's k_scale_min gives the same
+ * values one pair at a time). Reads 16 bytes from s: the 12 and 4 of the codes after. */
 static inline TARGET __m128i k_scales_mins(const uint8_t *s) {
     const __m128i v = _mm_loadu_si128((const __m128i *)s);
     const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* words a0 a2 a1 a2 */
@@ -316,6 +303,11 @@ static inline TARGET __m128i k_scales_mins(const uint8_t *s) {
                                       _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
     const __m128i high = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
     return _mm_or_si128(low, high);
+}
+
+/* int16 word w (0..7) of each 128-bit half of v, in every word of that half. */
+static inline TARGET __m256i broadcast_word(__m256i v, int w) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0202 * w + 0x0100)));
 }
 
 /* Q4_K: whole-block integer sums for the codes and the mins, then two fma chains
@@ -346,11 +338,8 @@ TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, c
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
             const __m256i y_lo = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
             const __m256i y_hi = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
-            /* int16 word g of sc in every word: bytes 2g, 2g+1 picked into each pair */
-            const __m256i s_lo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(0x0202 * (2 * c) + 0x0100)));
-            const __m256i s_hi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(0x0202 * (2 * c + 1) + 0x0100)));
-            sumi = madd_add(sumi, s_lo, _mm256_maddubs_epi16(lo, y_lo));
-            sumi = madd_add(sumi, s_hi, _mm256_maddubs_epi16(hi, y_hi));
+            sumi = madd_add(sumi, broadcast_word(sc, 2 * c), _mm256_maddubs_epi16(lo, y_lo));
+            sumi = madd_add(sumi, broadcast_word(sc, 2 * c + 1), _mm256_maddubs_epi16(hi, y_hi));
         }
         /* Both block totals at once: lanes S, M, S, M; exact, so any order of adds. */
         const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1));
@@ -455,11 +444,10 @@ TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, c
     float summs = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
-        uint32_t u[4];
-        k_unpack_scales(x[i].scales, u);
-        const uint8_t *sc = (const uint8_t *)u;
+        const __m128i sc_mn = k_scales_mins(x[i].scales);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc_mn)); /* int16 sc[g] */
 
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sc_mn, sc_mn));
         const __m128i bs_lo = _mm_loadu_si128((const __m128i *)y[i].bsums);
         const __m128i bs_hi = _mm_loadu_si128((const __m128i *)(y[i].bsums + 8));
         const __m128i prod = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));
@@ -477,8 +465,8 @@ TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, c
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), h_hi);
             const __m256i y_lo = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
             const __m256i y_hi = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
-            sumi = madd_add(sumi, _mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(lo, y_lo));
-            sumi = madd_add(sumi, _mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi, y_hi));
+            sumi = madd_add(sumi, broadcast_word(sc, 2 * c), _mm256_maddubs_epi16(lo, y_lo));
+            sumi = madd_add(sumi, broadcast_word(sc, 2 * c + 1), _mm256_maddubs_epi16(hi, y_hi));
         }
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -522,8 +510,7 @@ TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, c
             for (int c = 0; c < 4; c++) {
                 const int g = 8 * h + 2 * c; /* groups g (bytes 0..15) and g+1 (16..31) */
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(q8 + 32 * c));
-                const __m256i scale = _mm256_shuffle_epi8(sc_pairs, _mm256_set1_epi16((short)(0x0101 * g + 0x0100)));
-                sumi = madd_add(sumi, scale, _mm256_maddubs_epi16(q[c], qy));
+                sumi = madd_add(sumi, broadcast_word(sc_pairs, g / 2), _mm256_maddubs_epi16(q[c], qy));
             }
         }
         const float d = y[i].d * h2f(x[i].d);
