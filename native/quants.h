@@ -27,6 +27,23 @@ static inline uint16_t sq_fp32_to_bf16(float f) {
  * (a call out to a shared copy would run plain code, and fmaf as a library call). */
 #define SQ_TWIN static inline __attribute__((always_inline))
 
+/* The 12 quantized vec_dots of one SIMD copy (suffix avx2, avx512vnni or neon):
+ * sq_vec_dot_<type>_<suffix>, the contract of quants.c's scalar vec_dot_<type> plus a
+ * `stop` that bounds how far ahead a kernel may prefetch weights. */
+#define SQ_DECLARE_VEC_DOTS(suffix)                                                        \
+    float sq_vec_dot_q4_0_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_iq4_nl_##suffix(const void *row, const void *xq, int64_t nb, const void *stop); \
+    float sq_vec_dot_q4_1_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_q5_0_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_q5_1_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_q8_0_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_q2_K_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_q3_K_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_q4_K_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_q5_K_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_q6_K_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);   \
+    float sq_vec_dot_iq4_xs_##suffix(const void *row, const void *xq, int64_t nb, const void *stop);
+
 /* AVX2/FMA vec_dot functions (quants_avx2.c), same contract as quants.c's scalar
  * vec_dot_<type>: nb blocks of weights times activations in the paired format. They
  * prefetch weights ahead of the block they work on, up to `stop`: the end of the row,
@@ -34,18 +51,10 @@ static inline uint16_t sq_fp32_to_bf16(float f) {
  * Compiled with target attributes; call only when the CPU has AVX2, FMA and F16C. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SQ_HAVE_AVX2_KERNELS 1
-float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_iq4_nl_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
+SQ_DECLARE_VEC_DOTS(avx2)
 /* The same for four activation rows stride bytes apart, into out[0..3], each exactly
  * as the one-row function computes it. */
 void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
-float sq_vec_dot_q5_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q5_1_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q2_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q3_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
 /* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order (quants.c's
  * batch_dot_q4_K, same bits). */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
@@ -61,25 +70,11 @@ void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int
 /* Eight Q6_K rows at once, each with sq_batch_dot_q6_K_avx2's bits: y[t * ldy + r], r < 8. */
 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, float *y, int64_t ldy);
-float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb, const void *stop);
 
 /* The same vec_dots for CPUs with AVX-512 VNNI, VL and BW as well (quants_avx512vnni.c):
  * the AVX2 ones' contract and bits. Call only when the CPU has all of those and the
  * AVX2 set; a build with SQ_VNNI_VIA_SIMDE needs only the AVX2 set. */
-float sq_vec_dot_q4_0_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_iq4_nl_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q4_1_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q5_0_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q5_1_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q8_0_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q2_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q3_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q4_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q5_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q6_K_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_iq4_xs_avx512vnni(const void *row, const void *xq, int64_t nb, const void *stop);
+SQ_DECLARE_VEC_DOTS(avx512vnni)
 #endif
 
 /* NEON vec_dot functions (quants_neon.c), the same contract and the same bits as the
@@ -88,18 +83,7 @@ float sq_vec_dot_iq4_xs_avx512vnni(const void *row, const void *xq, int64_t nb, 
  * and has not been measured on an arm64 one. */
 #if defined(__aarch64__)
 #define SQ_HAVE_NEON_KERNELS 1
-float sq_vec_dot_q4_0_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_iq4_nl_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q4_1_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q5_0_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q5_1_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q8_0_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q2_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q3_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q4_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q5_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_q6_K_neon(const void *row, const void *xq, int64_t nb, const void *stop);
-float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const void *stop);
+SQ_DECLARE_VEC_DOTS(neon)
 /* Batches with the bits of quants.c's batch_dot_q4_K and (for Q6_K) batch_dot_k. */
 void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
