@@ -317,6 +317,7 @@ def test_bad_arguments_are_refused(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.may_skip_in_ci
 def test_llama_cpp_loads_the_files_and_agrees(tiny):
     """Only where llama-cpp-python is installed (the `bench` extra). F32 KV cache and no
     flash attention, as the engine runs; on these files most types agree to ~1e-7."""
