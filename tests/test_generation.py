@@ -1,42 +1,8 @@
-"""Sampling, streaming text and the reasoning split, without a model."""
+"""Streaming text and the reasoning split, without a model (sampling: test_sampling.py)."""
 
-import numpy as np
 import pytest
 
-from llm_smolq.generation import ReasoningSplitter, Sampler, SamplingParams, TextStream
-
-
-def test_temperature_zero_is_argmax():
-    logits = np.array([0.1, 3.0, 2.9, -1.0], np.float32)
-    assert Sampler(SamplingParams(temperature=0))(logits, []) == 1
-
-
-def test_seeded_sampling_repeats_and_differs_by_seed():
-    logits = np.random.default_rng(0).normal(size=500).astype(np.float32)
-
-    def draws(seed):
-        sampler = Sampler(SamplingParams(temperature=1.5, top_p=1.0, seed=seed))
-        return [sampler(logits, []) for _ in range(40)]
-
-    assert draws(1) == draws(1)
-    assert draws(1) != draws(2)
-
-
-def test_top_k_and_top_p_limit_the_choices():
-    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
-    top_k = Sampler(SamplingParams(temperature=1.0, top_p=1.0, top_k=2, seed=0))
-    assert {top_k(logits, []) for _ in range(200)} == {0, 1}
-    top_p = Sampler(SamplingParams(temperature=1.0, top_p=0.75, seed=0))
-    assert {top_p(logits, []) for _ in range(200)} == {0, 1}
-    min_p = Sampler(SamplingParams(temperature=1.0, top_p=1.0, min_p=0.5, seed=0))
-    assert {min_p(logits, []) for _ in range(200)} == {0, 1}
-
-
-def test_repeat_penalty_turns_greedy_away_from_recent_tokens():
-    logits = np.array([2.0, 1.9, 0.0])
-    greedy = Sampler(SamplingParams(temperature=0, repeat_penalty=1.5))
-    assert greedy(logits, []) == 0
-    assert greedy(logits, [0]) == 1
+from llm_smolq.generation import ReasoningSplitter, TextStream
 
 
 def test_text_stream_joins_split_utf8_and_holds_back_stop_prefixes():
