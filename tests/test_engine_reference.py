@@ -53,14 +53,14 @@ def assert_identical(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
                              f"{differ[0]}; worst relative error {err.max():.3g} at row {differ[err.argmax()]}")
 
 
-def assert_within(ours: np.ndarray, ref: np.ndarray, bound: float, what: str) -> np.ndarray:
+def assert_within(ours: np.ndarray, ref: np.ndarray, bound: float, what: str, margin: float = 0.01) -> np.ndarray:
     """Every row within `bound` (relative L2), and the same top-1 wherever llama.cpp's
-    top-1/top-2 margin exceeds 1% of the row's range."""
+    top-1/top-2 margin exceeds `margin` times the row's range."""
     assert ours.shape == ref.shape, (what, ours.shape, ref.shape)
     err = row_errors(ours, ref)
     assert err.max() <= bound, f"{what}: worst row error {err.max():.3g} at row {err.argmax()} (bound {bound:g})"
     top2 = np.sort(ref, axis=1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > 0.01 * (ref.max(axis=1) - ref.min(axis=1))
+    clear = (top2[:, 1] - top2[:, 0]) > margin * (ref.max(axis=1) - ref.min(axis=1))
     agree = ours.argmax(axis=1) == ref.argmax(axis=1)
     assert agree[clear].all(), f"{what}: top-1 differs at clear rows {np.flatnonzero(clear & ~agree)}"
     return err
@@ -205,10 +205,32 @@ def test_a_reference_moved_by_a_little_fails_the_comparison(kind, engines, refer
 
 # -- the F16 KV cache ---------------------------------------------------------------------
 
-# Measured with llama.cpp itself (llama-cpp-python 0.3.36 built on this machine, F16 K and V
-# cache, the same feeding): its rows against its own F32-cache rows differ by up to
-# F16_CACHE_SPREAD per row; this engine's F16 cache is held to the same figure.
-F16_CACHE_SPREAD = {}
+# llama.cpp's own F16 K/V cache against its F32-cache rows (the `.avx2` references),
+# measured on an AVX2 CPU with llama-cpp-python 0.3.36, same files and feeding: per-file
+# median / worst row up to 6.6e-4 / 1.4e-3 (F32), 1.2e-3 / 1.7e-3 (F16), 6.7e-3 / 1.0e-2
+# (BF16), and 3.6e-2 / 5.2e-2 over the quantized files. This engine's F16 cache rounds its
+# keys and values the same way but sums attention in its own order, so it is held to that
+# spread with a quarter's room: measured 5.2e-4 / 9.5e-4, 1.0e-3 / 1.4e-3, 6.3e-3 / 9.8e-3,
+# and 3.5e-2 / 6.1e-2 (the Q4_K_M file's decode; llama.cpp's worst row there is 4.5e-2).
+# The greedy token flips too: llama.cpp's F16 cache changes the top-1 of 76 of these 1,860
+# rows, where the reference's top-1/top-2 margin is up to 1.5% of the row's range (this
+# engine: 63 rows, up to 1.5%); the top-1 must hold where the margin exceeds 3%.
+F16_CACHE_BOUNDS = {"F32": (8.3e-4, 1.8e-3), "F16": (1.5e-3, 2.1e-3), "BF16": (8.4e-3, 1.25e-2)}
+F16_CACHE_QUANTIZED = (4.5e-2, 6.5e-2)
+F16_CACHE_MARGIN = 0.03
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_f16_kv_cache_stays_within_llama_cpps_f16_spread(kind, engines, references):
+    ref, _ = references[kind]
+    eng = engines(kind, kv_dtype="f16")
+    assert eng.k_cache.dtype == eng.v_cache.dtype == np.float16
+    rows, steps = prefill_then_decode(eng, ref["tokens"].tolist(), ref["greedy"].tolist()[:-1])
+    median_bound, row_bound = F16_CACHE_BOUNDS.get(kind, F16_CACHE_QUANTIZED)
+    err = np.r_[assert_within(rows, ref["logits"], row_bound, f"{kind} prompt rows, F16 cache", F16_CACHE_MARGIN),
+                assert_within(steps, ref["greedy_logits"], row_bound, f"{kind} decode steps, F16 cache",
+                              F16_CACHE_MARGIN)]
+    assert np.median(err) <= median_bound, f"{kind}, F16 cache: median row error {np.median(err):.3g}"
 
 
 # -- real weights: SmolLM2-135M-Instruct Q4_1 ---------------------------------------------
