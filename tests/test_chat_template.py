@@ -8,7 +8,11 @@ SmolLM3's template with the date frozen at 2026-11-29 (smollm3-template-A.json).
 from __future__ import annotations
 
 import json
+import math
+import re
+import sys
 import time
+import tracemalloc
 from datetime import datetime
 from pathlib import Path
 
@@ -17,6 +21,7 @@ import jinja2.ext
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from llm_smolq import chat_template
 from llm_smolq.chat_template import (
     CHATML_TEMPLATE,
     ChatTemplate,
@@ -237,63 +242,195 @@ def test_sandbox_error_names_the_attribute() -> None:
         ChatTemplate("ok\n{{ cycler.next.__globals__ }}").render([])
 
 
-# Each bounded quickly under tight limits; the name says which bound stops it.
+# ───── work limits ─────
+#
+# What stops a runaway, and after how much work, must not depend on how fast the machine
+# is: the module's clock is replaced by one the test drives (standing still, or advancing a
+# fixed amount per reading), and the work is measured: the budget's steps, the characters
+# emitted, and the memory allocated during the render.
+
+RUNAWAY_LIMITS = {"max_output_chars": 100_000, "max_steps": 10_000, "timeout": 1.0}
+#: "text produced anywhere ... is capped at 4x" max_output_chars (the module's documented rule).
+TEXT_FACTOR = 4
+#: Peak bytes a stopped runaway may have allocated during the render. Every value is sized
+#: before it is made and refused past max_output_chars (one-byte characters here), so at
+#: most about one value at the cap is alive, plus the copy being made of it, plus the
+#: interpreter's own small objects: 3 x max_output_chars.
+TEXT_PEAK = 3 * RUNAWAY_LIMITS["max_output_chars"]
+#: A recursion is stopped by Python's recursion limit, not by a cap of this module: its
+#: frames (under 2 KiB per Python frame) are what it holds.
+FRAMES_PEAK = 2048 * sys.getrecursionlimit()
+
+FLOOD_PIECE = "0123456789" * 10
+# name -> (source, most steps it may take given (max_steps, max_output_chars)); the name
+# says which bound stops it.
 RUNAWAYS = {
-    "nested ranges -> max_steps": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-    "nested strings -> max_steps": "{% for a in 'xxxxxxxxxx' %}{% for b in 'xxxxxxxxxx' %}{% for c in 'xxxxxxxxxx' %}"
-                                   "{% for d in 'xxxxxxxxxx' %}{% for e in 'xxxxxxxxxx' %}{% for f in 'xxxxxxxxxx' %}"
-                                   "{% endfor %}{% endfor %}{% endfor %}{% endfor %}{% endfor %}{% endfor %}",
-    "exponential macro -> max_steps": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
-    "endless recursion -> recursed": "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
-    "endless recursive loop -> recursed": "{% for x in [[1]] recursive %}{{ loop([x]) }}{% endfor %}",
-    "output flood -> max_output_chars": "{% for i in range(100000) %}{% for j in range(100000) %}0123456789{% endfor %}{% endfor %}",
-    "text in a discarded macro -> text budget": "{% set s = 'x' * 90000 %}{% macro m() %}{% for i in range(1000) %}{{ s }}"
-                                                "{% endfor %}{% endmacro %}{% set y = m() %}",
-    "doubling with ~ -> max_output_chars": "{% set ns = namespace(s='x') %}{% for i in range(80) %}"
-                                           "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-    "string times huge -> max_output_chars": "{{ 'a' * 10 ** 12 }}",
-    "huge power -> integer": "{{ 10 ** (10 ** 9) }}",
-    "format width -> max_output_chars": "{{ '%999999999999s' % 'x' }}{{ '{:>999999999999}'.format('x') }}",
-    "center width -> max_output_chars": "{{ 'x'|center(999999999999) }}",
-    "replace every gap -> max_output_chars": "{% set s = 'x' * 90000 %}{{ s.replace('', s) }}",
-    "repr of many refs -> max_output_chars": "{% set s = 'x' * 90000 %}{{ [s] * 1000 }}",
-    "indent many lines -> max_output_chars": "{% set s = '\n' * 90000 %}{{ s|indent(90000) }}",
+    "nested ranges -> max_steps": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        lambda steps, chars: steps + 1),
+    "nested strings -> max_steps": (
+        "{% for a in 'xxxxxxxxxx' %}{% for b in 'xxxxxxxxxx' %}{% for c in 'xxxxxxxxxx' %}"
+        "{% for d in 'xxxxxxxxxx' %}{% for e in 'xxxxxxxxxx' %}{% for f in 'xxxxxxxxxx' %}"
+        "{% endfor %}{% endfor %}{% endfor %}{% endfor %}{% endfor %}{% endfor %}",
+        lambda steps, chars: steps + 1),
+    "exponential macro -> max_steps": (  # 2**21 calls
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(20) }}",
+        lambda steps, chars: steps + 1),
+    # One call (one step) per level, and each level more than one Python frame.
+    "endless recursion -> recursed": (
+        "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+        lambda steps, chars: sys.getrecursionlimit()),
+    "endless recursive loop -> recursed": (
+        "{% for x in [[1]] recursive %}{{ loop([x]) }}{% endfor %}",
+        lambda steps, chars: sys.getrecursionlimit()),
+    # The prompt passes max_output_chars at inner iteration chars // 100 + 1; plus the
+    # first outer iteration and the two range() calls.
+    "output flood -> max_output_chars": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}" + FLOOD_PIECE + "{% endfor %}{% endfor %}",
+        lambda steps, chars: chars // len(FLOOD_PIECE) + 4),
+    # 90,000 characters per iteration pass the text budget at iteration 4 * chars // 90000 + 1;
+    # plus the calls of range() and m().
+    "text in a discarded macro -> text budget": (
+        "{% set s = 'x' * 90000 %}{% macro m() %}{% for i in range(1000) %}{{ s }}"
+        "{% endfor %}{% endmacro %}{% set y = m() %}",
+        lambda steps, chars: TEXT_FACTOR * chars // 90000 + 3),
+    # The doubling that would pass max_output_chars is refused: iteration chars.bit_length();
+    # plus the calls of namespace() and range().
+    "doubling with ~ -> max_output_chars": (
+        "{% set ns = namespace(s='x') %}{% for i in range(80) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        lambda steps, chars: chars.bit_length() + 2),
+    # Refused before the one operation that would make the value: at most that call's step.
+    "string times huge -> max_output_chars": ("{{ 'a' * 10 ** 12 }}", lambda steps, chars: 1),
+    "huge power -> integer": ("{{ 10 ** (10 ** 9) }}", lambda steps, chars: 1),
+    "format width -> max_output_chars": (
+        "{{ '%999999999999s' % 'x' }}{{ '{:>999999999999}'.format('x') }}", lambda steps, chars: 1),
+    "center width -> max_output_chars": ("{{ 'x'|center(999999999999) }}", lambda steps, chars: 1),
+    "replace every gap -> max_output_chars": (
+        "{% set s = 'x' * 90000 %}{{ s.replace('', s) }}", lambda steps, chars: 1),
+    "repr of many refs -> max_output_chars": ("{% set s = 'x' * 90000 %}{{ [s] * 1000 }}", lambda steps, chars: 1),
+    "indent many lines -> max_output_chars": (
+        "{% set s = '\n' * 90000 %}{{ s|indent(90000) }}", lambda steps, chars: 1),
 }
 
 
+class _Clock:
+    """Stands in for the `time` module llm_smolq.chat_template reads: reading n of
+    monotonic() (counting from 0) returns n * tick. After `runaway_after` readings it jumps
+    to infinity, so that a render whose work limits failed ends at once on the deadline
+    (which the test then reports as the wrong limit) instead of running for hours."""
+
+    def __init__(self, tick: float = 0.0, runaway_after: int | None = None):
+        self.tick, self.runaway_after, self.readings = tick, runaway_after, 0
+
+    def monotonic(self) -> float:
+        n = self.readings
+        self.readings += 1
+        if self.runaway_after is not None and n >= self.runaway_after:
+            return math.inf
+        return n * self.tick
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def budgets(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every _Budget made while the test runs (one per compile, one per render)."""
+    made: list = []
+
+    class Recorded(chat_template._Budget):
+        __slots__ = ()
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(chat_template, "_Budget", Recorded)
+    return made
+
+
+def _render_budget(template: ChatTemplate, budgets: list, monkeypatch: pytest.MonkeyPatch, clock: _Clock,
+                   *args, **kwargs):
+    """Render with `clock` as the module's clock: (the text or the ChatTemplateError,
+    the render's budget, peak bytes allocated during the render)."""
+    budgets.clear()
+    monkeypatch.setattr(chat_template, "time", clock)
+    tracemalloc.start()
+    try:
+        try:
+            result = template.render(*args, **kwargs)
+        except ChatTemplateError as exc:
+            result = exc
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        monkeypatch.setattr(chat_template, "time", time)
+    (budget,) = budgets
+    return result, budget, peak
+
+
 @pytest.mark.parametrize("name", RUNAWAYS)
-def test_runaway_templates_are_stopped(name: str) -> None:
-    template = ChatTemplate(RUNAWAYS[name], max_output_chars=100_000, max_steps=50_000, timeout=1.0)
+def test_runaway_templates_are_stopped_by_the_named_limit(name: str, budgets: list,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the clock standing still only the work limits can stop a runaway: the named one
+    does, after at most the steps it allows, within the text budget and TEXT_PEAK bytes
+    (FRAMES_PEAK for a recursion)."""
+    source, most_steps = RUNAWAYS[name]
+    max_steps, max_chars = RUNAWAY_LIMITS["max_steps"], RUNAWAY_LIMITS["max_output_chars"]
+    template = ChatTemplate(source, **RUNAWAY_LIMITS)
+    clock = _Clock(runaway_after=10 * max_steps)
+    error, budget, peak = _render_budget(template, budgets, monkeypatch, clock, [])
     bound = name.split("-> ")[1]
-    start = time.monotonic()
-    with pytest.raises(ChatTemplateError, match=bound):
+    assert isinstance(error, ChatTemplateError), error
+    assert re.search(bound, str(error)), str(error)
+    if bound == "max_steps":
+        assert budget.steps == max_steps + 1
+    assert budget.steps <= most_steps(max_steps, max_chars), budget.steps
+    # The last piece emitted is within max_output_chars, the total before it within the text budget.
+    assert budget.emitted <= (TEXT_FACTOR + 1) * max_chars, budget.emitted
+    assert peak <= (FRAMES_PEAK if bound == "recursed" else TEXT_PEAK), peak
+
+
+def test_default_limits_stop_an_endless_loop_after_a_million_steps(budgets: list,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the defaults an endless loop does at most max_steps = 1,000,000 steps; the clock
+    stands still, so the step limit alone stops it."""
+    template = ChatTemplate("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+    budgets.clear()
+    monkeypatch.setattr(chat_template, "time", _Clock(runaway_after=2_000_000))
+    with pytest.raises(ChatTemplateError, match=r"max_steps=1000000 "):
         template.render([])
-    assert time.monotonic() - start < 2.0
+    (budget,) = budgets
+    assert (budget.steps, budget.emitted) == (1_000_001, 0)
 
 
-def test_default_limits_stop_an_endless_loop_quickly() -> None:
-    start = time.monotonic()
-    with pytest.raises(ChatTemplateError, match="max_steps|timeout"):
-        ChatTemplate("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}").render([])
-    assert time.monotonic() - start < 3.0
-
-
-def test_timeout_is_wall_clock() -> None:
-    """Even under a huge step allowance, the deadline stops the render."""
+def test_the_deadline_stops_a_render_whatever_max_steps(budgets: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a huge step allowance the deadline stops the render. The clock advances `tick`
+    at every reading: one when the render starts (the deadline is that + timeout) and one
+    per step, so step timeout / tick + 1 is the first to read a time past the deadline."""
+    tick, timeout = 2.0**-10, 0.25  # exact in binary: n * tick is never rounded
     template = ChatTemplate("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-                            max_steps=10**12, timeout=0.3)
-    start = time.monotonic()
-    with pytest.raises(ChatTemplateError, match=r"timeout=0.3s"):
-        template.render([])
-    assert time.monotonic() - start < 1.5
+                            max_steps=10**12, timeout=timeout)
+    clock = _Clock(tick=tick)
+    error, budget, _ = _render_budget(template, budgets, monkeypatch, clock, [])
+    assert isinstance(error, ChatTemplateError) and "timeout=0.25s" in str(error), error
+    expected = round(timeout / tick) + 1
+    assert budget.steps == expected == 257
+    assert clock.readings == expected + 1
 
 
-def test_bounds_leave_ordinary_templates_alone(smollm3_template: ChatTemplate) -> None:
-    """A long conversation with tools renders under the default limits."""
+def test_bounds_leave_ordinary_templates_alone(smollm3_template: ChatTemplate, budgets: list,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long conversation with tools renders under the default limits (1,000,000 steps,
+    1,000,000 characters), using a small part of them; the clock stands still."""
     tool = {"type": "function", "function": {"name": "f", "description": "d" * 2000, "parameters": {}}}
     messages = [{"role": ("user", "assistant")[i % 2], "content": f"turn {i} " * 50} for i in range(400)]
-    rendered = smollm3_template.render(messages, add_generation_prompt=True, xml_tools=[tool] * 20)
+    rendered, budget, _ = _render_budget(smollm3_template, budgets, monkeypatch, _Clock(runaway_after=10**7),
+                                         messages, add_generation_prompt=True, xml_tools=[tool] * 20)
+    assert isinstance(rendered, str), rendered
     assert rendered.count("<|im_start|>") == 402
+    assert budget.steps <= 1_000_000 // 10, budget.steps
+    assert len(rendered) <= budget.emitted <= 1_000_000 // 2, budget.emitted
 
 
 @pytest.mark.parametrize(
