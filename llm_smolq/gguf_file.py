@@ -59,9 +59,13 @@ class _Cursor:
     def fail(self, what: str) -> GGUFError:
         return GGUFError(f"{self.path}: {what} (at byte {self.pos} of {len(self.buf)})")
 
-    def need(self, n: int, what: str) -> None:
+    def need(self, n: int, what: str, at_least: bool = False) -> None:
         if n < 0 or self.pos + n > len(self.buf):
-            raise self.fail(f"{what} needs {n} bytes, past the end of the file; the file is truncated or corrupt")
+            end, needs = len(self.buf), f"{'at least ' if at_least else ''}{n} bytes"
+            raise GGUFError(
+                f"{self.path}: {what} needs {needs} at byte {self.pos}, but the file ends at byte {end} "
+                f"({end - self.pos} bytes left); the file is truncated or corrupt: download it again"
+            )
 
     def scalar(self, code: str, what: str) -> Any:
         fmt = struct.Struct(self.order + code)
@@ -72,7 +76,7 @@ class _Cursor:
 
     def string(self, what: str) -> str:
         n = self.scalar("Q", what)
-        self.need(n, f"{what} ({n} bytes)")
+        self.need(n, what)
         raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         try:
@@ -96,11 +100,11 @@ class _Cursor:
                 self.pos += size
                 return values
             # strings / nested arrays take at least 8 bytes each: bound the count first
-            self.need(count * 8, f"{what}: array of {count} items")
+            self.need(count * 8, f"{what}: array of {count} items", at_least=True)
             return [self.value(item, what, depth + 1) for _ in range(count)]
         code = SCALAR_CODES.get(kind)
         if code is None:
-            raise self.fail(f"{what} has unknown value type {kind}")
+            raise self.fail(f"{what} has unknown value type {kind}; the file is corrupt")
         return self.scalar(code, what)
 
 
@@ -120,8 +124,13 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
 
 
 def _parse(buf: mmap.mmap, path: str) -> GGUFHeader:
-    if len(buf) < 24 or struct.unpack_from("<I", buf, 0)[0] != GGUF_MAGIC:
+    magic = struct.pack("<I", GGUF_MAGIC)
+    if buf[:4] != magic[:len(buf)]:
         raise GGUFError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
+    if len(buf) < 24:  # a GGUF's start, cut short
+        size = f"{len(buf)} byte{'s' if len(buf) > 1 else ''}"
+        raise GGUFError(f"{path}: the file is {size} long, shorter than the 24-byte GGUF header (magic, version, "
+                        "tensor and metadata counts); it is truncated: download it again")
     # A version whose low half is zero was written on a machine of the other byte order.
     order = "<" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF else ">"
     cur = _Cursor(buf, path, order)
@@ -133,11 +142,12 @@ def _parse(buf: mmap.mmap, path: str) -> GGUFHeader:
     n_kv = cur.scalar("Q", "metadata count")
     remaining = len(buf) - cur.pos
     if n_kv > remaining // 12 or n_tensors > remaining // 24:  # smallest possible entries
-        raise cur.fail(f"header claims {n_kv} metadata entries and {n_tensors} tensors, more than the file can hold")
+        raise GGUFError(f"{path}: the header claims {n_kv} metadata entries and {n_tensors} tensors, more than the "
+                        f"{remaining} bytes after it can hold; the file is truncated or corrupt: download it again")
 
     metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = cur.string("metadata key")
+    for j in range(n_kv):
+        key = cur.string(f"metadata key {j}")
         if key in metadata:  # which of the two would be meant is anyone's guess
             raise cur.fail(f"metadata key {brief(key)} appears twice; the file is corrupt")
         kind = cur.scalar("I", f"type of {brief(key)}")
@@ -146,12 +156,12 @@ def _parse(buf: mmap.mmap, path: str) -> GGUFHeader:
     raw: list[tuple[str, int, tuple[int, ...], int]] = []
     for i in range(n_tensors):
         name = cur.string(f"name of tensor {i}")
-        n_dims = cur.scalar("I", f"dimensions of {brief(name)}")
+        n_dims = cur.scalar("I", f"dimension count of tensor {brief(name)}")
         if not 1 <= n_dims <= MAX_DIMS:
             raise cur.fail(f"tensor {brief(name)} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
-        shape = tuple(cur.scalar("Q", f"shape of {brief(name)}") for _ in range(n_dims))
-        type_id = cur.scalar("I", f"type of {brief(name)}")
-        offset = cur.scalar("Q", f"offset of {brief(name)}")
+        shape = tuple(cur.scalar("Q", f"shape of tensor {brief(name)}") for _ in range(n_dims))
+        type_id = cur.scalar("I", f"type of tensor {brief(name)}")
+        offset = cur.scalar("Q", f"offset of tensor {brief(name)}")
         raw.append((name, type_id, shape, offset))
 
     alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)

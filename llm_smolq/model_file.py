@@ -104,8 +104,10 @@ def _tensor_infos(path: str, header: GGUFHeader) -> dict[str, TensorInfo]:
     for t in header.tensors:
         where = f"{path}: tensor {brief(t.name)}"
         if t.type_id not in _SUPPORTED_IDS:
+            known = t.type_id in {int(q) for q in QT}
+            kind = f"type {type_name(t.type_id)}" if known else f"an unknown type ({t.type_id})"
             raise GGUFError(
-                f"{where} has type {type_name(t.type_id)}, which llm-smolq cannot read; supported: "
+                f"{where} has {kind}, which llm-smolq cannot read; supported: "
                 + ", ".join(q.name for q in SUPPORTED_TYPES)
             )
         qtype = QT(t.type_id)
