@@ -1,6 +1,7 @@
 """Memory is checked before it is allocated: a context (or a model) too large for the
 machine is refused with the bytes it needs, the bytes available and what to lower."""
 
+import ctypes
 import os
 import re
 
@@ -10,9 +11,51 @@ from gguf import GGUFReader
 
 import llm_smolq
 from llm_smolq import GGUFError, ResourceError, memory
-from llm_smolq.model_file import open_model
+from llm_smolq.engine import MAX_BATCH
 
 TINY = "tiny-smollm3-Q8_0.gguf"
+F32 = 4  # bytes
+
+
+def model_dims(path):
+    """The model's sizes, as gguf's own reader finds them in the file."""
+    fields = GGUFReader(path).fields
+    arch = fields["general.architecture"].contents()
+    d = {name: fields[f"{arch}.{key}"].contents() for name, key in [
+        ("n_layers", "block_count"), ("n_heads", "attention.head_count"), ("n_kv_heads", "attention.head_count_kv"),
+        ("dim", "embedding_length"), ("hidden_dim", "feed_forward_length")]}
+    d["vocab"] = len(fields["tokenizer.ggml.tokens"].contents())
+    assert f"{arch}.attention.key_length" not in fields  # so a head is dim / n_heads wide
+    d["head_dim"] = d["dim"] // d["n_heads"]
+    return d
+
+
+def kv_cache_bytes(d, n_ctx, itemsize):
+    """K and V: every layer, every KV head, n_ctx positions of head_dim values."""
+    return 2 * d["n_layers"] * d["n_kv_heads"] * n_ctx * d["head_dim"] * itemsize
+
+
+def state_buffers(d, max_batch):
+    """What sq_state_new in native/forward.c allocates, buffer by buffer (its shape comments)."""
+    q, kv = d["n_heads"] * d["head_dim"], d["n_kv_heads"] * d["head_dim"]
+    return {
+        "x": max_batch * d["dim"] * F32,            # [max_batch][dim]
+        "xn": max_batch * d["dim"] * F32,           # [max_batch][dim]
+        "q": max_batch * q * F32,                   # [max_batch][n_heads*head_dim]
+        "k": max_batch * kv * F32,                  # [max_batch][n_kv_heads*head_dim]
+        "v": max_batch * kv * F32,                  # [max_batch][n_kv_heads*head_dim]
+        "att": max_batch * q * F32,                 # [max_batch][n_heads*head_dim]
+        "gate": max_batch * d["hidden_dim"] * F32,  # [max_batch][hidden_dim]
+        "up": max_batch * d["hidden_dim"] * F32,    # [max_batch][hidden_dim]
+        "rope_cs": max_batch * (d["head_dim"] // 2) * 2 * F32,  # [max_batch][head_dim/2][2]
+        "xq": max_batch * max(d["dim"], d["hidden_dim"], q) * 2,  # [max_batch][widest] 2-byte slots
+    }
+
+
+def buffer_bytes(d, n_ctx, threads, max_batch=MAX_BATCH):
+    """The C state's buffers, sq_forward's attention scores (one n_ctx row per pool thread,
+    allocated on the first pass) and the row of logits Engine.eval returns."""
+    return sum(state_buffers(d, max_batch).values()) + threads * n_ctx * F32 + d["vocab"] * F32
 
 
 @pytest.fixture
@@ -32,18 +75,22 @@ def long_context_tiny(reference_dir, tmp_path):
 def test_a_context_larger_than_memory_is_refused_before_numpy_allocates(long_context_tiny):
     # 4 layers x 2 KV heads x 64 x 4 bytes x 2 (K and V) = 4 KiB per position: 4 TB here.
     # Had numpy tried first, this would be numpy's MemoryError, not ResourceError.
+    n_ctx = 10**9
+    d = model_dims(long_context_tiny)
+    kv, buffers = kv_cache_bytes(d, n_ctx, F32), buffer_bytes(d, n_ctx, threads=1)
+    assert kv == 4096 * n_ctx  # the 4 KiB per position above
     with pytest.raises(ResourceError) as err:
-        llm_smolq.load(long_context_tiny, n_ctx=10**9, threads=1)
+        llm_smolq.load(long_context_tiny, n_ctx=n_ctx, threads=1)
     message = str(err.value)
-    assert "n_ctx=1000000000 needs 4,100,002,691,072 bytes" in message, message
-    assert "4,096,000,000,000 for the f32 KV cache" in message
+    assert f"n_ctx={n_ctx} needs {kv + buffers:,} bytes" in message, message
+    assert f"{kv:,} for the f32 KV cache of {d['n_layers']} layers and {buffers:,} for buffers" in message, message
     assert "are available (" in message and "Lower n_ctx to" in message and "kv_dtype='f16'" in message
 
 
 def test_the_n_ctx_the_message_suggests_is_the_largest_that_fits(reference_dir, monkeypatch):
     path = reference_dir / TINY
-    cfg = open_model(path).config
-    free = memory.engine_memory(cfg, 1000, 4, 256, 1).total + 123
+    d = model_dims(path)
+    free = kv_cache_bytes(d, 1000, F32) + buffer_bytes(d, 1000, threads=1) + 123
     monkeypatch.setattr(memory, "available_memory", lambda: (free, "a test figure"))
     with pytest.raises(ResourceError, match="a test figure") as err:
         llm_smolq.load(path, n_ctx=4096, threads=1)
@@ -61,10 +108,57 @@ def test_a_model_too_large_without_any_context_is_a_gguf_error(reference_dir, mo
 
 
 def test_the_kv_cache_figure_is_what_the_engine_allocates(reference_dir):
-    for kv_dtype, itemsize in (("f32", 4), ("f16", 2)):
+    d = model_dims(reference_dir / TINY)
+    for kv_dtype, dtype in (("f32", np.float32), ("f16", np.float16)):
+        itemsize = np.dtype(dtype).itemsize
         eng = llm_smolq.load(reference_dir / TINY, n_ctx=48, threads=1, kv_dtype=kv_dtype)
-        planned = memory.engine_memory(eng.config, 48, itemsize, 256, 1).kv_cache
-        assert planned == eng.k_cache.nbytes + eng.v_cache.nbytes
+        for cache in (eng.k_cache, eng.v_cache):
+            assert (cache.shape, cache.dtype) == ((d["n_layers"], d["n_kv_heads"], 48, d["head_dim"]), dtype)
+        expected = kv_cache_bytes(d, 48, itemsize)
+        assert eng.k_cache.nbytes + eng.v_cache.nbytes == expected
+        planned = memory.engine_memory(eng.config, 48, itemsize, MAX_BATCH, 1)
+        assert (planned.kv_cache, planned.buffers) == (expected, buffer_bytes(d, 48, threads=1))
+
+
+def _heap_in_use():
+    """Bytes glibc's malloc has handed out and not taken back (arena and mapped blocks)."""
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = Mallinfo2
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def _has_mallinfo2():
+    try:
+        return hasattr(ctypes.CDLL(None), "mallinfo2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="measures the heap with glibc's mallinfo2")
+def test_the_c_state_allocates_the_buffers_counted(reference_dir):
+    """sq_state_new's allocations, measured on the heap, are the buffers state_buffers
+    counts (within malloc's headers and page rounding: under a page per allocation)."""
+    from llm_smolq._kernel import ffi, lib
+
+    d = model_dims(reference_dir / TINY)
+    cfg = ffi.new("sq_config *", {"dim": d["dim"], "hidden_dim": d["hidden_dim"], "n_layers": d["n_layers"],
+                                  "n_heads": d["n_heads"], "n_kv_heads": d["n_kv_heads"], "head_dim": d["head_dim"],
+                                  "vocab_size": d["vocab"], "n_ctx": 48, "rope_theta": 1e4, "rms_eps": 1e-6})
+    buffers = state_buffers(d, MAX_BATCH)
+    assert min(buffers.values()) > 4096 * (len(buffers) + 1)  # a missing buffer would show
+    grown = []
+    for _ in range(3):
+        before = _heap_in_use()
+        state = lib.sq_state_new(cfg, MAX_BATCH)
+        grown.append(_heap_in_use() - before)
+        assert state != ffi.NULL
+        lib.sq_state_free(state)
+    assert sum(buffers.values()) <= min(grown) <= sum(buffers.values()) + 4096 * (len(buffers) + 1), grown
 
 
 def test_available_memory_is_a_real_figure():

@@ -27,13 +27,22 @@ def last_logs(user_dir, n=1):
     return db.execute("select * from turns order by rowid desc limit ?", (n,)).fetchall()[::-1]
 
 
-def test_prompt_streams_text_and_logs_token_counts(user_dir):
+@pytest.fixture
+def france_ids(reference_dir):
+    """llama.cpp's prompt ids for the conversation "What is the capital of France?"."""
+    cases = json.loads((reference_dir / "smollm2-chat-A.avx2.json").read_text())["cases"]
+    (ids,) = [c["prompt_ids"] for c in cases
+              if c["messages"] == [{"role": "user", "content": "What is the capital of France?"}]]
+    return ids
+
+
+def test_prompt_streams_text_and_logs_token_counts(user_dir, france_ids):
     result = run("-m", "smollm2-q", *QUICK, "What is the capital of France?")
     assert result.exit_code == 0, result.output
     assert result.output.strip()
     row = last_logs(user_dir)[0]
     assert row["model"] == "smollm2-q"
-    assert row["input_tokens"] == 37 and row["output_tokens"] == 6
+    assert row["input_tokens"] == len(france_ids) and row["output_tokens"] == 6
     assert json.loads(row["response_json"])["finish_reason"] == "length"
     assert "cached" in json.loads(row["token_details"])
 
@@ -168,7 +177,7 @@ def test_smollm3_reasoning_streams_as_reasoning_events(user_dir, reference_dir, 
     assert reasoning == "Let me see. 2+2=4"
 
 
-def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypatch):
+def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypatch, france_ids):
     import llm_smolq.generation
 
     real = llm_smolq.generation.generate
@@ -188,7 +197,7 @@ def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypa
     monkeypatch.setattr(llm_smolq.generation, "generate", real)
     again = run("-m", "smollm2-q", *QUICK, "What is the capital of France?").output
     fresh = llm_smolq.load(model_path(user_dir), n_ctx=256, threads=1)
-    ids = plugin._loaded[str(model_path(user_dir))].engine.tokens[:37]
+    ids = plugin._loaded[str(model_path(user_dir))].engine.tokens[:len(france_ids)]
     expected = fresh.detokenize([int(fresh.eval(ids).argmax())])
     assert again.startswith(expected)
 
@@ -239,7 +248,7 @@ def test_concurrent_async_prompts_get_their_own_answers(user_dir):
     assert asyncio.run(ask_both()) == alone
 
 
-def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_dir, monkeypatch):
+def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_dir, monkeypatch, france_ids):
     import llm_smolq.engine
 
     real = llm_smolq.engine.lib
@@ -255,17 +264,17 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
     question = "What is the capital of France?"
     expected = run("-m", "smollm2-q", *QUICK, question).output
     engine = plugin._loaded[str(model_path(user_dir))].engine
-    prompt_ids = engine.tokens[:37]
+    prompt_ids = engine.tokens[:len(france_ids)]
     run("-m", "smollm2-q", *QUICK, "Something else first, to be truncated.")
     monkeypatch.setattr(llm_smolq.engine, "lib", InterruptedPrefill())
     result = run("-m", "smollm2-q", *QUICK, question)
     assert result.exit_code == 0 and not result.output.strip()
     row = last_logs(user_dir)[0]
     assert json.loads(row["response_json"])["finish_reason"] == "interrupted"
-    assert row["input_tokens"] == 37 and row["output_tokens"] == 0
+    assert row["input_tokens"] == len(france_ids) and row["output_tokens"] == 0
     # The cache keeps the prefix the two prompts share; the interrupted batch is not counted.
     assert plugin._loaded[str(model_path(user_dir))].engine is engine
-    assert 0 < engine.n_past < 37 and engine.tokens == prompt_ids[:engine.n_past]
+    assert 0 < engine.n_past < len(france_ids) and engine.tokens == prompt_ids[:engine.n_past]
     monkeypatch.setattr(llm_smolq.engine, "lib", real)
     assert run("-m", "smollm2-q", *QUICK, question).output == expected
 
