@@ -92,7 +92,11 @@ def prompt_ids(engine: Engine, text: str) -> list[int]:
 
 def prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
     """Evaluate prompt_ids, reusing the longest prefix already in the KV cache.
-    Returns the last position's logits and how many tokens were reused."""
+    Returns the last position's logits and how many tokens were reused. A prompt longer
+    than the context is refused before the cache is touched."""
+    if len(prompt_ids) > engine.n_ctx:
+        raise ValueError(f"the prompt is {len(prompt_ids)} tokens but the context holds {engine.n_ctx}; "
+                         "shorten it or load with a larger n_ctx")
     cached = engine.tokens
     common = 0
     for a, b in zip(cached, prompt_ids):
