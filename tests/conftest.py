@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -59,6 +60,20 @@ def reference_dir() -> Path:
     if not (path / "README.md").exists():
         pytest.skip(f"reference files not found at {path}; set SMOLQ_REFERENCE")
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_chat_cases(reference_dir) -> list[dict]:
+    """llama.cpp's (AVX2 build) six SmolLM2 conversations: messages, prompt ids, greedy answer."""
+    return json.loads((reference_dir / "smollm2-chat-A.avx2.json").read_text())["cases"]
+
+
+@pytest.fixture
+def france(smollm2_chat_cases) -> dict:
+    """The conversation "What is the capital of France?", one user message."""
+    (case,) = [c for c in smollm2_chat_cases
+               if c["messages"] == [{"role": "user", "content": "What is the capital of France?"}]]
+    return case
 
 
 @pytest.fixture(scope="session")

@@ -98,17 +98,6 @@ def test_a_prompt_past_the_context_is_refused_before_the_cache_is_touched(engine
 
 # -- through llm ----------------------------------------------------------------------------
 
-QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture
-def france(reference_dir):
-    """llama.cpp's prompt ids and greedy answer for QUESTION on this SmolLM2 file."""
-    cases = json.loads((reference_dir / "smollm2-chat-A.avx2.json").read_text())["cases"]
-    (case,) = [c for c in cases if c["messages"] == [{"role": "user", "content": QUESTION}]]
-    return case
-
-
 class CountingKernel:
     """The kernel, counting forward passes."""
 
@@ -132,13 +121,16 @@ def kernel(monkeypatch):
     return counting
 
 
-def ask(n_ctx):
-    return CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "temperature", "0", "-o", "n_ctx", str(n_ctx), QUESTION])
+def ask(case, n_ctx):
+    """The question of a one-message conversation, on the command line."""
+    (message,) = case["messages"]
+    return CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "temperature", "0", "-o", "n_ctx", str(n_ctx),
+                                    message["content"]])
 
 
 def test_llm_with_one_position_to_spare_answers_two_tokens_and_logs_context(user_dir, france, kernel):
     n = len(france["prompt_ids"])
-    result = ask(n + 1)
+    result = ask(france, n + 1)
     assert result.exit_code == 0, result.output
     row = last_logs(user_dir)[0]
     assert (row["input_tokens"], row["output_tokens"]) == (n, 2)
@@ -153,7 +145,7 @@ def test_llm_with_one_position_to_spare_answers_two_tokens_and_logs_context(user
 @pytest.mark.parametrize("spare", [0, -1])
 def test_llm_refuses_a_prompt_that_fills_or_overflows_the_context_before_any_work(user_dir, france, kernel, spare):
     n = len(france["prompt_ids"])
-    result = ask(n + spare)
+    result = ask(france, n + spare)
     assert result.exit_code == 1
     assert f"the prompt is {n} tokens but the context holds {n + spare}" in result.output, result.output
     assert f"-o n_ctx {2 * n}" in result.output and "Traceback" not in result.output

@@ -158,7 +158,7 @@ def long_run(eng, ref):
     return rows[int(ref["tail_start"]):], steps
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3], ids=lambda n: f"{n}threads")
+@pytest.mark.parametrize("threads", THREADS, ids=lambda n: f"{n}threads")
 @pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_K_M"])
 def test_long_context_gives_llama_cpps_logits(kind, threads, reference_dir, long_engines):
     ref = np.load(reference_dir / f"long-tiny-smollm3-{kind}.avx2.npz")

@@ -14,11 +14,10 @@ from test_plugin import last_logs
 GREEDY = ["-o", "temperature", "0", "-o", "max_tokens", "48"]
 
 
-@pytest.fixture(scope="module")
-def cases(reference_dir):
-    cases = json.loads((reference_dir / "smollm2-chat-A.avx2.json").read_text())["cases"]
-    assert len(cases) == 6
-    return cases
+@pytest.fixture
+def cases(smollm2_chat_cases):
+    assert len(smollm2_chat_cases) == 6
+    return smollm2_chat_cases
 
 
 def finish(case) -> str:

@@ -28,12 +28,9 @@ def last_logs(user_dir, n=1):
 
 
 @pytest.fixture
-def france_ids(reference_dir):
+def france_ids(france):
     """llama.cpp's prompt ids for the conversation "What is the capital of France?"."""
-    cases = json.loads((reference_dir / "smollm2-chat-A.avx2.json").read_text())["cases"]
-    (ids,) = [c["prompt_ids"] for c in cases
-              if c["messages"] == [{"role": "user", "content": "What is the capital of France?"}]]
-    return ids
+    return france["prompt_ids"]
 
 
 def test_prompt_streams_text_and_logs_token_counts(user_dir, france_ids):
