@@ -10,8 +10,6 @@ came from an AVX-512 build: they only have to agree within llama.cpp's spread be
 own builds.
 """
 
-import json
-
 import numpy as np
 import pytest
 
@@ -92,13 +90,13 @@ def references(reference_dir):
 
 @pytest.fixture(scope="module")
 def engines(reference_dir):
-    """One engine per (type, threads), loaded once for the module."""
+    """One engine per (type, threads, KV dtype, n_ctx), loaded once for the module."""
     made = {}
 
-    def get(kind, threads=2, kv_dtype="f32"):
-        key = (kind, threads, kv_dtype)
+    def get(kind, threads=2, kv_dtype="f32", n_ctx=256):
+        key = (kind, threads, kv_dtype, n_ctx)
         if key not in made:
-            made[key] = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=256, threads=threads,
+            made[key] = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=n_ctx, threads=threads,
                                        kv_dtype=kv_dtype)
         return made[key]
 
@@ -138,19 +136,6 @@ def test_agrees_with_the_avx512_build_within_llama_cpps_spread(kind, engines, re
     assert np.median(err) <= CROSS_BUILD_MEDIAN, f"{kind}: median row error {np.median(err):.3g}"
 
 
-@pytest.fixture(scope="module")
-def long_engines(reference_dir):
-    made = {}
-
-    def get(kind, threads):
-        if (kind, threads) not in made:
-            made[kind, threads] = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=4096,
-                                                 threads=threads)
-        return made[kind, threads]
-
-    return get
-
-
 def long_run(eng, ref):
     """The 3,000-token prompt in llama.cpp's batches of 512, then 15 decode steps: the
     prompt's last rows and the steps' logits."""
@@ -160,17 +145,17 @@ def long_run(eng, ref):
 
 @pytest.mark.parametrize("threads", THREADS, ids=lambda n: f"{n}threads")
 @pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_K_M"])
-def test_long_context_gives_llama_cpps_logits(kind, threads, reference_dir, long_engines):
+def test_long_context_gives_llama_cpps_logits(kind, threads, reference_dir, engines):
     ref = np.load(reference_dir / f"long-tiny-smollm3-{kind}.avx2.npz")
-    tail, steps = long_run(long_engines(kind, threads), ref)
+    tail, steps = long_run(engines(kind, threads, n_ctx=4096), ref)
     assert_matches(tail, ref["logits_tail"], kind, f"{kind} last prompt rows of 3,000, {threads} threads")
     assert_matches(steps, ref["greedy_logits"], kind, f"{kind} decode at 3,000+, {threads} threads")
 
 
 @pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_K_M"])
-def test_long_context_agrees_with_the_avx512_build_within_llama_cpps_spread(kind, reference_dir, long_engines):
+def test_long_context_agrees_with_the_avx512_build_within_llama_cpps_spread(kind, reference_dir, engines):
     other = np.load(reference_dir / f"long-tiny-smollm3-{kind}.npz")
-    tail, steps = long_run(long_engines(kind, 2), other)
+    tail, steps = long_run(engines(kind, n_ctx=4096), other)
     err = np.r_[assert_within(tail, other["logits_tail"], CROSS_BUILD_MAX, f"{kind} last prompt rows"),
                 assert_within(steps, other["greedy_logits"], CROSS_BUILD_MAX, f"{kind} decode at 3,000+")]
     assert np.median(err) <= CROSS_BUILD_MEDIAN, f"{kind}: median row error {np.median(err):.3g}"
@@ -235,14 +220,13 @@ def test_f16_kv_cache_stays_within_llama_cpps_f16_spread(kind, engines, referenc
 
 # -- real weights: SmolLM2-135M-Instruct Q4_1 ---------------------------------------------
 
-def test_smollm2_chat_references_bit_for_bit(reference_dir, smollm2_gguf):
-    """Teacher-force llama.cpp's greedy continuation of each conversation: at every step
-    the top-10 logits it reported are ours exactly, and our argmax is its next id."""
-    data = json.loads((reference_dir / "smollm2-chat-A.avx2.json").read_text())
-    assert data["kv_cache"] == "f32"
+def test_smollm2_chat_references_bit_for_bit(smollm2_chat_cases, smollm2_gguf):
+    """Teacher-force llama.cpp's greedy continuation of each conversation (F32 KV cache):
+    at every step the top-10 logits it reported are ours exactly, and our argmax is its
+    next id."""
     eng = llm_smolq.load(smollm2_gguf, n_ctx=1024, threads=2)
     steps = 0
-    for case in data["cases"]:
+    for case in smollm2_chat_cases:
         eng.reset()
         logits = eng.eval(case["prompt_ids"])
         for step, top10 in enumerate(case["top10_per_step"]):
@@ -255,4 +239,4 @@ def test_smollm2_chat_references_bit_for_bit(reference_dir, smollm2_gguf):
             steps += 1
             if step + 1 < len(case["top10_per_step"]):
                 logits = eng.eval([case["greedy_ids"][step]])
-    assert steps == sum(len(c["greedy_ids"]) for c in data["cases"])
+    assert steps == sum(len(c["greedy_ids"]) for c in smollm2_chat_cases)
