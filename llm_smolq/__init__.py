@@ -5,7 +5,7 @@ from typing import Any
 
 from .errors import DeviceError, GGUFError, LayoutError, ResourceError
 
-__all__ = ["DeviceError", "Engine", "GGUFError", "LayoutError", "ResourceError", "kernel", "load"]
+__all__ = ["DeviceError", "Engine", "GGUFError", "LayoutError", "Q8_0_BLOCK", "ResourceError", "kernel", "load"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,6 +15,10 @@ def __getattr__(name: str) -> Any:
         from . import engine
 
         return getattr(engine, name)
+    if name == "Q8_0_BLOCK":  # the dtype of a q8_0 KV cache's blocks
+        from .kv_types import Q8_0_BLOCK
+
+        return Q8_0_BLOCK
     if name == "kernel":
         # Not `from . import kernel`: that asks this hook for the name again, endlessly.
         return importlib.import_module(".kernel", __name__)

@@ -144,7 +144,7 @@ def check_buffer(
     if output and not arr.flags.writeable:
         raise LayoutError(
             f"{name} is read-only, but the kernel writes its result into it; pass a "
-            f"writable array such as np.empty({arr.shape}, np.{arr.dtype.name})"
+            f"writable array such as np.empty({arr.shape}, {_dtype_expr(arr.dtype)})"
         )
     ptr = ffi.from_buffer(_C_TYPES.get(arr.dtype, "char[]"), arr, require_writable=output)
     if int(ffi.cast("uintptr_t", ptr)) != start:  # cannot happen for a C-contiguous array
@@ -228,10 +228,23 @@ def _as_array(name: str, obj: Any, output: bool) -> np.ndarray:
         ) from e
 
 
+def dtype_name(d: np.dtype) -> str:
+    """numpy's name, or for a structured dtype the name its metadata gives (Q8_0 blocks)."""
+    return (d.metadata or {}).get("name", d.name) if d.fields else d.name
+
+
+def _dtype_expr(d: np.dtype) -> str:
+    """How Python code names the dtype: np.float32, or what a structured dtype's metadata says."""
+    return (d.metadata or {}).get("expr", f"np.{d.name}")
+
+
 def _check_dtype(name: str, arr: np.ndarray, allowed: tuple[np.dtype, ...]) -> None:
     if arr.dtype in allowed:
         return
-    want = " or ".join(d.name for d in allowed)
+    want = " or ".join(dtype_name(d) for d in allowed)
+    if allowed[0].fields:  # blocks are made by a quantizer, not by a cast
+        raise LayoutError(f"{name} has dtype {dtype_name(arr.dtype)}; expected {want}. The kernel does not "
+                          f"convert: pass an array of that dtype")
     fix = f"{name}.astype(np.{allowed[0].name})"
     if not arr.dtype.isnative and arr.dtype.newbyteorder("=") in allowed:
         raise LayoutError(
@@ -281,7 +294,7 @@ def _check_contiguous(name: str, arr: np.ndarray, output: bool) -> None:
     if arr.flags.c_contiguous:
         return
     fix = (
-        f"pass a C-contiguous array such as np.empty({arr.shape}, np.{arr.dtype.name})"
+        f"pass a C-contiguous array such as np.empty({arr.shape}, {_dtype_expr(arr.dtype)})"
         if output
         else f"pass np.ascontiguousarray({name})"
     )
@@ -317,7 +330,7 @@ def _check_alignment(name: str, arr: np.ndarray, start: int, align: int) -> None
     if start % align:
         raise LayoutError(
             f"{name} starts at address {start:#x}, which is not a multiple of {align} bytes, "
-            f"the alignment the kernel needs for {name} ({arr.dtype.name}); pass an aligned "
+            f"the alignment the kernel needs for {name} ({dtype_name(arr.dtype)}); pass an aligned "
             f"copy: np.array({name})"
         )
 

@@ -10,14 +10,15 @@ from typing import Iterable
 
 import numpy as np
 
+from . import memory
 from ._kernel import ffi, lib
 from .buffer_gate import Dims, check_buffer
 from .errors import GGUFError, LayoutError
-from .memory import check_engine_memory
+from .kernel_structs import c_config
+from .kv_types import DEFAULT_KV_TYPE, kv_type
 from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
 from .tokenizer import GGUFTokenizer, cached_bpe_files
 
-KV_DTYPES = {"f32": (np.float32, lib.SQ_F32), "f16": (np.float16, lib.SQ_F16)}
 MAX_BATCH = 256  # tokens per kernel pass during prefill
 
 _FORWARD_ERRORS = {
@@ -42,9 +43,22 @@ def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype, count=int(np.prod(shape))).reshape(shape)
 
 
-def load(path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = None, kv_dtype: str = "f32") -> "Engine":
-    """Open a GGUF model: validate it, map its weights, and allocate an empty KV cache."""
+def load(path: str | os.PathLike[str], n_ctx: int | None = None, threads: int | None = None,
+         kv_dtype: str = DEFAULT_KV_TYPE) -> "Engine":
+    """Open a GGUF model: validate it, map its weights, and allocate an empty KV cache of
+    n_ctx positions (None: the model's whole window, or as much of it as memory holds)."""
     return Engine(open_model(path), n_ctx=n_ctx, threads=threads, kv_dtype=kv_dtype)
+
+
+def default_n_ctx(cfg: ModelConfig, kv_dtype: str, threads: int) -> int:
+    """The model's whole window where memory holds its cache, else the most that fits
+    (in whole KV chunks of 256 positions). Pages are only used as positions fill, but
+    a cache that cannot fill would end a long answer with the process killed."""
+    available = memory.available_memory()
+    if available is None:
+        return cfg.context_length
+    fits = memory.largest_fitting_n_ctx(cfg, kv_type(kv_dtype), MAX_BATCH, threads, available[0])
+    return cfg.context_length if fits >= cfg.context_length else max(fits // 256 * 256, min(fits, 256))
 
 
 class Engine:
@@ -54,31 +68,34 @@ class Engine:
     corrupt it; but a conversation is a sequence of calls, so run one conversation per
     engine: engines made from one ModelFile (``Engine(model)`` per thread) share the weights."""
 
-    def __init__(self, model: ModelFile, n_ctx: int = 4096, threads: int | None = None, kv_dtype: str = "f32"):
+    def __init__(self, model: ModelFile, n_ctx: int | None = None, threads: int | None = None,
+                 kv_dtype: str = DEFAULT_KV_TYPE):
         cfg = model.config
-        if not isinstance(n_ctx, int) or not 1 <= n_ctx <= cfg.context_length:
-            raise ValueError(f"n_ctx must be between 1 and {cfg.context_length} (the model's context length), got {n_ctx!r}")
         threads = default_threads() if threads is None else threads
         if not isinstance(threads, int) or not 1 <= threads <= 256:
             raise ValueError(f"threads must be an integer from 1 to 256, got {threads!r}")
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+        kv = kv_type(kv_dtype)
+        row_items = kv.row_items(cfg.head_dim)
+        if n_ctx is None:
+            n_ctx = default_n_ctx(cfg, kv_dtype, threads)
+        if not isinstance(n_ctx, int) or not 1 <= n_ctx <= cfg.context_length:
+            raise ValueError(f"n_ctx must be between 1 and {cfg.context_length} (the model's context length), got {n_ctx!r}")
 
         self.model = model
         self.config: ModelConfig = cfg
         self.n_ctx = n_ctx
         self.threads = threads
         self.kv_dtype = kv_dtype
-        np_dtype, self._kv_type = KV_DTYPES[kv_dtype]
-        check_engine_memory(model.path, cfg, n_ctx, kv_dtype, np.dtype(np_dtype).itemsize, MAX_BATCH, threads)
-        cache_shape = (cfg.n_layers, cfg.n_kv_heads, n_ctx, cfg.head_dim)
+        self._kv_type = kv.kernel_type
+        memory.check_engine_memory(model.path, cfg, n_ctx, kv, MAX_BATCH, threads)
+        cache_shape = (cfg.n_layers, cfg.n_kv_heads, n_ctx, row_items)
         # Both go through the gate once, here: the engine owns them and hands the same
         # pointers to every kernel call after.
         dims = Dims("the model config", n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, n_ctx=n_ctx,
-                    head_dim=cfg.head_dim)
-        cache_dims = ("n_layers", "n_kv_heads", "n_ctx", "head_dim")
-        self._k = check_buffer("k_cache", _lazy_zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
-        self._v = check_buffer("v_cache", _lazy_zeros(cache_shape, np_dtype), np_dtype, cache_dims, output=True, dims=dims)
+                    row=row_items)
+        cache_dims = ("n_layers", "n_kv_heads", "n_ctx", "row")
+        self._k, self._v = (check_buffer(name, _lazy_zeros(cache_shape, kv.dtype), kv.dtype, cache_dims, output=True,
+                                         align=kv.align, dims=dims) for name in ("k_cache", "v_cache"))
         self._tokens: list[int] = []  # the ids whose keys and values are in the cache
         self._lock = threading.Lock()
 
@@ -109,11 +126,7 @@ class Engine:
                 setattr(layers[i], field, self._tensor(t[f"blk.{i}.{gguf_name}.weight"]))
             layers[i].use_rope = i not in cfg.nope_layers
         m = ffi.new("sq_model *")
-        m.cfg = {
-            "dim": cfg.dim, "hidden_dim": cfg.hidden_dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-            "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
-            "n_ctx": n_ctx, "rope_theta": cfg.rope_theta, "rms_eps": cfg.rms_eps,
-        }
+        m.cfg = c_config(cfg, n_ctx)[0]
         m.token_embd = self._tensor(t["token_embd.weight"])
         m.output_norm = self._tensor(t["output_norm.weight"])
         m.output = self._tensor(t["token_embd.weight" if cfg.tied_embeddings else "output.weight"])
@@ -136,7 +149,8 @@ class Engine:
     # -- the KV cache ---------------------------------------------------------------------
     @property
     def k_cache(self) -> np.ndarray:
-        """[n_layers, n_kv_heads, n_ctx, head_dim]; positions >= n_past are stale."""
+        """[n_layers, n_kv_heads, n_ctx, row] of the KV type's dtype (row = head_dim, or
+        head_dim / 32 Q8_0 blocks); positions >= n_past are stale."""
         return self._k.array
 
     @property
@@ -165,7 +179,7 @@ class Engine:
 
     def kv_snapshot(self, n: int | None = None, start: int = 0) -> tuple[list[int], np.ndarray, np.ndarray]:
         """Copies of the first n cached token ids (all when n is None) and of the keys and
-        values at positions start..n-1, each [n_layers, n_kv_heads, n - start, head_dim]."""
+        values at positions start..n-1, each [n_layers, n_kv_heads, n - start, row]."""
         with self._lock:
             n = len(self._tokens) if n is None else n
             if not isinstance(n, (int, np.integer)) or not isinstance(start, (int, np.integer)) or not (
@@ -190,7 +204,7 @@ class Engine:
         if n > self.n_ctx:
             raise ValueError(f"restore_kv: {n} tokens do not fit the context of {self.n_ctx}; load with a larger n_ctx")
         cfg, dtype = self.config, self._k.array.dtype
-        want = (cfg.n_layers, cfg.n_kv_heads, n - start, cfg.head_dim)
+        want = (cfg.n_layers, cfg.n_kv_heads, n - start, self._k.array.shape[3])
         for name, arr in (("k", k), ("v", v)):
             if not isinstance(arr, np.ndarray):
                 raise LayoutError(f"restore_kv: {name} must be a numpy array, got {type(arr).__name__}")
@@ -199,7 +213,7 @@ class Engine:
                                   f"(kv_dtype={self.kv_dtype!r}); values are not converted, since that changes them")
             if arr.shape != want:
                 raise LayoutError(f"restore_kv: {name} has shape {list(arr.shape)}, expected {list(want)} "
-                                  "[n_layers, n_kv_heads, len(tokens) - start, head_dim]")
+                                  "[n_layers, n_kv_heads, len(tokens) - start, row]")
         with self._lock:
             if self._tokens[:start] != ids[:start]:
                 raise ValueError(f"restore_kv: the cache does not hold the first {start} of these tokens, "
@@ -244,7 +258,7 @@ class Engine:
                         f"{self.model.path}: the forward pass gave logits that are not finite (NaN or infinity), so "
                         "the weights hold such values or values too large to compute with; the file is damaged: "
                         "download or convert it again"
-                        + (", or load with kv_dtype='f32'" if self._kv_type == lib.SQ_F16 else "")
+                        + (", or load with kv_dtype='f32'" if self._kv_type != lib.SQ_F32 else "")
                     )
                 self._tokens.extend(batch.tolist())
         return logits

@@ -14,16 +14,18 @@ import numpy as np
 from . import buffer_gate as gate
 from ._kernel import lib
 from .errors import LayoutError
+from .kv_types import KV_TYPES, kv_type_of
 
-_KV_DTYPES = {np.dtype(np.float32): lib.SQ_F32, np.dtype(np.float16): lib.SQ_F16}
 _C_INT_MAX = 2**31 - 1  # sizes cross into C as int
 
 
 def attention(q: Any, k_cache: Any, v_cache: Any, n_past: int, out: Any = None) -> np.ndarray:
-    """One decode step of grouped-query attention over cached positions 0..n_past-1.
+    """One decode step of grouped-query attention over cached positions 0..n_past-1, as
+    the engine computes it for a cache of that type.
 
-    q: [n_heads, head_dim] float32. k_cache, v_cache: [n_kv_heads, n_ctx, head_dim],
-    both float32 or both float16. n_heads must be a multiple of n_kv_heads; query head h
+    q: [n_heads, head_dim] float32. k_cache, v_cache: [n_kv_heads, n_ctx, row], both of
+    one KV cache type: float32 or float16 (row = head_dim), or llm_smolq.Q8_0_BLOCK
+    (row = head_dim / 32 blocks). n_heads must be a multiple of n_kv_heads; query head h
     uses KV head h // (n_heads // n_kv_heads). Scores are scaled by 1/sqrt(head_dim).
     1 <= n_past <= n_ctx. out: an optional writable [n_heads, head_dim] float32 array
     that overlaps no input. Returns out (a new array when out is None).
@@ -37,17 +39,22 @@ def attention(q: Any, k_cache: Any, v_cache: Any, n_past: int, out: Any = None) 
             gate.check_device(obj, name)
 
     dims = gate.Dims()
-    cache_shape = ("n_kv_heads", "n_ctx", "head_dim")
     qb = gate.check_buffer("q", q, np.float32, ("n_heads", "head_dim"), dims=dims)
-    kb = gate.check_buffer("k_cache", k_cache, tuple(_KV_DTYPES), cache_shape, dims=dims)
-    vb = gate.check_buffer("v_cache", v_cache, tuple(_KV_DTYPES), cache_shape, dims=dims)
+    dtypes = tuple(KV_TYPES[name].dtype for name in ("f32", "f16", "q8_0"))
+    align = 2 if np.asarray(k_cache).dtype.fields else None  # blocks: their half scale's alignment
+    cache_shape = ("n_kv_heads", "n_ctx", "row")
+    kb = gate.check_buffer("k_cache", k_cache, dtypes, cache_shape, dims=dims, align=align)
+    vb = gate.check_buffer("v_cache", v_cache, dtypes, cache_shape, dims=dims, align=align)
     if vb.dtype != kb.dtype:
-        raise LayoutError(
-            f"v_cache is {vb.dtype} but k_cache is {kb.dtype}; both caches must have the "
-            f"same dtype: convert with v_cache.astype(np.{kb.dtype})"
-        )
+        fix = f": convert with v_cache.astype(np.{kb.dtype.name})" if not kb.dtype.fields else ""
+        raise LayoutError(f"v_cache is {gate.dtype_name(vb.dtype)} but k_cache is {gate.dtype_name(kb.dtype)}; "
+                          f"both caches must have the same dtype{fix}")
+    kv = kv_type_of(kb.dtype)
     n_heads, head_dim = qb.shape
-    n_kv_heads, n_ctx, _ = kb.shape
+    n_kv_heads, n_ctx, row = kb.shape
+    if row * kv.per_item != head_dim:
+        raise LayoutError(f"k_cache rows hold {row * kv.per_item} values ({row} of {gate.dtype_name(kb.dtype)}), "
+                          f"but q has head_dim {head_dim}; the caches' last axis must hold head_dim values")
     _check_sizes(qb, kb)
     n_past = _check_n_past(n_past, n_ctx)
 
@@ -58,7 +65,7 @@ def attention(q: Any, k_cache: Any, v_cache: Any, n_past: int, out: Any = None) 
 
     # qb, kb, vb and ob hold the arrays and their exports until this call returns.
     lib.sq_attention(
-        qb.ptr, kb.ptr, vb.ptr, _KV_DTYPES[kb.dtype],
+        qb.ptr, kb.ptr, vb.ptr, kv.kernel_type,
         n_heads, n_kv_heads, n_ctx, head_dim, n_past, ob.ptr,
     )
     return ob.array

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import GGUFError, ResourceError
+from .kv_types import KV_TYPES, KVType
 from .model_file import ModelConfig
 
 _FLOAT = 4
@@ -22,20 +23,24 @@ _FLOAT = 4
 @dataclass(frozen=True)
 class EngineMemory:
     kv_cache: int  # keys and values of every layer, n_ctx positions
-    buffers: int  # activations of a batch, attention scores, one row of logits
+    buffers: int  # the kernel's activation buffers and attention scratch, one row of logits
 
     @property
     def total(self) -> int:
         return self.kv_cache + self.buffers
 
 
-def engine_memory(c: ModelConfig, n_ctx: int, kv_itemsize: int, max_batch: int, threads: int) -> EngineMemory:
-    """Bytes an Engine allocates for this model and context (sq_state_new's buffers included)."""
-    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    widest = max(c.dim, c.hidden_dim, q)
-    per_token = _FLOAT * (2 * c.dim + 2 * q + 2 * kv + 2 * c.hidden_dim + c.head_dim) + 2 * widest
-    buffers = max_batch * per_token + threads * n_ctx * _FLOAT + c.vocab_size * _FLOAT
-    return EngineMemory(2 * c.n_layers * c.n_kv_heads * n_ctx * c.head_dim * kv_itemsize, buffers)
+def engine_memory(c: ModelConfig, n_ctx: int, kv: KVType, max_batch: int, threads: int) -> EngineMemory:
+    """Bytes an Engine allocates for this model and context: the cache, and what the
+    kernel says its state holds (sq_state_bytes) plus the row of logits eval returns."""
+    from ._kernel import lib
+    from .kernel_structs import c_config
+
+    state = lib.sq_state_bytes(c_config(c, min(n_ctx, 2**31 - 1)), max_batch, threads)
+    if n_ctx > 2**31 - 1 or state < 0:  # past what the kernel's sizes can say: too much, certainly
+        state = 2**63
+    return EngineMemory(2 * c.n_layers * c.n_kv_heads * n_ctx * kv.row_bytes(c.head_dim),
+                        state + c.vocab_size * _FLOAT)
 
 
 def available_memory() -> tuple[int, str] | None:
@@ -64,34 +69,48 @@ def available_memory() -> tuple[int, str] | None:
     return min(found)
 
 
-def check_engine_memory(path: str, c: ModelConfig, n_ctx: int, kv_dtype: str, kv_itemsize: int,
-                        max_batch: int, threads: int) -> None:
+def check_engine_memory(path: str, c: ModelConfig, n_ctx: int, kv: KVType, max_batch: int, threads: int) -> None:
     """Raise before allocating when the engine would need more memory than is available:
     GGUFError when the model's own sizes are too much even without a context,
-    ResourceError naming the largest n_ctx that fits otherwise."""
+    ResourceError naming the cache types and the largest n_ctx that fit otherwise."""
     available = available_memory()
     if available is None:
         return
     free, source = available
-    fixed = engine_memory(c, 0, kv_itemsize, max_batch, threads)
+    fixed = engine_memory(c, 0, kv, max_batch, threads)
     if fixed.total > free:
         raise GGUFError(
             f"{path}: its sizes (width {c.dim}, FFN {c.hidden_dim}, {c.n_heads} heads, vocabulary {c.vocab_size}) "
             f"need {_bytes(fixed.total)} for activations before any context, but {_bytes(free)} are available "
             f"({source}); the file is corrupt or not a model this machine can run"
         )
-    need = engine_memory(c, n_ctx, kv_itemsize, max_batch, threads)
+    need = engine_memory(c, n_ctx, kv, max_batch, threads)
     if need.total > free:
-        per_position = engine_memory(c, 1, kv_itemsize, max_batch, threads).total - fixed.total
-        fits = (free - fixed.total) // per_position
-        fix = f"lower n_ctx to {fits} or less (llm: -o n_ctx {fits})" if fits >= 1 else "free some memory"
-        if kv_dtype == "f32":
-            fix += ", or use kv_dtype='f16' to halve the cache"
+        fits = largest_fitting_n_ctx(c, kv, max_batch, threads, free)
+        fixes = [f"lower n_ctx to {fits} or less (llm: -o n_ctx {fits})" if fits >= 1 else "free some memory"]
+        for other in KV_TYPES.values():
+            if other.row_bytes(c.head_dim) < kv.row_bytes(c.head_dim) and \
+                    engine_memory(c, n_ctx, other, max_batch, threads).total <= free:
+                fixes.append(f"use kv_dtype={other.name!r} (llm: -o kv_cache {other.name})")
+        fix = ", or ".join(fixes)
         raise ResourceError(
-            f"n_ctx={n_ctx} needs {_bytes(need.total)}: {need.kv_cache:,} for the {kv_dtype} KV cache of "
+            f"n_ctx={n_ctx} needs {_bytes(need.total)}: {need.kv_cache:,} for the {kv.name} KV cache of "
             f"{c.n_layers} layers and {need.buffers:,} for buffers; {_bytes(free)} are available ({source}). "
             f"{fix[0].upper()}{fix[1:]}"
         )
+
+
+def largest_fitting_n_ctx(c: ModelConfig, kv: KVType, max_batch: int, threads: int, free: int) -> int:
+    """The largest n_ctx whose engine fits in `free` bytes (0 if none does). Every term
+    grows with n_ctx, so a binary search finds it."""
+    lo, hi = 0, max(c.context_length, 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if engine_memory(c, mid, kv, max_batch, threads).total <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _bytes(n: int) -> str:

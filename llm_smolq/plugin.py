@@ -48,13 +48,27 @@ class SmolQOptions(llm.Options):
     seed: Optional[int] = Field(default=None, ge=0, description="Random seed for reproducible sampling")
     stop: Optional[Union[str, list[str]]] = Field(default=None, description="Stop when this text (or any of these) appears")
     n_ctx: Optional[int] = Field(
-        default=None, ge=16, le=131072, description="Context length in tokens (default 4096; capped at the model's own)"
+        default=None, ge=16, le=131072,
+        description="Context length in tokens (default: the model's whole window, as far as memory holds it)"
+    )
+    kv_cache: Optional[str] = Field(
+        default=None, description="KV cache type: f16 (default), q8_0 (about half the memory) or f32 "
+                                  "(llama.cpp's exact attention order)"
     )
     threads: Optional[int] = Field(default=None, ge=1, le=256, description="CPU threads (default: all cores)")
     thinking: Optional[bool] = Field(default=None, description="SmolLM3: reason in <think> before answering (default true)")
     prompt_cache: Optional[bool] = Field(
         default=None, description="Keep the prompt's state on disk so `llm -c` skips re-reading it (default true)"
     )
+
+    @field_validator("kv_cache")
+    @classmethod
+    def _known_kv_cache(cls, value):
+        from .kv_types import KV_TYPES
+
+        if value is not None and value not in KV_TYPES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_TYPES)}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -72,6 +86,7 @@ class Loaded:
 
     engine: Engine
     template: ChatTemplate
+    n_ctx_asked: int | None = None  # the option it was loaded for (None: the default)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -81,27 +96,30 @@ _loaded: dict[str, Loaded] = {}
 _loaded_lock = threading.Lock()
 
 
-def load_model(path: Path, n_ctx: int, threads: int | None) -> Loaded:
+def load_model(path: Path, n_ctx: int | None, threads: int | None, kv_cache: str | None = None) -> Loaded:
+    """The model at path with an engine of n_ctx positions (None: the whole window, as far
+    as memory holds it; capped at the model's own), reusing the loaded one when it fits."""
     from .chat_template import chat_template_from_metadata
     from .engine import Engine
+    from .kv_types import DEFAULT_KV_TYPE
     from .model_file import open_model
 
-    key = str(path.resolve())
+    key, kv_cache = str(path.resolve()), kv_cache or DEFAULT_KV_TYPE
     with _loaded_lock:
         hit = _loaded.get(key)
-        if hit and hit.engine.n_ctx == min(n_ctx, hit.engine.config.context_length) and threads in (
-            None, hit.engine.threads
-        ):
+        if hit and hit.n_ctx_asked == n_ctx and threads in (None, hit.engine.threads) and \
+                hit.engine.kv_dtype == kv_cache:
             return hit
         _loaded.pop(key, None)  # let a differently sized engine go before loading another
         try:
             model = open_model(path)
-            engine = Engine(model, n_ctx=min(n_ctx, model.config.context_length), threads=threads)
+            size = None if n_ctx is None else min(n_ctx, model.config.context_length)
+            engine = Engine(model, n_ctx=size, threads=threads, kv_dtype=kv_cache)
             engine.tokenizer  # built now, so a broken vocabulary is refused with the rest
             template = chat_template_from_metadata(model.metadata)
         except ValueError as exc:  # GGUFError, ResourceError, ChatTemplateError and bad sizes
             raise llm.ModelError(str(exc)) from None
-        _loaded[key] = Loaded(engine, template)
+        _loaded[key] = Loaded(engine, template, n_ctx)
         return _loaded[key]
 
 
@@ -125,7 +143,7 @@ class _SmolQ:
             path = catalog.resolve(self.model_id)
         except catalog.ModelNotFound as exc:
             raise llm.ModelError(str(exc)) from None
-        loaded = load_model(path, opts.n_ctx or 4096, opts.threads)
+        loaded = load_model(path, opts.n_ctx, opts.threads, opts.kv_cache)
         yield from answer(loaded, prompt, response, self.model_id, path)
 
 

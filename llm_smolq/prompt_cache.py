@@ -39,6 +39,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from .atomic_file import TEMP_PREFIX, replaced_atomically
+from .kv_types import KV_TYPES
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -59,7 +60,6 @@ _EDGE_BYTES = 1 << 20  # of the model's weights hashed at each end
 _LOCK_TIMEOUT = 10.0  # a response never waits longer than this for another process's save
 _STALE_TEMP_SECONDS = 3600  # a temporary file this old belongs to a writer that died
 _NAME = re.compile(r"^(\d{8})-([0-9a-f]{16})-([0-9a-f]{16})\.kv$")
-_KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}  # native: byteorder is in the root
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
           "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
@@ -105,15 +105,15 @@ class KVLayout:
         return cls(engine.kv_dtype, c.n_layers, c.n_kv_heads, c.head_dim)
 
     @property
-    def dtype(self) -> np.dtype:
-        return _KV_DTYPES[self.kv_dtype]
+    def dtype(self) -> np.dtype:  # native byte order: the byte order is part of the chain's root
+        return KV_TYPES[self.kv_dtype].dtype
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype.itemsize
+        return 2 * self.n_layers * self.n_kv_heads * KV_TYPES[self.kv_dtype].row_bytes(self.head_dim)
 
     def shape(self, n: int) -> tuple[int, int, int, int]:
-        return (self.n_layers, self.n_kv_heads, n, self.head_dim)
+        return (self.n_layers, self.n_kv_heads, n, KV_TYPES[self.kv_dtype].row_items(self.head_dim))
 
 
 def model_fingerprint(model: ModelFile) -> dict:
@@ -258,9 +258,10 @@ def _parse_head(path: Path, data: bytes, file_size: int, inode: int) -> BlockHea
     except (ValueError, KeyError, TypeError) as exc:
         raise BadBlock(f"unreadable header ({exc})", inode) from None
     counts = (layout.n_layers, layout.n_kv_heads, layout.head_dim, n, start)
-    if (not isinstance(layout.kv_dtype, str) or layout.kv_dtype not in _KV_DTYPES
+    if (not isinstance(layout.kv_dtype, str) or layout.kv_dtype not in KV_TYPES
             or not all(type(x) is int for x in counts)
-            or not all(0 < x <= 1 << 16 for x in counts[:3]) or not 0 < n <= _MAX_BLOCK_TOKENS or start < 0
+            or not all(0 < x <= 1 << 16 for x in counts[:3]) or layout.head_dim % KV_TYPES[layout.kv_dtype].per_item
+            or not 0 < n <= _MAX_BLOCK_TOKENS or start < 0
             or not all(isinstance(x, str) and re.fullmatch(r"[0-9a-f]{64}", x) for x in (parent, digest))
             or not isinstance(model_file, str)):
         raise BadBlock("header values out of range", inode)
@@ -293,7 +294,7 @@ def read_head(path: Path) -> BlockHead:
 
 
 def read_block(head: BlockHead) -> tuple[np.ndarray, np.ndarray]:
-    """The block's keys and values, each [n_layers, n_kv_heads, n, head_dim], after the
+    """The block's keys and values, each [n_layers, n_kv_heads, n, row], after the
     whole file has matched its SHA-256 and the header read earlier."""
     with open(head.path, "rb") as f:
         st = os.fstat(f.fileno())

@@ -1,4 +1,5 @@
-/* attention.c: grouped-query attention over one KV head, rounded as llama.cpp rounds it.
+/* attention.c: grouped-query attention over one KV head of an F32 cache, rounded as
+ * llama.cpp rounds it.
  *
  * llama.cpp (without flash attention) computes attention as separate steps: scores
  * K.q with its f32 dot product, a scaled softmax whose exponentials come from its own
@@ -6,7 +7,9 @@
  * whose kernel depends on the batch: the f32 dot product for one token, an 8-lane
  * tiled gemm for several. The outputs feed mat-vecs that quantize them to 8 bits, and
  * a one-ulp difference can flip a code and move every later logit by ~1%, so each of
- * those steps is reproduced here with the same operations in the same order.
+ * those steps is reproduced here with the same operations in the same order. This is
+ * the exact path, kept for the F32 cache; the compact caches (F16, Q8_0) take the
+ * single-pass one in flash_attention.c.
  *
  * Per (token, query head) that costs one scores buffer of n_keys floats, and K and V
  * are each read once per query head group, as with a single-pass softmax.
@@ -25,20 +28,12 @@
 #include "quants.h"
 #include "exp_ggml.h"
 
-/* F16 rows are widened to float this many elements at a time, so any head_dim works
- * with a fixed stack buffer (1 KiB); SmolLM's head_dim (64, 128) takes one chunk. */
+/* V rows are summed this many outputs at a time, so any head_dim works with a fixed
+ * stack buffer; SmolLM's head_dim (64, 128) takes one pass. */
 #define CHUNK 256
 
 static void fill(float *x, size_t n, float value) {
     for (size_t i = 0; i < n; i++) x[i] = value;
-}
-
-/* n floats of a K or V row starting at element `at`: a pointer straight into the cache
- * for F32, else the elements widened into buf. */
-static const float *row_f32(const void *rows, int kv_type, size_t at, size_t n, float *buf) {
-    if (kv_type == SQ_F32) return (const float *)rows + at;
-    sq_dequantize_row(SQ_F16, (const uint16_t *)rows + at, buf, (int64_t)n);
-    return buf;
 }
 
 /* Sum of 8 lanes in the order of an AVX register reduction: high half onto low half,
@@ -96,15 +91,14 @@ SQ_TWIN void softmax(float *p, size_t n, float scale) {
  * fma over t, then the register sum. Positions past n_keys are masked there (p = 0),
  * so leaving them out changes nothing. The lanes are kept as rows acc[lane][d], so that
  * both the fmas and the final reductions run along d, 8 outputs per instruction. */
-SQ_TWIN void weighted_sum(const float *p, const void *v, int kv_type, size_t head_dim, size_t n_keys,
-                          int batched, float *out) {
-    float buf[CHUNK], acc[32][CHUNK];
+SQ_TWIN void weighted_sum(const float *p, const float *v, size_t head_dim, size_t n_keys, int batched, float *out) {
+    float acc[32][CHUNK];
     const size_t lanes = batched ? 8 : 32;
     for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {  /* one pass for every head_dim up to CHUNK */
         const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
         for (size_t l = 0; l < lanes; l++) memset(acc[l], 0, n * sizeof(float));
         for (size_t t = 0; t < n_keys; t++) {
-            const float *vr = row_f32(v, kv_type, t * head_dim + d0, n, buf);
+            const float *vr = v + t * head_dim + d0;
             float *a = acc[t % lanes];
             const float pt = p[t];
             for (size_t d = 0; d < n; d++) a[d] = fmaf(vr[d], pt, a[d]);
@@ -123,87 +117,91 @@ SQ_TWIN void weighted_sum(const float *p, const void *v, int kv_type, size_t hea
     }
 }
 
-SQ_TWIN void attend(const float *q, size_t group, const void *k, const void *v, int kv_type,
-                          size_t head_dim, size_t n_keys, int batched, float *scores, float *out) {
-    float buf[CHUNK];
+SQ_TWIN void attend(const float *q, size_t group, const float *k, const float *v, size_t head_dim, size_t n_keys,
+                    int batched, float *scores, float *out) {
     const float scale = 1.0f / sqrtf((float)head_dim);
     for (size_t g = 0; g < group; g++) {
         const float *qg = q + g * head_dim;
-        for (size_t t = 0; t < n_keys; t++) {
-            const float *kr = head_dim <= CHUNK ? row_f32(k, kv_type, t * head_dim, head_dim, buf) : NULL;
-            if (kr) {
-                scores[t] = dot_f32(qg, kr, head_dim);
-            } else {  /* rows wider than a chunk: widen whole rows into out as scratch */
-                float *row = out + g * head_dim;
-                sq_dequantize_row(kv_type, (const uint8_t *)k + t * head_dim * (kv_type == SQ_F32 ? 4 : 2),
-                                  row, (int64_t)head_dim);
-                scores[t] = dot_f32(qg, row, head_dim);
-            }
-        }
+        for (size_t t = 0; t < n_keys; t++) scores[t] = dot_f32(qg, k + t * head_dim, head_dim);
         softmax(scores, n_keys, scale);
-        weighted_sum(scores, v, kv_type, head_dim, n_keys, batched, out + g * head_dim);
+        weighted_sum(scores, v, head_dim, n_keys, batched, out + g * head_dim);
     }
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2,fma")))
-static void attend_avx2(const float *q, size_t group, const void *k, const void *v, int kv_type,
-                        size_t head_dim, size_t n_keys, int batched, float *scores, float *out) {
-    attend(q, group, k, v, kv_type, head_dim, n_keys, batched, scores, out);
+static void attend_avx2(const float *q, size_t group, const float *k, const float *v, size_t head_dim,
+                        size_t n_keys, int batched, float *scores, float *out) {
+    attend(q, group, k, v, head_dim, n_keys, batched, scores, out);
 }
 #define HAVE_ATTEND_AVX2 1
 #endif
 
-static void attend_plain(const float *q, size_t group, const void *k, const void *v, int kv_type,
-                         size_t head_dim, size_t n_keys, int batched, float *scores, float *out) {
-    attend(q, group, k, v, kv_type, head_dim, n_keys, batched, scores, out);
+static void attend_plain(const float *q, size_t group, const float *k, const float *v, size_t head_dim,
+                         size_t n_keys, int batched, float *scores, float *out) {
+    attend(q, group, k, v, head_dim, n_keys, batched, scores, out);
 }
 
-void sq_attention_group(const float *q, int group, const void *k, const void *v, int kv_type, int head_dim,
-                        int n_keys, int batched, float *scores, float *out) {
+void sq_attention_group(const float *q, int group, const float *k, const float *v, int head_dim, int n_keys,
+                        int batched, float *scores, float *out) {
     if (group <= 0 || head_dim <= 0) return;
-    const size_t hd = (size_t)head_dim, n_out = (size_t)group * hd;
-    if (kv_type != SQ_F32 && kv_type != SQ_F16) {
-        fill(out, n_out, NAN);   /* a caller bug: make it loud, not plausible */
-        return;
-    }
+    const size_t hd = (size_t)head_dim;
     if (n_keys <= 0) {
-        fill(out, n_out, 0.0f);  /* nothing to attend to; the Python side forbids this */
+        fill(out, (size_t)group * hd, 0.0f);  /* nothing to attend to; the Python side forbids this */
         return;
     }
 #ifdef HAVE_ATTEND_AVX2
     if (sq_simd_enabled()) {
-        attend_avx2(q, (size_t)group, k, v, kv_type, hd, (size_t)n_keys, batched, scores, out);
+        attend_avx2(q, (size_t)group, k, v, hd, (size_t)n_keys, batched, scores, out);
         return;
     }
 #endif
-    attend_plain(q, (size_t)group, k, v, kv_type, hd, (size_t)n_keys, batched, scores, out);
+    attend_plain(q, (size_t)group, k, v, hd, (size_t)n_keys, batched, scores, out);
+}
+
+/* The compact caches: the flash path on the calling thread, its scratch from the heap. */
+static int attention_compact(const float *q, const void *k_cache, const void *v_cache, int kv_type, int n_heads,
+                             int n_kv_heads, int n_ctx, int head_dim, int n_keys, float *out) {
+    sq_config c = {0};
+    c.n_heads = n_heads, c.n_kv_heads = n_kv_heads, c.head_dim = head_dim, c.n_ctx = n_ctx;
+    float *scratch = malloc(sq_flash_scratch_floats(&c) * sizeof(float));
+    float *partials = malloc(sq_flash_partials_floats(&c) * sizeof(float));
+    int rc = scratch && partials
+                 ? sq_flash_attention(NULL, &c, q, k_cache, v_cache, kv_type, 1, n_keys - 1, scratch, partials, out)
+                 : -1;
+    free(scratch);
+    free(partials);
+    return rc;
 }
 
 void sq_attention(const float *q, const void *k_cache, const void *v_cache, int kv_type,
                   int n_heads, int n_kv_heads, int n_ctx, int head_dim, int n_keys,
                   float *out) {
     if (n_heads <= 0 || head_dim <= 0) return;
+    const size_t n_out = (size_t)n_heads * (size_t)head_dim;
     /* Arguments the Python gate refuses; reading past n_ctx would leave the cache. */
-    if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || n_keys > n_ctx ||
-        (kv_type != SQ_F32 && kv_type != SQ_F16)) {
-        fill(out, (size_t)n_heads * (size_t)head_dim, NAN);
+    if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || n_keys < 1 || n_keys > n_ctx ||
+        sq_kv_row_bytes(kv_type, head_dim) == 0) {
+        fill(out, n_out, NAN);
         return;
     }
-    float *scores = malloc((size_t)(n_keys > 0 ? n_keys : 1) * sizeof(float));
+    if (kv_type != SQ_F32) {
+        if (attention_compact(q, k_cache, v_cache, kv_type, n_heads, n_kv_heads, n_ctx, head_dim, n_keys, out))
+            fill(out, n_out, NAN);
+        return;
+    }
+    float *scores = malloc((size_t)n_keys * sizeof(float));
     if (!scores) {
-        fill(out, (size_t)n_heads * (size_t)head_dim, NAN);
+        fill(out, n_out, NAN);
         return;
     }
     const int group = n_heads / n_kv_heads;
-    const size_t elem = kv_type == SQ_F32 ? sizeof(float) : sizeof(uint16_t);
-    const size_t head_bytes = (size_t)n_ctx * (size_t)head_dim * elem;  /* one KV head */
+    const size_t head_elems = (size_t)n_ctx * (size_t)head_dim;  /* one KV head */
     const size_t q_stride = (size_t)group * (size_t)head_dim;  /* its query heads */
     for (size_t h = 0; h < (size_t)n_kv_heads; h++) {
-        sq_attention_group(q + h * q_stride, group,
-                           (const char *)k_cache + h * head_bytes,
-                           (const char *)v_cache + h * head_bytes,
-                           kv_type, head_dim, n_keys, 0, scores, out + h * q_stride);
+        sq_attention_group(q + h * q_stride, group, (const float *)k_cache + h * head_elems,
+                           (const float *)v_cache + h * head_elems, head_dim, n_keys, 0, scores,
+                           out + h * q_stride);
     }
     free(scores);
 }

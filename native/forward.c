@@ -26,32 +26,59 @@ struct sq_state {
     float *gate;            /* [max_batch][hidden_dim] */
     float *up;              /* [max_batch][hidden_dim] */
     float *rope_cs;         /* [max_batch][head_dim/2][2] cos, sin of each token's angles */
-    float *scores;          /* [scores_threads][n_ctx] attention weights, one row per pool thread */
-    int scores_threads;     /* rows of scores, grown to the pool's size on first use */
+    float *scores;          /* [scratch_threads][n_ctx] F32-cache attention weights, one row per pool thread */
+    float *flash;           /* [scratch_threads][sq_flash_scratch_floats] compact-cache attention scratch */
+    int scratch_threads;    /* rows of scores and flash, grown to the pool's size on first use */
+    float *partials;        /* [sq_flash_partials_floats] a decode step's per-chunk softmax partials */
     void *xq;               /* [max_batch][widest] 2-byte slots: mat-mul inputs in vec-dot format */
 };
 
-static float *alloc_floats(int64_t n) { return malloc((size_t)n * sizeof(float)); }
+/* The bytes of each buffer of an sq_state: one account for sq_state_new, which
+ * allocates them, and sq_state_bytes, which reports them. */
+typedef struct {
+    int64_t x, xn, q, k, v, att, gate, up, xq, rope_cs, partials;  /* as the fields above */
+    int64_t per_thread;  /* one pool thread's row of scores and flash scratch */
+} state_sizes;
+
+static state_sizes sizes_of(const sq_config *c, int max_batch) {
+    int64_t b = max_batch, f = sizeof(float);
+    int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    if (qd > widest) widest = qd;
+    state_sizes z = {
+        .x = b * c->dim * f, .xn = b * c->dim * f, .q = b * qd * f, .k = b * kvd * f, .v = b * kvd * f,
+        .att = b * qd * f, .gate = b * c->hidden_dim * f, .up = b * c->hidden_dim * f, .xq = b * widest * 2,
+        .rope_cs = b * c->head_dim * f, .partials = (int64_t)sq_flash_partials_floats(c) * f,
+        .per_thread = ((int64_t)c->n_ctx + (int64_t)sq_flash_scratch_floats(c)) * f,
+    };
+    return z;
+}
+
+int64_t sq_state_bytes(const sq_config *c, int max_batch, int n_threads) {
+    state_sizes z = sizes_of(c, max_batch);
+    return z.x + z.xn + z.q + z.k + z.v + z.att + z.gate + z.up + z.xq + z.rope_cs + z.partials +
+           (int64_t)n_threads * z.per_thread;
+}
 
 sq_state *sq_state_new(const sq_config *c, int max_batch) {
     if (max_batch < 1) return NULL;
     sq_state *s = calloc(1, sizeof *s);
     if (!s) return NULL;
-    int64_t b = max_batch, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
-    int64_t widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
-    if (qd > widest) widest = qd;
+    state_sizes z = sizes_of(c, max_batch);
     s->max_batch = max_batch;
-    s->x = alloc_floats(b * c->dim);
-    s->xn = alloc_floats(b * c->dim);
-    s->q = alloc_floats(b * qd);
-    s->k = alloc_floats(b * kvd);
-    s->v = alloc_floats(b * kvd);
-    s->att = alloc_floats(b * qd);
-    s->gate = alloc_floats(b * c->hidden_dim);
-    s->up = alloc_floats(b * c->hidden_dim);
-    s->xq = malloc((size_t)(b * widest) * 2);
-    s->rope_cs = alloc_floats(b * c->head_dim);
-    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->gate || !s->up || !s->xq || !s->rope_cs) {
+    s->x = malloc((size_t)z.x);
+    s->xn = malloc((size_t)z.xn);
+    s->q = malloc((size_t)z.q);
+    s->k = malloc((size_t)z.k);
+    s->v = malloc((size_t)z.v);
+    s->att = malloc((size_t)z.att);
+    s->gate = malloc((size_t)z.gate);
+    s->up = malloc((size_t)z.up);
+    s->xq = malloc((size_t)z.xq);
+    s->rope_cs = malloc((size_t)z.rope_cs);
+    s->partials = malloc((size_t)z.partials);
+    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->gate || !s->up || !s->xq || !s->rope_cs ||
+        !s->partials) {
         sq_state_free(s);
         return NULL;
     }
@@ -62,6 +89,7 @@ void sq_state_free(sq_state *s) {
     if (!s) return;
     free(s->x); free(s->xn); free(s->q); free(s->k); free(s->v);
     free(s->att); free(s->gate); free(s->up); free(s->xq); free(s->rope_cs); free(s->scores);
+    free(s->flash); free(s->partials);
     free(s);
 }
 
@@ -106,39 +134,43 @@ static void rope(float *vec, int n_heads, int head_dim, const float *cs) {
     }
 }
 
-static void store_kv(void *cache, int kv_type, int64_t offset, const float *src, int n) {
+/* One row of head_dim values into the cache as kv_type: copied (F32), rounded to
+ * halves (F16) or quantized to Q8_0 blocks as llama.cpp quantizes its cache. */
+static void store_kv(uint8_t *row, int kv_type, const float *src, int n) {
     if (kv_type == SQ_F32) {
-        memcpy((float *)cache + offset, src, (size_t)n * sizeof(float));
-    } else {
-        uint16_t *dst = (uint16_t *)cache + offset;
+        memcpy(row, src, (size_t)n * sizeof(float));
+    } else if (kv_type == SQ_F16) {
+        uint16_t *dst = (uint16_t *)row;
         for (int i = 0; i < n; i++) dst[i] = sq_fp32_to_fp16(src[i]);
+    } else {
+        sq_quantize_row(SQ_Q8_0, src, row, n);
     }
 }
 
 typedef struct {
     const sq_config *c;
     const float *q;         /* [n_tokens][n_heads*head_dim] */
-    const uint8_t *k_layer; /* this layer's [n_kv_heads][n_ctx][head_dim] */
-    const uint8_t *v_layer;
-    int kv_type, n_tokens, n_past;
+    const float *k_layer;   /* this layer's [n_kv_heads][n_ctx][head_dim] */
+    const float *v_layer;
+    int n_tokens, n_past;
     float *scores;          /* [threads][n_ctx] scratch */
     float *out;             /* [n_tokens][n_heads*head_dim] */
 } attention_job;
 
-/* Tasks are (token, KV head) pairs; token t sees positions 0..n_past+t. */
+/* The F32 cache's exact path: tasks are (token, KV head) pairs; token t sees positions
+ * 0..n_past+t. */
 static void attention_worker(void *p, int ith, int nth) {
     const attention_job *job = p;
     const sq_config *c = job->c;
     int group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
-    size_t elem = job->kv_type == SQ_F32 ? 4 : 2;
-    size_t head_bytes = (size_t)c->n_ctx * hd * elem;
+    size_t head_elems = (size_t)c->n_ctx * hd;
     int n_tasks = job->n_tokens * c->n_kv_heads;
     for (int task = ith; task < n_tasks; task += nth) {
         int t = task / c->n_kv_heads, h = task % c->n_kv_heads;
         int64_t qoff = ((int64_t)t * c->n_heads + (int64_t)h * group) * hd;
-        sq_attention_group(job->q + qoff, group, job->k_layer + h * head_bytes, job->v_layer + h * head_bytes,
-                           job->kv_type, hd, job->n_past + t + 1, job->n_tokens > 1,
-                           job->scores + (size_t)ith * c->n_ctx, job->out + qoff);
+        sq_attention_group(job->q + qoff, group, job->k_layer + h * head_elems, job->v_layer + h * head_elems, hd,
+                           job->n_past + t + 1, job->n_tokens > 1, job->scores + (size_t)ith * c->n_ctx,
+                           job->out + qoff);
     }
 }
 
@@ -174,15 +206,14 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
     const sq_layer *L = &m->layers[l];
     int dim = c->dim, hd = c->head_dim;
     int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
-    size_t elem = kv_type == SQ_F32 ? 4 : 2;
-    int64_t layer_elems = (int64_t)c->n_kv_heads * c->n_ctx * hd;
+    size_t rb = sq_kv_row_bytes(kv_type, hd), layer_bytes = (size_t)c->n_kv_heads * c->n_ctx * rb;
 
     for (int t = 0; t < n_tok; t++)
         rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->attn_norm.data, dim, c->rms_eps);
     sq_matmul_set qkv = {3, {&L->wq, &L->wk, &L->wv}, {s->q, s->k, s->v}, {qd, kvd, kvd}};
     sq_matmul(pool, &qkv, s->xn, n_tok, s->xq);
 
-    uint8_t *kl = k_cache + (size_t)l * layer_elems * elem, *vl = v_cache + (size_t)l * layer_elems * elem;
+    uint8_t *kl = k_cache + (size_t)l * layer_bytes, *vl = v_cache + (size_t)l * layer_bytes;
     for (int t = 0; t < n_tok; t++) {
         int pos = n_past + t;
         float *qt = s->q + (int64_t)t * qd, *kt = s->k + (int64_t)t * kvd, *vt = s->v + (int64_t)t * kvd;
@@ -192,13 +223,17 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
             rope(kt, c->n_kv_heads, hd, cs);
         }
         for (int h = 0; h < c->n_kv_heads; h++) {
-            int64_t off = ((int64_t)h * c->n_ctx + pos) * hd;
-            store_kv(kl, kv_type, off, kt + (int64_t)h * hd, hd);
-            store_kv(vl, kv_type, off, vt + (int64_t)h * hd, hd);
+            size_t off = ((size_t)h * c->n_ctx + pos) * rb;
+            store_kv(kl + off, kv_type, kt + (int64_t)h * hd, hd);
+            store_kv(vl + off, kv_type, vt + (int64_t)h * hd, hd);
         }
     }
-    attention_job aj = {c, s->q, kl, vl, kv_type, n_tok, n_past, s->scores, s->att};
-    sq_pool_run(pool, attention_worker, &aj);
+    if (kv_type == SQ_F32) {
+        attention_job aj = {c, s->q, (const float *)kl, (const float *)vl, n_tok, n_past, s->scores, s->att};
+        sq_pool_run(pool, attention_worker, &aj);
+    } else {
+        sq_flash_attention(pool, c, s->q, kl, vl, kv_type, n_tok, n_past, s->flash, s->partials, s->att);
+    }
 
     sq_matmul_set o = {1, {&L->wo}, {s->xn}, {dim}};
     sq_matmul(pool, &o, s->att, n_tok, s->xq);
@@ -239,17 +274,19 @@ int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool, void *k_cache, voi
     if (!m || !s || !pool || !k_cache || !v_cache || !tokens || !logits || n_tokens < 1 || n_past < 0)
         return SQ_ERR_ARGS;
     const sq_config *c = &m->cfg;
-    if (kv_type != SQ_F32 && kv_type != SQ_F16) return SQ_ERR_ARGS;
+    if (sq_kv_row_bytes(kv_type, c->head_dim) == 0 || (kv_type != SQ_F32 && c->head_dim > 1024)) return SQ_ERR_ARGS;
     if (n_tokens > c->n_ctx - n_past) return SQ_ERR_CONTEXT;
     for (int t = 0; t < n_tokens; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size) return SQ_ERR_TOKEN;
 
     int nth = sq_pool_threads(pool);
-    if (s->scores_threads < nth) {
-        float *grown = realloc(s->scores, (size_t)nth * (size_t)c->n_ctx * sizeof(float));
-        if (!grown) return SQ_ERR_ARGS;
-        s->scores = grown;
-        s->scores_threads = nth;
+    if (s->scratch_threads < nth) {
+        float *scores = realloc(s->scores, (size_t)nth * (size_t)c->n_ctx * sizeof(float));
+        if (scores) s->scores = scores;
+        float *flash = realloc(s->flash, (size_t)nth * sq_flash_scratch_floats(c) * sizeof(float));
+        if (flash) s->flash = flash;
+        if (!scores || !flash) return SQ_ERR_ARGS;
+        s->scratch_threads = nth;
     }
     for (int start = 0; start < n_tokens; start += s->max_batch) {
         int n_tok = n_tokens - start < s->max_batch ? n_tokens - start : s->max_batch;

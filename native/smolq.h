@@ -138,21 +138,27 @@ void sq_pool_free(sq_pool *pool);
 typedef struct sq_state sq_state;
 sq_state *sq_state_new(const sq_config *cfg, int max_batch);
 void sq_state_free(sq_state *s);
+/* Bytes an sq_state holds once sq_forward has run it on a pool of n_threads: what
+ * sq_state_new allocates plus each thread's attention scratch (not the KV cache). */
+int64_t sq_state_bytes(const sq_config *cfg, int max_batch, int n_threads);
 
 /* Run tokens[0..n_tokens) at positions n_past.. through every layer.
- * k_cache, v_cache: [n_layers][n_kv_heads][n_ctx][head_dim] of kv_type (SQ_F32 or SQ_F16);
- * the new positions are written there. logits: [n_tokens][vocab_size] when all_logits,
- * else [vocab_size] for the last token. Returns 0, or a negative sq_error. */
+ * k_cache, v_cache: [n_layers][n_kv_heads][n_ctx][row] where a row is head_dim values of
+ * kv_type: SQ_F32 (llama.cpp's exact attention order), SQ_F16 or SQ_Q8_0 (head_dim / 32
+ * blocks; both attend in one online-softmax pass); the new positions are written there.
+ * logits: [n_tokens][vocab_size] when all_logits, else [vocab_size] for the last token.
+ * Returns 0, or a negative sq_error. */
 enum sq_error { SQ_OK = 0, SQ_ERR_ARGS = -1, SQ_ERR_TOKEN = -2, SQ_ERR_CONTEXT = -3 };
 int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool,
                void *k_cache, void *v_cache, int kv_type,
                const int32_t *tokens, int n_tokens, int n_past,
                float *logits, int all_logits);
 
-/* One decode step of grouped-query attention over positions 0..n_keys-1.
- * q: [n_heads][head_dim] f32; k_cache, v_cache: [n_kv_heads][n_ctx][head_dim] of kv_type;
+/* One decode step of grouped-query attention over positions 0..n_keys-1, as sq_forward
+ * computes it for a cache of kv_type (SQ_F32, SQ_F16 or SQ_Q8_0).
+ * q: [n_heads][head_dim] f32; k_cache, v_cache: [n_kv_heads][n_ctx][row] of kv_type;
  * out: [n_heads][head_dim]. Query head h reads KV head h / (n_heads / n_kv_heads);
- * scores are scaled by 1/sqrt(head_dim). */
+ * scores are scaled by 1/sqrt(head_dim). Arguments out of range fill out with NaN. */
 void sq_attention(const float *q, const void *k_cache, const void *v_cache, int kv_type,
                   int n_heads, int n_kv_heads, int n_ctx, int head_dim, int n_keys,
                   float *out);

@@ -224,7 +224,7 @@ def test_smollm2_chat_references_bit_for_bit(smollm2_chat_cases, smollm2_gguf):
     """Teacher-force llama.cpp's greedy continuation of each conversation (F32 KV cache):
     at every step the top-10 logits it reported are ours exactly, and our argmax is its
     next id."""
-    eng = llm_smolq.load(smollm2_gguf, n_ctx=1024, threads=2)
+    eng = llm_smolq.load(smollm2_gguf, n_ctx=1024, threads=2, kv_dtype="f32")
     steps = 0
     for case in smollm2_chat_cases:
         eng.reset()
@@ -240,3 +240,21 @@ def test_smollm2_chat_references_bit_for_bit(smollm2_chat_cases, smollm2_gguf):
             if step + 1 < len(case["top10_per_step"]):
                 logits = eng.eval([case["greedy_ids"][step]])
     assert steps == sum(len(c["greedy_ids"]) for c in smollm2_chat_cases)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])
+def test_smollm2_chat_references_with_a_compact_cache(kv_dtype, smollm2_chat_cases, smollm2_gguf):
+    """The compact caches, teacher-forced on llama.cpp's greedy continuations: its top-10
+    logits within 2.5 of ours at every step and within 0.3 at the median."""
+    eng = llm_smolq.load(smollm2_gguf, n_ctx=1024, threads=2, kv_dtype=kv_dtype)
+    diffs = []
+    for case in smollm2_chat_cases:
+        eng.reset()
+        logits = eng.eval(case["prompt_ids"])
+        for step, top10 in enumerate(case["top10_per_step"]):
+            diffs.extend(np.abs(logits[[i for i, _ in top10]] - np.array([v for _, v in top10])))
+            if step + 1 < len(case["top10_per_step"]):
+                logits = eng.eval([case["greedy_ids"][step]])
+    diffs = np.array(diffs)
+    assert len(diffs) == 10 * sum(len(c["greedy_ids"]) for c in smollm2_chat_cases)
+    assert diffs.max() <= 2.5 and np.median(diffs) <= 0.3, (diffs.max(), np.median(diffs))

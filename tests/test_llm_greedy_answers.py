@@ -1,7 +1,9 @@
-"""Through llm itself, greedy answers are llama.cpp's: `llm -m smollm2-q -o temperature 0
--o max_tokens 48` prints the greedy text of each conversation in smollm2-chat-A.avx2.json
-(llama.cpp built on an AVX2 CPU, the real SmolLM2-135M-Instruct Q4_1 file, F32 KV cache),
-stopping where llama.cpp stopped: at 48 tokens or at its end-of-turn token."""
+"""Through llm itself, greedy answers are llama.cpp's: `llm -m smollm2-q -o kv_cache f32
+-o temperature 0 -o max_tokens 48` prints the greedy text of each conversation in
+smollm2-chat-A.avx2.json (llama.cpp built on an AVX2 CPU, the real SmolLM2-135M-Instruct
+Q4_1 file, F32 KV cache), stopping where llama.cpp stopped: at 48 tokens or at its
+end-of-turn token. (The default F16 cache attends in another order: its logits are held
+to llama.cpp's spread in test_engine_reference.py.)"""
 
 import json
 
@@ -11,7 +13,7 @@ from click.testing import CliRunner
 from llm.cli import cli
 from test_plugin import last_logs
 
-GREEDY = ["-o", "temperature", "0", "-o", "max_tokens", "48"]
+GREEDY = ["-o", "kv_cache", "f32", "-o", "temperature", "0", "-o", "max_tokens", "48"]
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def test_llm_gives_llama_cpps_greedy_answer(index, cases, user_dir):
         build = {"system": llm.system, "user": llm.user, "assistant": llm.assistant}
         model = llm.get_model("smollm2-q")
         response = model.prompt(messages=[build[m["role"]](m["content"]) for m in messages],
-                                temperature=0, max_tokens=48)
+                                kv_cache="f32", temperature=0, max_tokens=48)
         assert response.text() == case["greedy_text"]
         input_tokens, output_tokens = response.input_tokens, response.output_tokens
         finish_reason = response.response_json["finish_reason"]

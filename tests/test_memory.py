@@ -12,6 +12,7 @@ from gguf import GGUFReader
 import llm_smolq
 from llm_smolq import GGUFError, ResourceError, memory
 from llm_smolq.engine import MAX_BATCH
+from llm_smolq.kv_types import KV_TYPES
 
 TINY = "tiny-smollm3-Q8_0.gguf"
 F32 = 4  # bytes
@@ -30,14 +31,20 @@ def model_dims(path):
     return d
 
 
-def kv_cache_bytes(d, n_ctx, itemsize):
-    """K and V: every layer, every KV head, n_ctx positions of head_dim values."""
-    return 2 * d["n_layers"] * d["n_kv_heads"] * n_ctx * d["head_dim"] * itemsize
+# Bytes of one cached row of head_dim values: floats, halves, or Q8_0 blocks (a half scale
+# and 32 byte codes per 32 values).
+ROW_BYTES = {"f32": lambda hd: 4 * hd, "f16": lambda hd: 2 * hd, "q8_0": lambda hd: hd // 32 * 34}
 
 
-def state_buffers(d, max_batch):
+def kv_cache_bytes(d, n_ctx, kv_dtype):
+    """K and V: every layer, every KV head, n_ctx positions of one row each."""
+    return 2 * d["n_layers"] * d["n_kv_heads"] * n_ctx * ROW_BYTES[kv_dtype](d["head_dim"])
+
+
+def state_buffers(d, max_batch, n_ctx):
     """What sq_state_new in native/forward.c allocates, buffer by buffer (its shape comments)."""
     q, kv = d["n_heads"] * d["head_dim"], d["n_kv_heads"] * d["head_dim"]
+    padded = -(-d["head_dim"] // 32) * 32  # flash_attention.c pads rows to 32 values
     return {
         "x": max_batch * d["dim"] * F32,            # [max_batch][dim]
         "xn": max_batch * d["dim"] * F32,           # [max_batch][dim]
@@ -49,13 +56,26 @@ def state_buffers(d, max_batch):
         "up": max_batch * d["hidden_dim"] * F32,    # [max_batch][hidden_dim]
         "rope_cs": max_batch * (d["head_dim"] // 2) * 2 * F32,  # [max_batch][head_dim/2][2]
         "xq": max_batch * max(d["dim"], d["hidden_dim"], q) * 2,  # [max_batch][widest] 2-byte slots
+        # per query head, per 256-key chunk: max, sum and a padded row of weighted sums
+        "partials": d["n_heads"] * -(-n_ctx // 256) * (2 + padded) * F32,
     }
 
 
+def thread_scratch(d):
+    """One pool thread's attention scratch, allocated on the first pass: a row of n_ctx
+    scores (the F32 path), and flash_attention.c's key and value blocks (32 padded rows
+    each), a block of scores, and per row of a 16-token query block max, sum and two
+    padded rows."""
+    padded = -(-d["head_dim"] // 32) * 32
+    rows = 16 * (d["n_heads"] // d["n_kv_heads"])
+    return (2 * 32 * padded + 32 + rows * (4 + 2 * padded)) * F32
+
+
 def buffer_bytes(d, n_ctx, threads, max_batch=MAX_BATCH):
-    """The C state's buffers, sq_forward's attention scores (one n_ctx row per pool thread,
-    allocated on the first pass) and the row of logits Engine.eval returns."""
-    return sum(state_buffers(d, max_batch).values()) + threads * n_ctx * F32 + d["vocab"] * F32
+    """The C state's buffers, each thread's scratch (with its n_ctx row of scores) and
+    the row of logits Engine.eval returns."""
+    return (sum(state_buffers(d, max_batch, n_ctx).values()) + threads * (n_ctx * F32 + thread_scratch(d))
+            + d["vocab"] * F32)
 
 
 @pytest.fixture
@@ -77,28 +97,57 @@ def test_a_context_larger_than_memory_is_refused_before_numpy_allocates(long_con
     # Had numpy tried first, this would be numpy's MemoryError, not ResourceError.
     n_ctx = 10**9
     d = model_dims(long_context_tiny)
-    kv, buffers = kv_cache_bytes(d, n_ctx, F32), buffer_bytes(d, n_ctx, threads=1)
+    kv, buffers = kv_cache_bytes(d, n_ctx, "f32"), buffer_bytes(d, n_ctx, threads=1)
     assert kv == 4096 * n_ctx  # the 4 KiB per position above
     with pytest.raises(ResourceError) as err:
-        llm_smolq.load(long_context_tiny, n_ctx=n_ctx, threads=1)
+        llm_smolq.load(long_context_tiny, n_ctx=n_ctx, threads=1, kv_dtype="f32")
     message = str(err.value)
     assert f"n_ctx={n_ctx} needs {kv + buffers:,} bytes" in message, message
     assert f"{kv:,} for the f32 KV cache of {d['n_layers']} layers and {buffers:,} for buffers" in message, message
-    assert "are available (" in message and "Lower n_ctx to" in message and "kv_dtype='f16'" in message
+    assert "are available (" in message and "Lower n_ctx to" in message
+    assert "kv_dtype=" not in message  # no smaller cache type holds 10**9 positions either
 
 
-def test_the_n_ctx_the_message_suggests_is_the_largest_that_fits(reference_dir, monkeypatch):
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
+def test_the_n_ctx_the_message_suggests_is_the_largest_that_fits(reference_dir, monkeypatch, kv_dtype):
     path = reference_dir / TINY
     d = model_dims(path)
-    free = kv_cache_bytes(d, 1000, F32) + buffer_bytes(d, 1000, threads=1) + 123
+    free = kv_cache_bytes(d, 1000, kv_dtype) + buffer_bytes(d, 1000, threads=1) + 123
     monkeypatch.setattr(memory, "available_memory", lambda: (free, "a test figure"))
     with pytest.raises(ResourceError, match="a test figure") as err:
-        llm_smolq.load(path, n_ctx=4096, threads=1)
+        llm_smolq.load(path, n_ctx=4096, threads=1, kv_dtype=kv_dtype)
     fits = int(re.search(r"Lower n_ctx to (\d+)", str(err.value)).group(1))
     assert fits == 1000  # 123 bytes are less than one more position
-    assert llm_smolq.load(path, n_ctx=fits, threads=1).n_ctx == fits
+    assert llm_smolq.load(path, n_ctx=fits, threads=1, kv_dtype=kv_dtype).n_ctx == fits
     with pytest.raises(ResourceError):
-        llm_smolq.load(path, n_ctx=fits + 1, threads=1)
+        llm_smolq.load(path, n_ctx=fits + 1, threads=1, kv_dtype=kv_dtype)
+
+
+def test_the_message_names_the_smaller_cache_types_that_fit(reference_dir, monkeypatch):
+    """Room for 2,000 positions of Q8_0 blocks, not of halves: the message says so, and
+    the Q8_0 engine loads."""
+    path = reference_dir / TINY
+    d = model_dims(path)
+    free = kv_cache_bytes(d, 2000, "q8_0") + buffer_bytes(d, 2000, threads=1)
+    assert kv_cache_bytes(d, 2000, "f16") + buffer_bytes(d, 2000, threads=1) > free
+    monkeypatch.setattr(memory, "available_memory", lambda: (free, "a test figure"))
+    with pytest.raises(ResourceError) as err:
+        llm_smolq.load(path, n_ctx=2000, threads=1)  # the default cache type, f16
+    message = str(err.value)
+    assert "for the f16 KV cache" in message and "use kv_dtype='q8_0' (llm: -o kv_cache q8_0)" in message, message
+    assert "kv_dtype='f32'" not in message  # larger, so no way out
+    assert llm_smolq.load(path, n_ctx=2000, threads=1, kv_dtype="q8_0").n_ctx == 2000
+
+
+def test_without_n_ctx_the_engine_takes_the_whole_window_or_what_memory_holds(reference_dir, monkeypatch):
+    path = reference_dir / TINY
+    d = model_dims(path)
+    window = GGUFReader(path).fields["smollm3.context_length"].contents()
+    assert llm_smolq.load(path, threads=1).n_ctx == window
+    free = kv_cache_bytes(d, 1000, "f16") + buffer_bytes(d, 1000, threads=1)
+    monkeypatch.setattr(memory, "available_memory", lambda: (free, "a test figure"))
+    assert window > 1000
+    assert llm_smolq.load(path, threads=1).n_ctx == 768  # whole chunks of 256 positions
 
 
 def test_a_model_too_large_without_any_context_is_a_gguf_error(reference_dir, monkeypatch):
@@ -107,17 +156,18 @@ def test_a_model_too_large_without_any_context_is_a_gguf_error(reference_dir, mo
         llm_smolq.load(reference_dir / TINY, n_ctx=16, threads=1)
 
 
-def test_the_kv_cache_figure_is_what_the_engine_allocates(reference_dir):
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
+def test_the_kv_cache_figure_is_what_the_engine_allocates(reference_dir, kv_dtype):
     d = model_dims(reference_dir / TINY)
-    for kv_dtype, dtype in (("f32", np.float32), ("f16", np.float16)):
-        itemsize = np.dtype(dtype).itemsize
-        eng = llm_smolq.load(reference_dir / TINY, n_ctx=48, threads=1, kv_dtype=kv_dtype)
-        for cache in (eng.k_cache, eng.v_cache):
-            assert (cache.shape, cache.dtype) == ((d["n_layers"], d["n_kv_heads"], 48, d["head_dim"]), dtype)
-        expected = kv_cache_bytes(d, 48, itemsize)
-        assert eng.k_cache.nbytes + eng.v_cache.nbytes == expected
-        planned = memory.engine_memory(eng.config, 48, itemsize, MAX_BATCH, 1)
-        assert (planned.kv_cache, planned.buffers) == (expected, buffer_bytes(d, 48, threads=1))
+    eng = llm_smolq.load(reference_dir / TINY, n_ctx=48, threads=1, kv_dtype=kv_dtype)
+    row = d["head_dim"] // 32 if kv_dtype == "q8_0" else d["head_dim"]
+    for cache in (eng.k_cache, eng.v_cache):
+        assert cache.shape == (d["n_layers"], d["n_kv_heads"], 48, row)
+        assert cache.dtype.itemsize * row == ROW_BYTES[kv_dtype](d["head_dim"])
+    expected = kv_cache_bytes(d, 48, kv_dtype)
+    assert eng.k_cache.nbytes + eng.v_cache.nbytes == expected
+    planned = memory.engine_memory(eng.config, 48, KV_TYPES[kv_dtype], MAX_BATCH, 1)
+    assert (planned.kv_cache, planned.buffers) == (expected, buffer_bytes(d, 48, threads=1))
 
 
 def _heap_in_use():
@@ -148,8 +198,8 @@ def test_the_c_state_allocates_the_buffers_counted(reference_dir):
     d = model_dims(reference_dir / TINY)
     cfg = ffi.new("sq_config *", {"dim": d["dim"], "hidden_dim": d["hidden_dim"], "n_layers": d["n_layers"],
                                   "n_heads": d["n_heads"], "n_kv_heads": d["n_kv_heads"], "head_dim": d["head_dim"],
-                                  "vocab_size": d["vocab"], "n_ctx": 48, "rope_theta": 1e4, "rms_eps": 1e-6})
-    buffers = state_buffers(d, MAX_BATCH)
+                                  "vocab_size": d["vocab"], "n_ctx": 16384, "rope_theta": 1e4, "rms_eps": 1e-6})
+    buffers = state_buffers(d, MAX_BATCH, 16384)
     assert min(buffers.values()) > 4096 * (len(buffers) + 1)  # a missing buffer would show
     grown = []
     for _ in range(3):
@@ -175,10 +225,10 @@ def anonymous_rss_mb() -> float:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc")
 def test_a_large_context_costs_memory_only_for_the_positions_used(smollm2_gguf):
-    """SmolLM2's K and V caches for 4096 positions take 180 MiB; 30 tokens use 1.3 MiB of it.
-    The cache is laid out head by head, so memory handed out in huge pages would make
-    the whole of it resident at the first token."""
-    engine = llm_smolq.load(smollm2_gguf, n_ctx=4096, threads=1)
+    """SmolLM2's F32 K and V caches for 4096 positions take 180 MiB; 30 tokens use 1.3 MiB
+    of it. The cache is laid out head by head, so memory handed out in huge pages would
+    make the whole of it resident at the first token."""
+    engine = llm_smolq.load(smollm2_gguf, n_ctx=4096, threads=1, kv_dtype="f32")
     full = 2 * engine.k_cache.nbytes / 2**20
     assert full >= 180
     before = anonymous_rss_mb()

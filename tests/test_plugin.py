@@ -279,12 +279,15 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
 def test_a_context_too_large_for_memory_is_refused_with_the_n_ctx_that_fits(user_dir, monkeypatch):
     from llm_smolq import memory
 
-    monkeypatch.setattr(memory, "available_memory", lambda: (200 * 2**20, "a test figure"))
+    # SmolLM2's 8,192 positions take 189 MB as halves, 100 MB as Q8_0 blocks
+    monkeypatch.setattr(memory, "available_memory", lambda: (150 * 2**20, "a test figure"))
     monkeypatch.setattr(plugin, "_loaded", {})  # an engine another test left must not stand in
     result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "n_ctx", "8192", *QUICK, "hi"])
     assert result.exit_code == 1
     assert "n_ctx=8192 needs" in result.output and "-o n_ctx " in result.output and "a test figure" in result.output
-    assert "Traceback" not in result.output
+    assert "-o kv_cache q8_0" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "n_ctx", "8192", "-o", "kv_cache", "q8_0", *QUICK, "hi"])
+    assert result.exit_code == 0 and result.output.strip()
 
 
 def test_a_broken_vocabulary_is_refused_at_load(user_dir, reference_dir, tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 import llm_smolq
 from llm_smolq import plugin, prompt_cache
+from llm_smolq.kv_types import KV_TYPES
 from llm_smolq.prompt_cache import PromptCache, block_bytes, parse_size, read_block, read_head
 from test_plugin import QUICK, last_logs, run
 
@@ -38,16 +39,16 @@ def blocks(directory):
     return sorted(directory.glob("*.kv"))
 
 
-def saved_state(path, ids, cache, kv_dtype="f32"):
+def saved_state(path, ids, cache, kv_dtype=None):
     """An engine that prefilled ids (one batch, as a prompt is) and saved its state."""
-    engine = load(path, kv_dtype=kv_dtype)
+    engine = load(path, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
     engine.eval(ids)
     activity = cache.save(engine)
     assert activity.written_tokens == len(ids) and not activity.problems
     return engine
 
 
-@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("model", ["tiny-smollm3-chat-Q8_0.gguf", "tiny-smollm3-Q4_K_M.gguf", "smollm2"])
 def test_restore_then_prefill_gives_the_logits_of_the_live_cache_bit_for_bit(model, kv_dtype, reference_dir,
                                                                               smollm2_gguf, tmp_path):
@@ -63,7 +64,7 @@ def test_restore_then_prefill_gives_the_logits_of_the_live_cache_bit_for_bit(mod
         engine = load(path, kv_dtype=kv_dtype)
         activity = cache.restore(engine, prompt)
         assert activity.read_tokens == reusable and engine.tokens == prompt[:reusable] and not activity.problems
-        assert engine.k_cache.dtype == saved.k_cache.dtype == {"f32": np.float32, "f16": np.float16}[kv_dtype]
+        assert engine.k_cache.dtype == saved.k_cache.dtype == KV_TYPES[kv_dtype].dtype
         n = reusable  # the restored positions hold the saved engine's bits
         assert np.array_equal(engine.k_cache[:, :, :n].view(np.uint8), saved.k_cache[:, :, :n].view(np.uint8))
         assert np.array_equal(engine.v_cache[:, :, :n].view(np.uint8), saved.v_cache[:, :, :n].view(np.uint8))
@@ -77,7 +78,7 @@ def test_restore_then_prefill_gives_the_logits_of_the_live_cache_bit_for_bit(mod
         assert np.array_equal(warm.view(np.uint32), live.eval(prompt[reusable:]).view(np.uint32))
 
 
-@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
 def test_generated_positions_come_back_exactly_as_the_live_cache_held_them(kv_dtype, reference_dir, tmp_path):
     """Decode steps may round differently from a batched prefill of the same ids; what
     comes back from disk is what the engine held, so continuing from it equals continuing
@@ -183,7 +184,7 @@ def from_another_model(path, reference_dir, tmp_path):
 DAMAGE = {
     "payload byte flipped": flip(-100),
     "header byte flipped": flip(30),
-    "token id flipped": flip(-32 - BLOCK * 4096 - 5),  # 4096 bytes of keys and values a position
+    "token id flipped": lambda path: flip(-32 - BLOCK * read_head(path).layout.bytes_per_token - 5)(path),
     "digest byte flipped": flip(-1),
     "truncated": truncate(-7),
     "cut inside the header": truncate(20),
@@ -231,7 +232,8 @@ def test_a_changed_model_file_or_kv_dtype_finds_nothing(tiny, tmp_path):
     saved_state(model, prompt, cache)
     assert cache.restore(load(model), prompt).read_tokens == 40  # the same file: found
 
-    assert cache.restore(load(model, kv_dtype="f16"), prompt).read_tokens == 0  # another KV layout
+    assert cache.restore(load(model, kv_dtype="f32"), prompt).read_tokens == 0  # another KV layout
+    assert cache.restore(load(model, kv_dtype="q8_0"), prompt).read_tokens == 0
 
     st = os.stat(model)
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched (re-downloaded, say)
@@ -367,8 +369,8 @@ def test_engine_restore_refuses_what_does_not_fit(tiny):
         engine.kv_snapshot(21)
 
     other = load(tiny, n_ctx=64)
-    with pytest.raises(llm_smolq.LayoutError, match="float16, but this engine's KV cache is float32"):
-        other.restore_kv(tokens, k.astype(np.float16), v.astype(np.float16))
+    with pytest.raises(llm_smolq.LayoutError, match="float32, but this engine's KV cache is float16"):
+        other.restore_kv(tokens, k.astype(np.float32), v.astype(np.float32))
     with pytest.raises(llm_smolq.LayoutError, match=r"shape \[4, 2, 19, 64\], expected \[4, 2, 20, 64\]"):
         other.restore_kv(tokens, k[:, :, 1:], v[:, :, 1:])
     with pytest.raises(ValueError, match="does not hold the first 5 of these tokens"):

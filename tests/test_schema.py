@@ -106,7 +106,9 @@ class Owner(BaseModel):
 
 @pytest.fixture(scope="module")
 def tiny_engine(reference_dir):
-    return llm_smolq.load(reference_dir / TINY, n_ctx=2048)
+    # The F32 cache: these seeds were chosen on its logits (the random model writes a
+    # quote or backslash in few of its strings, and under seed 0 with this cache).
+    return llm_smolq.load(reference_dir / TINY, n_ctx=2048, kv_dtype="f32")
 
 
 @pytest.fixture(scope="module")
