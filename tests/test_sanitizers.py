@@ -27,9 +27,10 @@ from kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
 # (test_quants switches to them), so the scalar child adds the engine's scalar paths on one
 # file per activation format.
 SELECTIONS = {
-    "default": ["tests/test_quants.py", "tests/test_buffer_gate.py", "tests/test_engine_reference.py",
-                "-k", "not long_context and not 1threads and not 3threads and not 4threads"],
-    "scalar": ["tests/test_buffer_gate.py",
+    "default": ["tests/test_quants.py", "tests/test_buffer_gate.py", "tests/test_kv_cache.py",
+                "tests/test_engine_reference.py", "-k", "not long_context and not 1threads and not 3threads and "
+                "not 4threads and not thread_counts and not (compact and (K_M or Q5 or Q4_1 or IQ4))"],
+    "scalar": ["tests/test_buffer_gate.py", "tests/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits",
                *(f"tests/test_engine_reference.py::test_prefill_then_decode_gives_llama_cpps_logits[{kind}-2threads]"
                  for kind in ("F16", "Q4_0", "Q4_1", "Q4_K_M"))],
 }
