@@ -2,7 +2,13 @@
 
     python -m llm_smolq.bench MODEL.gguf [--threads N] [--prefill 256] [--decode 128]
                               [--repeat 5] [--json] [--vs-llama-cpp] [--schema]
+                              [--depth N] [--kv-cache f16|q8_0|f32]
     python -m llm_smolq.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
+
+With --depth N the prompt is N random ids fed in batches of 512 (prefill tok/s is their
+average), and decode is timed at that depth; --vs-llama-cpp then runs llama.cpp twice,
+with its default settings and with flash attention, and the ratios take the faster of
+the two as the anchor. Each engine uses its default KV cache type unless --kv-cache says.
 
 Every measurement runs in a fresh child process, so load time and peak RSS are those of
 a cold start, and with --vs-llama-cpp the two engines alternate (A B A B ...) so that
@@ -23,7 +29,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ENGINES = ("llm-smolq", "llama.cpp")
+ENGINES = ("llm-smolq", "llama.cpp", "llama.cpp-fa")  # -fa: llama.cpp with flash attention
+_LLAMA_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml's type numbers
 
 
 def _peak_rss_mb() -> float:
@@ -42,17 +49,18 @@ def _token_ids(vocab: int, n: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
-def _load(engine: str, path: str, threads: int, n_ctx: int):
+def _load(engine: str, path: str, threads: int, n_ctx: int, kv_cache: str | None = None):
     """Returns (eval function taking a list of ids, vocabulary size, the Engine or None)."""
     if engine == "llm-smolq":
         import llm_smolq
 
-        eng = llm_smolq.load(path, n_ctx=n_ctx, threads=threads)
+        eng = llm_smolq.load(path, n_ctx=n_ctx, threads=threads, **({"kv_dtype": kv_cache} if kv_cache else {}))
         return eng.eval, eng.config.vocab_size, eng
     from llama_cpp import Llama
 
+    kv = {"type_k": _LLAMA_KV_TYPES[kv_cache], "type_v": _LLAMA_KV_TYPES[kv_cache]} if kv_cache else {}
     model = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                  verbose=False)
+                  flash_attn=engine == "llama.cpp-fa", verbose=False, **kv)
     return model.eval, model.n_vocab(), None
 
 
@@ -84,14 +92,18 @@ def constraint_ms_per_token(engine) -> float:
     return statistics.median(costs) * 1e3
 
 
-def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, schema: bool = False) -> dict:
-    """One cold run: load, prefill n_prefill random ids, decode n_decode more one by one."""
+def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, schema: bool = False,
+        batch: int | None = None, kv_cache: str | None = None) -> dict:
+    """One cold run: load, prefill n_prefill random ids (in calls of `batch` ids, else
+    one), decode n_decode more one by one."""
     started = time.perf_counter()
-    evaluate, vocab, eng = _load(engine, path, threads, n_prefill + n_decode + 8)
+    evaluate, vocab, eng = _load(engine, path, threads, n_prefill + n_decode + 8, kv_cache)
     load_s = time.perf_counter() - started
     ids = _token_ids(vocab, n_prefill + n_decode)
     t = time.perf_counter()
-    evaluate(ids[:n_prefill])
+    step = batch or n_prefill
+    for start in range(0, n_prefill, step):
+        evaluate(ids[start:min(start + step, n_prefill)])
     prefill_s = time.perf_counter() - t
     t = time.perf_counter()
     for token in ids[n_prefill:]:
@@ -112,7 +124,8 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
 
 def _child(engine: str, args) -> dict:
     cmd = [sys.executable, "-m", "llm_smolq.bench", args.model, "--child", engine, "--threads", str(args.threads),
-           "--prefill", str(args.prefill), "--decode", str(args.decode)] + (["--schema"] if args.schema else [])
+           "--prefill", str(args.prefill), "--decode", str(args.decode)] + (["--schema"] if args.schema else []) + (
+           ["--depth", str(args.depth)] if args.depth else []) + (["--kv-cache", args.kv_cache] if args.kv_cache else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{engine} run failed:\n{done.stderr.strip()}")
@@ -165,8 +178,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--follow-up", type=int, metavar="TOKENS",
                         help="instead: time to first token of a TOKENS-long conversation's follow-up in a new "
                              "process, with the prompt cache and cold")
+    parser.add_argument("--depth", type=int, metavar="N",
+                        help="prefill N ids in batches of 512 and time decode at that depth (replaces --prefill)")
+    parser.add_argument("--kv-cache", choices=tuple(_LLAMA_KV_TYPES),
+                        help="KV cache type for every engine (default: each engine's own default)")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.depth:
+        args.prefill = args.depth
 
     if args.follow_up:
         from . import follow_up_bench
@@ -176,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     if args.child:
-        print(json.dumps(run(args.child, args.model, args.threads, args.prefill, args.decode, args.schema)))
+        print(json.dumps(run(args.child, args.model, args.threads, args.prefill, args.decode, args.schema,
+                             512 if args.depth else None, args.kv_cache)))
         return
     if args.vs_llama_cpp:
         try:
@@ -184,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             parser.error("--vs-llama-cpp needs llama-cpp-python: pip install -e '.[bench]'")
 
-    engines = ENGINES if args.vs_llama_cpp else ENGINES[:1]
+    engines = (ENGINES if args.depth else ENGINES[:2]) if args.vs_llama_cpp else ENGINES[:1]
     runs: dict[str, list[dict]] = {e: [] for e in engines}
     for _ in range(args.repeat):
         for engine in engines:
@@ -193,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
         "model": args.model,
         "threads": args.threads,
         "prefill_tokens": args.prefill,
+        "depth": args.depth,
+        "kv_cache": args.kv_cache,
         "decode_tokens": args.decode,
         "repeat": args.repeat,
         "weight_bytes_per_token": weight_bytes_per_token(args.model),
@@ -202,17 +224,30 @@ def main(argv: list[str] | None = None) -> None:
     for stats in report["engines"].values():
         stats["decode_gb_s"] = report["weight_bytes_per_token"] * stats["decode_tok_s"]["median"] / 1e9
     if args.vs_llama_cpp:
-        ours, theirs = runs["llm-smolq"], runs["llama.cpp"]
-        report["ratios"] = {
-            key: summarize([{key: a[key] / b[key]} for a, b in zip(ours, theirs)])[key]
-            for key in ("prefill_tok_s", "decode_tok_s", "load_s", "peak_rss_mb")
-        }
+        report["ratios"] = ratios(runs)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
 
 
+def ratios(runs: dict[str, list[dict]]) -> dict:
+    """llm-smolq / llama.cpp per run, side by side; where llama.cpp ran both ways, against
+    whichever of its two settings was faster (or used less memory) in that round."""
+    better = {"prefill_tok_s": max, "decode_tok_s": max, "load_s": min, "peak_rss_mb": min}
+    theirs = [e for e in ENGINES[1:] if e in runs]
+    out = {}
+    for key, pick in better.items():
+        anchor = [pick(runs[e][i][key] for e in theirs) for i in range(len(runs["llm-smolq"]))]
+        out[key] = summarize([{key: a[key] / b} for a, b in zip(runs["llm-smolq"], anchor)])[key]
+        if len(theirs) > 1:
+            for e in theirs:
+                out[f"{key} vs {e}"] = summarize([{key: a[key] / b[key]} for a, b in zip(runs["llm-smolq"], runs[e])])[key]
+    return out
+
+
 def format_report(r: dict) -> str:
+    at = f"depth {r['depth']} (batches of 512)" if r.get("depth") else f"prefill {r['prefill_tokens']}"
+    kv = f", KV cache {r['kv_cache']}" if r.get("kv_cache") else ""
     lines = [
-        f"{r['model']}: {r['threads']} threads, prefill {r['prefill_tokens']}, decode {r['decode_tokens']}, "
+        f"{r['model']}: {r['threads']} threads, {at}, decode {r['decode_tokens']}{kv}, "
         f"median of {r['repeat']} (min-max)",
         f"weights read per token: {r['weight_bytes_per_token'] / 1e6:.1f} MB; "
         f"machine read bandwidth: {r['machine_read_gb_s']:.1f} GB/s",
@@ -225,8 +260,13 @@ def format_report(r: dict) -> str:
                  for k, label in fmt.items() if k in stats]
         lines.append(f"  {engine:10s} " + ", ".join(parts) + f", decode bandwidth {stats['decode_gb_s']:.1f} GB/s")
     if "ratios" in r:
-        parts = [f"{fmt[k]} x{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["ratios"].items()]
-        lines.append("  llm-smolq / llama.cpp: " + ", ".join(parts))
+        def label(key: str) -> str:
+            base, _, versus = key.partition(" vs ")
+            return fmt[base] + (f" vs {versus}" if versus else "")
+
+        parts = [f"{label(k)} x{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["ratios"].items()]
+        anchor = "the faster llama.cpp of each round" if len(r["engines"]) > 2 else "llama.cpp"
+        lines.append(f"  llm-smolq / {anchor}: " + ", ".join(parts))
     return "\n".join(lines)
 
 

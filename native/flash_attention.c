@@ -3,21 +3,24 @@
  * The F32 cache keeps llama.cpp's exact order (attention.c): a score row as long as the
  * context, a softmax over it, then the weighted sum. The compact caches take this path
  * instead, which never holds more than a block of scores:
- *  - keys go by in blocks of KEY_BLOCK, each block's keys and values widened to float
- *    once into scratch and shared by every query row that sees them;
+ *  - keys go by in blocks of KEY_BLOCK, each block's keys (transposed) and values
+ *    widened to float once into scratch and shared by every query row that sees them;
  *  - each row keeps a running max, sum and weighted sum of V rows (an online softmax:
  *    when the max grows, what was summed so far is rescaled);
  *  - every KEY_CHUNK keys that partial result is closed and merged, chunk by chunk in
  *    order, into the row's total.
  * Decode (one token) hands the chunks of each KV head to the pool's threads and merges
- * them after; a prefill gives each thread (KV head, query block) tasks, and a row skips
+ * them after; a prefill gives each thread (query block, KV head) tasks, and a row skips
  * the key blocks past its own position. Since chunks are fixed spans of keys and every
  * row's arithmetic is the same whichever way the work is shared, a token's output does
  * not depend on the batch it came in, the thread count or the SIMD path.
  *
- * The arithmetic is written once in plain C with explicit 8-lane accumulators (SQ_TWIN)
- * and compiled twice, plainly and for AVX2/FMA, where the lanes become registers; only
- * the widening of F16 rows has AVX2 code of its own (F16C), exact like the plain one.
+ * Rows go through a key block four at a time (block_rows): scores as a small matrix
+ * product against the transposed keys (each score one fma chain over the head dimension,
+ * in order), the online softmax of each row, then the weighted V rows (each output one
+ * fma chain over the keys, in order). The AVX2 version keeps those chains in registers,
+ * four rows at once; the plain version runs the same chains one value at a time, and
+ * both give the same bits (exp_le0 and the lane trees of max and sum included).
  */
 #include <math.h>
 #include <stddef.h>
@@ -33,16 +36,17 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_FLASH_AVX2 1
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
 enum {
     KEY_BLOCK = 32,    /* keys widened and scored together */
     KEY_CHUNK = 256,   /* keys of one partial softmax: what decode shares out between threads */
     QUERY_BLOCK = 16,  /* tokens of one prefill task */
-    LANES = 8,
+    ROWS = 4,          /* query rows through a key block at once */
 };
 
-/* Bytes of one cached row of head_dim elements: F16 halves or Q8_0 blocks. */
+/* Bytes of one cached row of head_dim elements: floats, halves or Q8_0 blocks. */
 size_t sq_kv_row_bytes(int kv_type, int head_dim) {
     switch (kv_type) {
     case SQ_F32: return (size_t)head_dim * 4;
@@ -52,34 +56,39 @@ size_t sq_kv_row_bytes(int kv_type, int head_dim) {
     }
 }
 
-/* One row's per-thread state: its chunk's running max m, sum l and weighted sum o. */
-typedef struct {
-    float *k, *v;      /* [KEY_BLOCK][head_dim] the current key block, widened */
-    float *s;          /* [KEY_BLOCK] scores of one row */
-    float *m, *l;      /* [rows] chunk partials */
-    float *o;          /* [rows][head_dim] */
-    float *tm, *tl;    /* [rows] totals merged over the chunks so far */
-    float *to;         /* [rows][head_dim] */
-} scratch;
+/* Rows are widened into scratch padded with zeros to a multiple of 32 values, so the
+ * kernels take any head_dim; the zeros add nothing to a score or an output. */
+static size_t padded(int head_dim) { return ((size_t)head_dim + 31) / 32 * 32; }
 
 static size_t max_rows(const sq_config *c) { return (size_t)QUERY_BLOCK * (size_t)(c->n_heads / c->n_kv_heads); }
 
-/* Rows are widened into scratch padded with zeros to a multiple of 32 values, so the
- * 8-lane dot products and the 32-wide weighted sums take any head_dim; the zeros add
- * nothing to either. */
-static size_t padded(int head_dim) { return ((size_t)head_dim + 31) / 32 * 32; }
+static size_t n_chunks(int n_ctx) { return ((size_t)n_ctx + KEY_CHUNK - 1) / KEY_CHUNK; }
+
+/* One thread's scratch. Rows are a task's query rows: row (t, g) is query head g of
+ * the KV head's group, for the task's token t. */
+typedef struct {
+    float *kt;         /* [hdp][KEY_BLOCK] the current key block, transposed */
+    float *v;          /* [KEY_BLOCK][hdp] its values */
+    float *s;          /* [ROWS][KEY_BLOCK] scores, then weights, of the rows going through */
+    float *q;          /* [rows][hdp] the queries, scaled by 1/sqrt(head_dim) */
+    float *m, *l;      /* [rows] the current chunk's running max and sum */
+    float *o;          /* [rows][hdp] and weighted sum of V rows */
+    float *tm, *tl;    /* [rows] totals merged over the chunks so far */
+    float *to;         /* [rows][hdp] */
+} scratch;
 
 size_t sq_flash_scratch_floats(const sq_config *c) {
     size_t hd = padded(c->head_dim), rows = max_rows(c);
-    return 2 * KEY_BLOCK * hd + KEY_BLOCK + rows * (4 + 2 * hd);
+    return 2 * KEY_BLOCK * hd + ROWS * KEY_BLOCK + rows * (4 + 3 * hd);
 }
 
 static scratch carve(float *base, const sq_config *c) {
     size_t hd = padded(c->head_dim), rows = max_rows(c);
     scratch sc;
-    sc.k = base; base += KEY_BLOCK * hd;
+    sc.kt = base; base += KEY_BLOCK * hd;
     sc.v = base; base += KEY_BLOCK * hd;
-    sc.s = base; base += KEY_BLOCK;
+    sc.s = base; base += ROWS * KEY_BLOCK;
+    sc.q = base; base += rows * hd;
     sc.m = base; base += rows;
     sc.l = base; base += rows;
     sc.o = base; base += rows * hd;
@@ -89,63 +98,17 @@ static scratch carve(float *base, const sq_config *c) {
     return sc;
 }
 
-static size_t n_chunks(int n_ctx) { return ((size_t)n_ctx + KEY_CHUNK - 1) / KEY_CHUNK; }
-
 size_t sq_flash_partials_floats(const sq_config *c) {
     return (size_t)c->n_heads * n_chunks(c->n_ctx) * (2 + padded(c->head_dim));
 }
 
-/* -- widening a key block to float ------------------------------------------------------ */
-
-static void widen_f16_plain(const uint16_t *src, float *dst, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = sq_fp16_to_fp32(src[i]);
-}
-
-#ifdef HAVE_FLASH_AVX2
-__attribute__((target("avx2,f16c")))
-static void widen_f16_avx2(const uint16_t *src, float *dst, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = sq_fp16_to_fp32(src[i]);
-}
-#endif
-
-/* nk consecutive rows of head_dim values from row `first` of a KV head into dst, rows
- * hdp floats apart with the padding zeroed; the block's rows past nk are zeroed too,
- * so that the masked lanes hold finite values. */
-static void widen_rows(const uint8_t *rows, int kv_type, size_t head_dim, size_t hdp, size_t first, size_t nk,
-                       float *dst, int simd) {
-    const size_t rb = sq_kv_row_bytes(kv_type, (int)head_dim);
-    for (size_t j = 0; j < nk; j++) {
-        const uint8_t *src = rows + (first + j) * rb;
-        float *d = dst + j * hdp;
-        if (kv_type == SQ_F16) {
-#ifdef HAVE_FLASH_AVX2
-            if (simd)
-                widen_f16_avx2((const uint16_t *)src, d, head_dim);
-            else
-#endif
-                widen_f16_plain((const uint16_t *)src, d, head_dim);
-        } else {
-            const block_q8_0 *b = (const block_q8_0 *)src;
-            for (size_t i = 0; i < head_dim / QK8_0; i++) {
-                const float scale = sq_fp16_to_fp32(b[i].d);
-                for (size_t l = 0; l < QK8_0; l++) d[i * QK8_0 + l] = scale * (float)b[i].qs[l];
-            }
-        }
-        memset(d + head_dim, 0, (hdp - head_dim) * sizeof(float));
-    }
-    (void)simd;
-    memset(dst + nk * hdp, 0, (KEY_BLOCK - nk) * hdp * sizeof(float));
-}
-
-/* -- the arithmetic of one row ---------------------------------------------------------- */
+/* -- the arithmetic, plainly -------------------------------------------------------------- */
 
 /* e^x for x <= 0 as exp_ggml computes it (the same operations, so the same bits down to
  * x = -87), without its branch for |n| > 126: x is held at -87 or above, where e^x is
  * 1.6e-38, a weight no sum of KEY_CHUNK of them can feel. */
 SQ_TWIN float exp_le0(float x) {
-    x = x < -87.0f ? -87.0f : x;
+    x = -87.0f > x ? -87.0f : x;
     const float shift = 0x1.8p23f;
     const float z = fmaf(x, 0x1.715476p+0f, shift);
     const float n = z - shift;
@@ -157,90 +120,284 @@ SQ_TWIN float exp_le0(float x) {
     return fmaf(j, k, k);
 }
 
-/* Lanes l, l+8, l+16, l+24 folded, then the 8 lanes as a register reduction. */
-SQ_TWIN float sum32(const float *x) {
-    float t[LANES];
-    for (size_t l = 0; l < LANES; l++) t[l] = (x[l] + x[l + 8]) + (x[l + 16] + x[l + 24]);
+static inline float max2(float a, float b) { return a > b ? a : b; }
+
+/* The max and the sum of 32 values as 4 registers of 8 lanes reduce them: the registers
+ * pairwise, then the 8 lanes by halves. */
+static float max32(const float *x) {
+    float t[8];
+    for (int i = 0; i < 8; i++) t[i] = max2(max2(x[i], x[i + 8]), max2(x[i + 16], x[i + 24]));
+    const float a = max2(max2(t[0], t[4]), max2(t[2], t[6])), b = max2(max2(t[1], t[5]), max2(t[3], t[7]));
+    return max2(a, b);
+}
+
+static float sum32(const float *x) {
+    float t[8];
+    for (int i = 0; i < 8; i++) t[i] = (x[i] + x[i + 8]) + (x[i + 16] + x[i + 24]);
     return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
 }
 
-SQ_TWIN float max32(const float *x) {
-    float t[LANES];
-    for (size_t l = 0; l < LANES; l++) {
-        float a = x[l] > x[l + 8] ? x[l] : x[l + 8], b = x[l + 16] > x[l + 24] ? x[l + 16] : x[l + 24];
-        t[l] = a > b ? a : b;
-    }
-    float a = t[0] > t[4] ? t[0] : t[4], b = t[1] > t[5] ? t[1] : t[5];
-    float c = t[2] > t[6] ? t[2] : t[6], d = t[3] > t[7] ? t[3] : t[7];
-    a = a > c ? a : c;
-    b = b > d ? b : d;
-    return a > b ? a : b;
-}
-
-/* s[j] = q . k[j] for the block's KEY_BLOCK keys, four keys at a time, each in 8 lanes
- * of fma over the head dimension and a register sum. */
-SQ_TWIN void scores(const float *q, const float *k, size_t head_dim, float *s) {
-    for (size_t j = 0; j < KEY_BLOCK; j += 4) {
-        float acc[4][LANES] = {{0}};
-        for (size_t d = 0; d < head_dim; d += LANES)
-            for (size_t r = 0; r < 4; r++)
-                for (size_t l = 0; l < LANES; l++)
-                    acc[r][l] = fmaf(q[d + l], k[(j + r) * head_dim + d + l], acc[r][l]);
-        for (size_t r = 0; r < 4; r++) {
-            const float *a = acc[r];
-            s[j + r] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-        }
-    }
-}
-
-/* One key block into a row's chunk partial (m, l, o): the block's first `valid` keys
- * count, the rest are masked (later positions, or past the last key). */
-SQ_TWIN void row_block(const float *q, const float *k, const float *v, size_t head_dim, size_t valid, float *s,
-                       float *m, float *l, float *o) {
-    scores(q, k, head_dim, s);
+/* One row's scores s[0..31] (the first `valid` count) into its chunk's running max m,
+ * sum l and weighted sum o: s becomes the block's weights; o is rescaled to the new max
+ * (or, at the chunk's first block, cleared) for the weighted V rows to be added. */
+static void online_plain(float *s, size_t valid, float *m, float *l, float *o, size_t hdp) {
     for (size_t j = valid; j < KEY_BLOCK; j++) s[j] = -INFINITY;
-    const float top = max32(s);
     const int first = *m == -INFINITY;
-    const float mx = top > *m ? top : *m;
+    const float mx = max2(max32(s), *m);
     for (size_t j = 0; j < KEY_BLOCK; j++) s[j] = exp_le0(s[j] - mx);
     for (size_t j = valid; j < KEY_BLOCK; j++) s[j] = 0.0f;
     const float corr = first ? 0.0f : exp_le0(*m - mx);
     *l = (first ? 0.0f : *l * corr) + sum32(s);
     *m = mx;
-    if (first) {
-        memset(o, 0, head_dim * sizeof(float));
-    } else if (corr != 1.0f) {
-        for (size_t d = 0; d < head_dim; d++) o[d] *= corr;
+    if (first)
+        memset(o, 0, hdp * sizeof(float));
+    else if (corr != 1.0f)
+        for (size_t d = 0; d < hdp; d++) o[d] *= corr;
+}
+
+/* Rows 0..n-1 (n <= ROWS; q, m, l, o each point at the first) through one key block:
+ * row r sees the block's first valid[r] keys. */
+static void block_rows_plain(const float *q, size_t n, const size_t *valid, const float *kt, const float *v,
+                             size_t hdp, float *s, float *m, float *l, float *o) {
+    size_t most = 0;
+    for (size_t r = 0; r < n; r++) {
+        for (size_t j = 0; j < KEY_BLOCK; j++) {
+            float acc = 0.0f;
+            for (size_t d = 0; d < hdp; d++) acc = fmaf(q[r * hdp + d], kt[d * KEY_BLOCK + j], acc);
+            s[r * KEY_BLOCK + j] = acc;
+        }
+        online_plain(s + r * KEY_BLOCK, valid[r], m + r, l + r, o + r * hdp, hdp);
+        most = valid[r] > most ? valid[r] : most;
     }
-    /* o += sum_j s[j] v[j], 32 outputs at a time so that they stay in registers */
-    for (size_t d0 = 0; d0 < head_dim; d0 += 32) {
-        float acc[32];
-        for (size_t i = 0; i < 32; i++) acc[i] = o[d0 + i];
-        for (size_t j = 0; j < valid; j++)
-            for (size_t i = 0; i < 32; i++) acc[i] = fmaf(s[j], v[j * head_dim + d0 + i], acc[i]);
-        for (size_t i = 0; i < 32; i++) o[d0 + i] = acc[i];
+    /* weights past a row's own keys are 0, and adding 0 * (a finite value) changes nothing */
+    for (size_t r = 0; r < n; r++)
+        for (size_t d = 0; d < hdp; d++) {
+            float acc = o[r * hdp + d];
+            for (size_t j = 0; j < most; j++) acc = fmaf(s[r * KEY_BLOCK + j], v[j * hdp + d], acc);
+            o[r * hdp + d] = acc;
+        }
+}
+
+/* nk rows of head_dim values from row `first` of a KV head: keys into kt transposed,
+ * values into v; padding and rows past nk zeroed, so masked lanes hold finite values. */
+static void widen_plain(const uint8_t *k, const uint8_t *v, int kv_type, size_t head_dim, size_t hdp, size_t first,
+                        size_t nk, float *kt, float *vb) {
+    const size_t rb = sq_kv_row_bytes(kv_type, (int)head_dim);
+    memset(kt, 0, hdp * KEY_BLOCK * sizeof(float));
+    memset(vb, 0, hdp * KEY_BLOCK * sizeof(float));
+    float row[1024];
+    for (size_t j = 0; j < nk; j++)
+        for (int which = 0; which < 2; which++) {
+            const uint8_t *src = (which ? v : k) + (first + j) * rb;
+            if (kv_type == SQ_F16) {
+                for (size_t d = 0; d < head_dim; d++) row[d] = sq_fp16_to_fp32(((const uint16_t *)src)[d]);
+            } else {
+                const block_q8_0 *b = (const block_q8_0 *)src;
+                for (size_t d = 0; d < head_dim; d++)
+                    row[d] = sq_fp16_to_fp32(b[d / QK8_0].d) * (float)b[d / QK8_0].qs[d % QK8_0];
+            }
+            if (which)
+                memcpy(vb + j * hdp, row, head_dim * sizeof(float));
+            else
+                for (size_t d = 0; d < head_dim; d++) kt[d * KEY_BLOCK + j] = row[d];
+        }
+}
+
+/* -- the same arithmetic on AVX2 ------------------------------------------------------------ */
+
+#ifdef HAVE_FLASH_AVX2
+AVX2 static inline __m256 exp_le0_v(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  /* max_ps(a, b) is a > b ? a : b, as above */
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    const __m256 n = _mm256_sub_ps(z, shift);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23),
+                                                          _mm256_set1_epi32(0x3f800000)));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    return _mm256_fmadd_ps(j, k, k);
+}
+
+/* lanes (0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then the two: max32's and sum32's order */
+AVX2 static inline float hmax8(__m256 t) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return max2(_mm_cvtss_f32(h), _mm_cvtss_f32(_mm_shuffle_ps(h, h, 1)));
+}
+
+AVX2 static inline float hsum8(__m256 t) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_shuffle_ps(h, h, 1));
+}
+
+AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, float *o, size_t hdp) {
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 x[4], keep[4];
+    for (int i = 0; i < 4; i++) {
+        keep[i] = _mm256_cmp_ps(_mm256_add_ps(lane, _mm256_set1_ps((float)(8 * i))), _mm256_set1_ps((float)valid),
+                                _CMP_LT_OQ);
+        x[i] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * i), keep[i]);
+    }
+    const int first = *m == -INFINITY;
+    const float mx = max2(hmax8(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]))), *m);
+    const __m256 vmx = _mm256_set1_ps(mx);
+    for (int i = 0; i < 4; i++) x[i] = _mm256_and_ps(exp_le0_v(_mm256_sub_ps(x[i], vmx)), keep[i]);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(s + 8 * i, x[i]);
+    const float corr = first ? 0.0f : exp_le0(*m - mx);
+    *l = (first ? 0.0f : *l * corr) + hsum8(_mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3])));
+    *m = mx;
+    if (first) {
+        memset(o, 0, hdp * sizeof(float));
+    } else if (corr != 1.0f) {
+        const __m256 c = _mm256_set1_ps(corr);
+        for (size_t d = 0; d < hdp; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), c));
     }
 }
 
-/* A closed chunk (m, l, o) into a row's total (tm, tl, to), which starts empty (tm = -inf). */
-SQ_TWIN void merge(float m, float l, const float *o, size_t head_dim, float *tm, float *tl, float *to) {
-    if (*tm == -INFINITY) {
-        *tm = m, *tl = l;
-        memcpy(to, o, head_dim * sizeof(float));
+AVX2 static void block_rows_avx2(const float *q, size_t n, const size_t *valid, const float *kt, const float *v,
+                                 size_t hdp, float *s, float *m, float *l, float *o) {
+    const float *qr[ROWS];
+    float *sr[ROWS], *orow[ROWS];
+    for (size_t r = 0; r < ROWS; r++) {  /* rows past n repeat row 0, and are not kept */
+        const size_t i = r < n ? r : 0;
+        qr[r] = q + i * hdp, sr[r] = s + i * KEY_BLOCK, orow[r] = o + i * hdp;
+    }
+    const float *q0 = qr[0], *q1 = qr[1], *q2 = qr[2], *q3 = qr[3];
+    for (size_t half = 0; half < KEY_BLOCK; half += 16) {
+        /* eight accumulators named, not an array, so that they stay in registers */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, e0 = a0, e1 = a0;
+        const float *kd = kt + half;
+        for (size_t d = 0; d < hdp; d++, kd += KEY_BLOCK) {
+            const __m256 k0 = _mm256_loadu_ps(kd), k1 = _mm256_loadu_ps(kd + 8);
+            __m256 x = _mm256_broadcast_ss(q0 + d);
+            a0 = _mm256_fmadd_ps(x, k0, a0), a1 = _mm256_fmadd_ps(x, k1, a1);
+            x = _mm256_broadcast_ss(q1 + d);
+            b0 = _mm256_fmadd_ps(x, k0, b0), b1 = _mm256_fmadd_ps(x, k1, b1);
+            x = _mm256_broadcast_ss(q2 + d);
+            c0 = _mm256_fmadd_ps(x, k0, c0), c1 = _mm256_fmadd_ps(x, k1, c1);
+            x = _mm256_broadcast_ss(q3 + d);
+            e0 = _mm256_fmadd_ps(x, k0, e0), e1 = _mm256_fmadd_ps(x, k1, e1);
+        }
+        const __m256 out[ROWS][2] = {{a0, a1}, {b0, b1}, {c0, c1}, {e0, e1}};
+        for (size_t r = 0; r < n; r++) {
+            _mm256_storeu_ps(s + r * KEY_BLOCK + half, out[r][0]);
+            _mm256_storeu_ps(s + r * KEY_BLOCK + half + 8, out[r][1]);
+        }
+    }
+    size_t most = 0;
+    for (size_t r = 0; r < n; r++) {
+        online_avx2(s + r * KEY_BLOCK, valid[r], m + r, l + r, o + r * hdp, hdp);
+        most = valid[r] > most ? valid[r] : most;
+    }
+    const float *s0 = sr[0], *s1 = sr[1], *s2 = sr[2], *s3 = sr[3];
+    for (size_t d = 0; d < hdp; d += 16) {
+        __m256 a0 = _mm256_loadu_ps(orow[0] + d), a1 = _mm256_loadu_ps(orow[0] + d + 8);
+        __m256 b0 = _mm256_loadu_ps(orow[1] + d), b1 = _mm256_loadu_ps(orow[1] + d + 8);
+        __m256 c0 = _mm256_loadu_ps(orow[2] + d), c1 = _mm256_loadu_ps(orow[2] + d + 8);
+        __m256 e0 = _mm256_loadu_ps(orow[3] + d), e1 = _mm256_loadu_ps(orow[3] + d + 8);
+        const float *vj = v + d;
+        for (size_t j = 0; j < most; j++, vj += hdp) {
+            const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+            __m256 x = _mm256_broadcast_ss(s0 + j);
+            a0 = _mm256_fmadd_ps(x, v0, a0), a1 = _mm256_fmadd_ps(x, v1, a1);
+            x = _mm256_broadcast_ss(s1 + j);
+            b0 = _mm256_fmadd_ps(x, v0, b0), b1 = _mm256_fmadd_ps(x, v1, b1);
+            x = _mm256_broadcast_ss(s2 + j);
+            c0 = _mm256_fmadd_ps(x, v0, c0), c1 = _mm256_fmadd_ps(x, v1, c1);
+            x = _mm256_broadcast_ss(s3 + j);
+            e0 = _mm256_fmadd_ps(x, v0, e0), e1 = _mm256_fmadd_ps(x, v1, e1);
+        }
+        const __m256 out[ROWS][2] = {{a0, a1}, {b0, b1}, {c0, c1}, {e0, e1}};
+        for (size_t r = 0; r < n; r++) {
+            _mm256_storeu_ps(o + r * hdp + d, out[r][0]);
+            _mm256_storeu_ps(o + r * hdp + d + 8, out[r][1]);
+        }
+    }
+}
+
+/* Eight values of each of eight rows (c[i] = row i) turned into eight values of each of
+ * eight columns (c[i] = element i of every row). */
+AVX2 static inline void transpose8(__m256 c[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(c[i], c[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(c[i], c[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        c[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        c[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* Eight values from element d of a cached row as floats (d a multiple of 8; for Q8_0 the
+ * scale times each code, as widen_plain rounds them). */
+AVX2 static inline __m256 load8(const uint8_t *row, int kv_type, size_t d) {
+    if (kv_type == SQ_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
+    const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
+    const __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + d % QK8_0))));
+    const __m256 scale = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(b->d)));
+    return _mm256_mul_ps(scale, codes);
+}
+
+AVX2 static void widen_avx2(const uint8_t *k, const uint8_t *v, int kv_type, size_t head_dim, size_t hdp,
+                            size_t first, size_t nk, float *kt, float *vb) {
+    if (head_dim % 8) {  /* the plain code handles the lanes this one does not */
+        widen_plain(k, v, kv_type, head_dim, hdp, first, nk, kt, vb);
         return;
     }
-    const float mx = m > *tm ? m : *tm, a = exp_le0(*tm - mx), b = exp_le0(m - mx);
+    const size_t rb = sq_kv_row_bytes(kv_type, (int)head_dim);
+    const __m256 zero = _mm256_setzero_ps();
+    for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 8)
+        for (size_t d = 0; d < head_dim; d += 8) {
+            __m256 c[8];
+            for (size_t i = 0; i < 8; i++) {
+                const size_t j = j0 + i;
+                c[i] = j < nk ? load8(k + (first + j) * rb, kv_type, d) : zero;
+                _mm256_storeu_ps(vb + j * hdp + d, j < nk ? load8(v + (first + j) * rb, kv_type, d) : zero);
+            }
+            transpose8(c);
+            for (size_t i = 0; i < 8; i++) _mm256_storeu_ps(kt + (d + i) * KEY_BLOCK + j0, c[i]);
+        }
+    if (hdp > head_dim) {
+        memset(kt + head_dim * KEY_BLOCK, 0, (hdp - head_dim) * KEY_BLOCK * sizeof(float));
+        for (size_t j = 0; j < KEY_BLOCK; j++) memset(vb + j * hdp + head_dim, 0, (hdp - head_dim) * sizeof(float));
+    }
+}
+#endif
+
+/* -- chunks, merged --------------------------------------------------------------------------- */
+
+/* A closed chunk (m, l, o) into a row's total (tm, tl, to), which starts empty (tm = -inf). */
+static void merge(float m, float l, const float *o, size_t hdp, float *tm, float *tl, float *to) {
+    if (*tm == -INFINITY) {
+        *tm = m, *tl = l;
+        memcpy(to, o, hdp * sizeof(float));
+        return;
+    }
+    const float mx = max2(m, *tm), a = exp_le0(*tm - mx), b = exp_le0(m - mx);
     *tl = *tl * a + l * b;
     *tm = mx;
-    for (size_t d = 0; d < head_dim; d++) to[d] = to[d] * a + o[d] * b;
+    for (size_t d = 0; d < hdp; d++) to[d] = to[d] * a + o[d] * b;
 }
 
-SQ_TWIN void finish(float tl, const float *to, size_t head_dim, float *out) {
+static void finish(float tl, const float *to, size_t head_dim, float *out) {
     const float inv = 1.0f / tl;
     for (size_t d = 0; d < head_dim; d++) out[d] = to[d] * inv;
 }
 
-/* -- tasks ------------------------------------------------------------------------------- */
+/* -- tasks -------------------------------------------------------------------------------- */
 
 typedef struct {
     const sq_config *c;
@@ -248,40 +405,68 @@ typedef struct {
     const uint8_t *k, *v;    /* this layer's [n_kv_heads][n_ctx][row] */
     int kv_type, n_tok, n_past;
     float *scratch;          /* [threads][sq_flash_scratch_floats] */
-    float *partials;         /* decode: [n_heads][chunks][2 + head_dim] (m, l, o) */
+    float *partials;         /* decode: [n_heads][chunks][2 + hdp] (m, l, o) */
     float *out;              /* [n_tok][n_heads * head_dim] */
 } flash_job;
 
-/* The rows of query tokens t0..t1-1 of KV head h: row (t, g) is query head h * group + g
- * of token t, which sees keys 0..n_past + t. With partials (decode), chunk `only` alone
- * is computed and left there; otherwise every chunk, merged, into out. */
-SQ_TWIN void run_rows(const flash_job *job, scratch *sc, int h, int t0, int t1, long only, int simd) {
+static int use_simd(void) {
+#ifdef HAVE_FLASH_AVX2
+    return sq_simd_enabled();
+#else
+    return 0;
+#endif
+}
+
+/* The rows of tokens t0..t1-1 of KV head h: row (t, g) is query head h * group + g of
+ * token t, which sees keys 0..n_past + t. With `only` >= 0 (decode) that chunk alone is
+ * computed and left in the partials; otherwise every chunk, merged, goes to out. */
+static void run_rows(const flash_job *job, scratch *sc, int h, int t0, int t1, long only) {
     const sq_config *c = job->c;
     const size_t hd = (size_t)c->head_dim, hdp = padded(c->head_dim), group = (size_t)(c->n_heads / c->n_kv_heads);
     const size_t rb = sq_kv_row_bytes(job->kv_type, c->head_dim), head_bytes = (size_t)c->n_ctx * rb;
     const uint8_t *kh = job->k + (size_t)h * head_bytes, *vh = job->v + (size_t)h * head_bytes;
     const size_t n_rows = (size_t)(t1 - t0) * group, qd = (size_t)c->n_heads * hd;
-    const size_t last_key = (size_t)job->n_past + (size_t)t1 - 1;  /* the block's last row sees keys 0..last_key */
+    const size_t last_key = (size_t)job->n_past + (size_t)t1 - 1;  /* the last row sees keys 0..last_key */
     const float scale = 1.0f / sqrtf((float)hd);
-    float qrow[1024];  /* one row's query, scaled and padded; head_dim <= 1024 (checked by the caller) */
-    memset(qrow + hd, 0, (hdp - hd) * sizeof(float));
+    const int simd = use_simd();
 
-    for (size_t r = 0; r < n_rows; r++) sc->tm[r] = -INFINITY;
-    size_t c0 = only >= 0 ? (size_t)only : 0, c1 = only >= 0 ? (size_t)only + 1 : last_key / KEY_CHUNK + 1;
+    for (size_t r = 0; r < n_rows; r++) {
+        const size_t t = (size_t)t0 + r / group, g = r % group;
+        const float *src = job->q + t * qd + ((size_t)h * group + g) * hd;
+        float *dst = sc->q + r * hdp;
+        for (size_t d = 0; d < hd; d++) dst[d] = src[d] * scale;
+        memset(dst + hd, 0, (hdp - hd) * sizeof(float));
+        sc->tm[r] = -INFINITY;
+    }
+    const size_t c0 = only >= 0 ? (size_t)only : 0, c1 = only >= 0 ? (size_t)only + 1 : last_key / KEY_CHUNK + 1;
     for (size_t ch = c0; ch < c1; ch++) {
         for (size_t r = 0; r < n_rows; r++) sc->m[r] = -INFINITY;
         const size_t start = ch * KEY_CHUNK, end = start + KEY_CHUNK < last_key + 1 ? start + KEY_CHUNK : last_key + 1;
         for (size_t b0 = start; b0 < end; b0 += KEY_BLOCK) {
             const size_t nk = end - b0 < KEY_BLOCK ? end - b0 : KEY_BLOCK;
-            widen_rows(kh, job->kv_type, hd, hdp, b0, nk, sc->k, simd);
-            widen_rows(vh, job->kv_type, hd, hdp, b0, nk, sc->v, simd);
-            for (size_t r = 0; r < n_rows; r++) {
-                const size_t t = (size_t)t0 + r / group, g = r % group, pos = (size_t)job->n_past + t;
-                if (pos < b0) continue;  /* the block is past this row's position */
-                const size_t valid = pos - b0 + 1 < nk ? pos - b0 + 1 : nk;
-                const float *qs = job->q + t * qd + ((size_t)h * group + g) * hd;
-                for (size_t d = 0; d < hd; d++) qrow[d] = qs[d] * scale;
-                row_block(qrow, sc->k, sc->v, hdp, valid, sc->s, sc->m + r, sc->l + r, sc->o + r * hdp);
+            /* rows are in position order: those that see this block are the last ones */
+            size_t r0 = 0;
+            while (r0 < n_rows && (size_t)job->n_past + (size_t)t0 + r0 / group < b0) r0++;
+#ifdef HAVE_FLASH_AVX2
+            if (simd)
+                widen_avx2(kh, vh, job->kv_type, hd, hdp, b0, nk, sc->kt, sc->v);
+            else
+#endif
+                widen_plain(kh, vh, job->kv_type, hd, hdp, b0, nk, sc->kt, sc->v);
+            for (size_t r = r0; r < n_rows; r += ROWS) {
+                const size_t n = n_rows - r < ROWS ? n_rows - r : ROWS;
+                size_t valid[ROWS];
+                for (size_t i = 0; i < n; i++) {
+                    const size_t pos = (size_t)job->n_past + (size_t)t0 + (r + i) / group;
+                    valid[i] = pos - b0 + 1 < nk ? pos - b0 + 1 : nk;
+                }
+                float *q = sc->q + r * hdp, *m = sc->m + r, *l = sc->l + r, *o = sc->o + r * hdp;
+#ifdef HAVE_FLASH_AVX2
+                if (simd)
+                    block_rows_avx2(q, n, valid, sc->kt, sc->v, hdp, sc->s, m, l, o);
+                else
+#endif
+                    block_rows_plain(q, n, valid, sc->kt, sc->v, hdp, sc->s, m, l, o);
             }
         }
         for (size_t r = 0; r < n_rows; r++) {
@@ -302,41 +487,6 @@ SQ_TWIN void run_rows(const flash_job *job, scratch *sc, int h, int t0, int t1, 
     }
 }
 
-/* Decode's second step: each query head's chunks merged in order, as run_rows merges them. */
-SQ_TWIN void merge_partials(const flash_job *job, scratch *sc, int head, int simd) {
-    const sq_config *c = job->c;
-    const size_t hd = (size_t)c->head_dim, hdp = padded(c->head_dim), chunks = (size_t)job->n_past / KEY_CHUNK + 1;
-    const float *p = job->partials + (size_t)head * n_chunks(c->n_ctx) * (2 + hdp);
-    (void)simd;
-    sc->tm[0] = -INFINITY;
-    for (size_t ch = 0; ch < chunks; ch++, p += 2 + hdp) merge(p[0], p[1], p + 2, hdp, sc->tm, sc->tl, sc->to);
-    finish(sc->tl[0], sc->to, hd, job->out + (size_t)head * hd);
-}
-
-#ifdef HAVE_FLASH_AVX2
-__attribute__((target("avx2,fma,f16c")))
-static void run_rows_avx2(const flash_job *job, scratch *sc, int h, int t0, int t1, long only) {
-    run_rows(job, sc, h, t0, t1, only, 1);
-}
-__attribute__((target("avx2,fma,f16c")))
-static void merge_partials_avx2(const flash_job *job, scratch *sc, int head) { merge_partials(job, sc, head, 1); }
-#endif
-
-static void run_rows_plain(const flash_job *job, scratch *sc, int h, int t0, int t1, long only) {
-    run_rows(job, sc, h, t0, t1, only, 0);
-}
-static void merge_partials_plain(const flash_job *job, scratch *sc, int head) { merge_partials(job, sc, head, 0); }
-
-static void rows_task(const flash_job *job, scratch *sc, int h, int t0, int t1, long only) {
-#ifdef HAVE_FLASH_AVX2
-    if (sq_simd_enabled()) {
-        run_rows_avx2(job, sc, h, t0, t1, only);
-        return;
-    }
-#endif
-    run_rows_plain(job, sc, h, t0, t1, only);
-}
-
 static scratch thread_scratch(const flash_job *job, int ith) {
     return carve(job->scratch + (size_t)ith * sq_flash_scratch_floats(job->c), job->c);
 }
@@ -346,21 +496,21 @@ static void chunk_worker(void *p, int ith, int nth) {
     const flash_job *job = p;
     scratch sc = thread_scratch(job, ith);
     const int chunks = job->n_past / KEY_CHUNK + 1, n_tasks = job->c->n_kv_heads * chunks;
-    for (int task = ith; task < n_tasks; task += nth) rows_task(job, &sc, task / chunks, 0, 1, task % chunks);
+    for (int task = ith; task < n_tasks; task += nth) run_rows(job, &sc, task / chunks, 0, 1, task % chunks);
 }
 
-/* Decode, step 2: tasks (query head). */
+/* Decode, step 2: tasks (query head), each head's chunks merged in order, as run_rows
+ * merges them. */
 static void merge_worker(void *p, int ith, int nth) {
     const flash_job *job = p;
     scratch sc = thread_scratch(job, ith);
-    for (int head = ith; head < job->c->n_heads; head += nth) {
-#ifdef HAVE_FLASH_AVX2
-        if (sq_simd_enabled()) {
-            merge_partials_avx2(job, &sc, head);
-            continue;
-        }
-#endif
-        merge_partials_plain(job, &sc, head);
+    const sq_config *c = job->c;
+    const size_t hd = (size_t)c->head_dim, hdp = padded(c->head_dim), chunks = (size_t)job->n_past / KEY_CHUNK + 1;
+    for (int head = ith; head < c->n_heads; head += nth) {
+        const float *part = job->partials + (size_t)head * n_chunks(c->n_ctx) * (2 + hdp);
+        sc.tm[0] = -INFINITY;
+        for (size_t ch = 0; ch < chunks; ch++, part += 2 + hdp) merge(part[0], part[1], part + 2, hdp, sc.tm, sc.tl, sc.to);
+        finish(sc.tl[0], sc.to, hd, job->out + (size_t)head * hd);
     }
 }
 
@@ -372,7 +522,7 @@ static void block_worker(void *p, int ith, int nth) {
     for (int task = ith; task < n_tasks; task += nth) {
         const int b = task / job->c->n_kv_heads, h = task % job->c->n_kv_heads;
         const int t0 = b * QUERY_BLOCK, t1 = t0 + QUERY_BLOCK < job->n_tok ? t0 + QUERY_BLOCK : job->n_tok;
-        rows_task(job, &sc, h, t0, t1, -1);
+        run_rows(job, &sc, h, t0, t1, -1);
     }
 }
 

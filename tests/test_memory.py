@@ -62,13 +62,13 @@ def state_buffers(d, max_batch, n_ctx):
 
 
 def thread_scratch(d):
-    """One pool thread's attention scratch, allocated on the first pass: a row of n_ctx
-    scores (the F32 path), and flash_attention.c's key and value blocks (32 padded rows
-    each), a block of scores, and per row of a 16-token query block max, sum and two
-    padded rows."""
+    """One pool thread's attention scratch, allocated on the first pass (besides its row
+    of n_ctx scores for the F32 path): flash_attention.c's key and value blocks (32
+    padded rows each), scores of 4 rows of 32 keys, and for each row of a 16-token query
+    block its query, two maxima, two sums and two sums of V rows (padded)."""
     padded = -(-d["head_dim"] // 32) * 32
     rows = 16 * (d["n_heads"] // d["n_kv_heads"])
-    return (2 * 32 * padded + 32 + rows * (4 + 2 * padded)) * F32
+    return (2 * 32 * padded + 4 * 32 + rows * (4 + 3 * padded)) * F32
 
 
 def buffer_bytes(d, n_ctx, threads, max_batch=MAX_BATCH):
