@@ -15,12 +15,14 @@
  * row's arithmetic is the same whichever way the work is shared, a token's output does
  * not depend on the batch it came in, the thread count or the SIMD path.
  *
- * Rows go through a key block four at a time (block_rows): scores as a small matrix
- * product against the transposed keys (each score one fma chain over the head dimension,
- * in order), the online softmax of each row, then the weighted V rows (each output one
- * fma chain over the keys, in order). The AVX2 version keeps those chains in registers,
- * four rows at once; the plain version runs the same chains one value at a time, and
- * both give the same bits (exp_le0 and the lane trees of max and sum included).
+ * A key block's scores are dot products in 8 lanes (lane l sums the products of the
+ * dimensions d = l mod 8, one fma chain in order of d), the lanes then added as a
+ * register reduction; keys are read straight from the cache. Then each row's online
+ * softmax, then the weighted V rows (each output one fma chain over the keys, in order),
+ * from values widened once into scratch when many rows share them (prefill), straight
+ * from the cache when few do (decode). The AVX2 version runs those chains in registers,
+ * four rows and two keys at once; the plain version runs the same chains one value at a
+ * time, and both give the same bits (exp_le0 and the lane trees of max and sum included).
  */
 #include <math.h>
 #include <stddef.h>
@@ -67,9 +69,9 @@ static size_t n_chunks(int n_ctx) { return ((size_t)n_ctx + KEY_CHUNK - 1) / KEY
 /* One thread's scratch. Rows are a task's query rows: row (t, g) is query head g of
  * the KV head's group, for the task's token t. */
 typedef struct {
-    float *kt;         /* [hdp][KEY_BLOCK] the current key block, transposed */
-    float *v;          /* [KEY_BLOCK][hdp] its values */
-    float *s;          /* [ROWS][KEY_BLOCK] scores, then weights, of the rows going through */
+    float *v;          /* [KEY_BLOCK][hdp] the current key block's values, widened */
+    float *lanes;      /* [ROWS][KEY_BLOCK][8] score lanes before their reduction */
+    float *s;          /* [rows][KEY_BLOCK] scores, then weights, of the block */
     float *q;          /* [rows][hdp] the queries, scaled by 1/sqrt(head_dim) */
     float *m, *l;      /* [rows] the current chunk's running max and sum */
     float *o;          /* [rows][hdp] and weighted sum of V rows */
@@ -79,15 +81,15 @@ typedef struct {
 
 size_t sq_flash_scratch_floats(const sq_config *c) {
     size_t hd = padded(c->head_dim), rows = max_rows(c);
-    return 2 * KEY_BLOCK * hd + ROWS * KEY_BLOCK + rows * (4 + 3 * hd);
+    return KEY_BLOCK * hd + ROWS * KEY_BLOCK * 8 + rows * (KEY_BLOCK + 4 + 3 * hd);
 }
 
 static scratch carve(float *base, const sq_config *c) {
     size_t hd = padded(c->head_dim), rows = max_rows(c);
     scratch sc;
-    sc.kt = base; base += KEY_BLOCK * hd;
     sc.v = base; base += KEY_BLOCK * hd;
-    sc.s = base; base += ROWS * KEY_BLOCK;
+    sc.lanes = base; base += ROWS * KEY_BLOCK * 8;
+    sc.s = base; base += rows * KEY_BLOCK;
     sc.q = base; base += rows * hd;
     sc.m = base; base += rows;
     sc.l = base; base += rows;
@@ -155,21 +157,35 @@ static void online_plain(float *s, size_t valid, float *m, float *l, float *o, s
         for (size_t d = 0; d < hdp; d++) o[d] *= corr;
 }
 
-/* Rows 0..n-1 (n <= ROWS; q, m, l, o each point at the first) through one key block:
- * row r sees the block's first valid[r] keys. */
-static void block_rows_plain(const float *q, size_t n, const size_t *valid, const float *kt, const float *v,
-                             size_t hdp, float *s, float *m, float *l, float *o) {
-    size_t most = 0;
-    for (size_t r = 0; r < n; r++) {
+/* Element d of a cached row as a float (for Q8_0, its block's scale times its code). */
+static float cached_value(const uint8_t *row, int kv_type, size_t d) {
+    if (kv_type == SQ_F16) return sq_fp16_to_fp32(((const uint16_t *)row)[d]);
+    const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
+    return sq_fp16_to_fp32(b->d) * (float)b->qs[d % QK8_0];
+}
+
+/* Eight lanes added as a register reduction: halves, then (0+2, 1+3), then the two. */
+static float tree8(const float *a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+/* s[r][j] = row r's query . key j for the block's nk keys (cache rows rb apart), in 8
+ * lanes; scores past nk are 0 (the rows' masks drop them). */
+static void scores_plain(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb, size_t nk,
+                         size_t head_dim, float *s) {
+    for (size_t r = 0; r < n; r++)
         for (size_t j = 0; j < KEY_BLOCK; j++) {
-            float acc = 0.0f;
-            for (size_t d = 0; d < hdp; d++) acc = fmaf(q[r * hdp + d], kt[d * KEY_BLOCK + j], acc);
-            s[r * KEY_BLOCK + j] = acc;
+            float lane[8] = {0};
+            for (size_t d = 0; j < nk && d < head_dim; d += 8)
+                for (size_t i = 0; i < 8; i++) {
+                    const float x = d + i < head_dim ? cached_value(k + j * rb, kv_type, d + i) : 0.0f;
+                    lane[i] = fmaf(q[r * hdp + d + i], x, lane[i]);
+                }
+            s[r * KEY_BLOCK + j] = tree8(lane);
         }
-        online_plain(s + r * KEY_BLOCK, valid[r], m + r, l + r, o + r * hdp, hdp);
-        most = valid[r] > most ? valid[r] : most;
-    }
-    /* weights past a row's own keys are 0, and adding 0 * (a finite value) changes nothing */
+}
+
+/* o[r] += sum_j s[r][j] v[j] over the block's first `most` keys (weights past a row's
+ * own keys are 0, and adding 0 * (a finite value) changes nothing). */
+static void weigh_plain(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o) {
     for (size_t r = 0; r < n; r++)
         for (size_t d = 0; d < hdp; d++) {
             float acc = o[r * hdp + d];
@@ -178,29 +194,14 @@ static void block_rows_plain(const float *q, size_t n, const size_t *valid, cons
         }
 }
 
-/* nk rows of head_dim values from row `first` of a KV head: keys into kt transposed,
- * values into v; padding and rows past nk zeroed, so masked lanes hold finite values. */
-static void widen_plain(const uint8_t *k, const uint8_t *v, int kv_type, size_t head_dim, size_t hdp, size_t first,
-                        size_t nk, float *kt, float *vb) {
+/* nk rows of head_dim values from row `first` of a KV head's values into vb, padding
+ * and rows past nk zeroed, so that masked lanes hold finite values. */
+static void widen_plain(const uint8_t *v, int kv_type, size_t head_dim, size_t hdp, size_t first, size_t nk,
+                        float *vb) {
     const size_t rb = sq_kv_row_bytes(kv_type, (int)head_dim);
-    memset(kt, 0, hdp * KEY_BLOCK * sizeof(float));
     memset(vb, 0, hdp * KEY_BLOCK * sizeof(float));
-    float row[1024];
     for (size_t j = 0; j < nk; j++)
-        for (int which = 0; which < 2; which++) {
-            const uint8_t *src = (which ? v : k) + (first + j) * rb;
-            if (kv_type == SQ_F16) {
-                for (size_t d = 0; d < head_dim; d++) row[d] = sq_fp16_to_fp32(((const uint16_t *)src)[d]);
-            } else {
-                const block_q8_0 *b = (const block_q8_0 *)src;
-                for (size_t d = 0; d < head_dim; d++)
-                    row[d] = sq_fp16_to_fp32(b[d / QK8_0].d) * (float)b[d / QK8_0].qs[d % QK8_0];
-            }
-            if (which)
-                memcpy(vb + j * hdp, row, head_dim * sizeof(float));
-            else
-                for (size_t d = 0; d < head_dim; d++) kt[d * KEY_BLOCK + j] = row[d];
-        }
+        for (size_t d = 0; d < head_dim; d++) vb[j * hdp + d] = cached_value(v + (first + j) * rb, kv_type, d);
 }
 
 /* -- the same arithmetic on AVX2 ------------------------------------------------------------ */
@@ -260,67 +261,6 @@ AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, float *
     }
 }
 
-AVX2 static void block_rows_avx2(const float *q, size_t n, const size_t *valid, const float *kt, const float *v,
-                                 size_t hdp, float *s, float *m, float *l, float *o) {
-    const float *qr[ROWS];
-    float *sr[ROWS], *orow[ROWS];
-    for (size_t r = 0; r < ROWS; r++) {  /* rows past n repeat row 0, and are not kept */
-        const size_t i = r < n ? r : 0;
-        qr[r] = q + i * hdp, sr[r] = s + i * KEY_BLOCK, orow[r] = o + i * hdp;
-    }
-    const float *q0 = qr[0], *q1 = qr[1], *q2 = qr[2], *q3 = qr[3];
-    for (size_t half = 0; half < KEY_BLOCK; half += 16) {
-        /* eight accumulators named, not an array, so that they stay in registers */
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, e0 = a0, e1 = a0;
-        const float *kd = kt + half;
-        for (size_t d = 0; d < hdp; d++, kd += KEY_BLOCK) {
-            const __m256 k0 = _mm256_loadu_ps(kd), k1 = _mm256_loadu_ps(kd + 8);
-            __m256 x = _mm256_broadcast_ss(q0 + d);
-            a0 = _mm256_fmadd_ps(x, k0, a0), a1 = _mm256_fmadd_ps(x, k1, a1);
-            x = _mm256_broadcast_ss(q1 + d);
-            b0 = _mm256_fmadd_ps(x, k0, b0), b1 = _mm256_fmadd_ps(x, k1, b1);
-            x = _mm256_broadcast_ss(q2 + d);
-            c0 = _mm256_fmadd_ps(x, k0, c0), c1 = _mm256_fmadd_ps(x, k1, c1);
-            x = _mm256_broadcast_ss(q3 + d);
-            e0 = _mm256_fmadd_ps(x, k0, e0), e1 = _mm256_fmadd_ps(x, k1, e1);
-        }
-        const __m256 out[ROWS][2] = {{a0, a1}, {b0, b1}, {c0, c1}, {e0, e1}};
-        for (size_t r = 0; r < n; r++) {
-            _mm256_storeu_ps(s + r * KEY_BLOCK + half, out[r][0]);
-            _mm256_storeu_ps(s + r * KEY_BLOCK + half + 8, out[r][1]);
-        }
-    }
-    size_t most = 0;
-    for (size_t r = 0; r < n; r++) {
-        online_avx2(s + r * KEY_BLOCK, valid[r], m + r, l + r, o + r * hdp, hdp);
-        most = valid[r] > most ? valid[r] : most;
-    }
-    const float *s0 = sr[0], *s1 = sr[1], *s2 = sr[2], *s3 = sr[3];
-    for (size_t d = 0; d < hdp; d += 16) {
-        __m256 a0 = _mm256_loadu_ps(orow[0] + d), a1 = _mm256_loadu_ps(orow[0] + d + 8);
-        __m256 b0 = _mm256_loadu_ps(orow[1] + d), b1 = _mm256_loadu_ps(orow[1] + d + 8);
-        __m256 c0 = _mm256_loadu_ps(orow[2] + d), c1 = _mm256_loadu_ps(orow[2] + d + 8);
-        __m256 e0 = _mm256_loadu_ps(orow[3] + d), e1 = _mm256_loadu_ps(orow[3] + d + 8);
-        const float *vj = v + d;
-        for (size_t j = 0; j < most; j++, vj += hdp) {
-            const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
-            __m256 x = _mm256_broadcast_ss(s0 + j);
-            a0 = _mm256_fmadd_ps(x, v0, a0), a1 = _mm256_fmadd_ps(x, v1, a1);
-            x = _mm256_broadcast_ss(s1 + j);
-            b0 = _mm256_fmadd_ps(x, v0, b0), b1 = _mm256_fmadd_ps(x, v1, b1);
-            x = _mm256_broadcast_ss(s2 + j);
-            c0 = _mm256_fmadd_ps(x, v0, c0), c1 = _mm256_fmadd_ps(x, v1, c1);
-            x = _mm256_broadcast_ss(s3 + j);
-            e0 = _mm256_fmadd_ps(x, v0, e0), e1 = _mm256_fmadd_ps(x, v1, e1);
-        }
-        const __m256 out[ROWS][2] = {{a0, a1}, {b0, b1}, {c0, c1}, {e0, e1}};
-        for (size_t r = 0; r < n; r++) {
-            _mm256_storeu_ps(o + r * hdp + d, out[r][0]);
-            _mm256_storeu_ps(o + r * hdp + d + 8, out[r][1]);
-        }
-    }
-}
-
 /* Eight values of each of eight rows (c[i] = row i) turned into eight values of each of
  * eight columns (c[i] = element i of every row). */
 AVX2 static inline void transpose8(__m256 c[8]) {
@@ -342,7 +282,7 @@ AVX2 static inline void transpose8(__m256 c[8]) {
 }
 
 /* Eight values from element d of a cached row as floats (d a multiple of 8; for Q8_0 the
- * scale times each code, as widen_plain rounds them). */
+ * scale times each code, as cached_value rounds them). */
 AVX2 static inline __m256 load8(const uint8_t *row, int kv_type, size_t d) {
     if (kv_type == SQ_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
     const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
@@ -351,28 +291,100 @@ AVX2 static inline __m256 load8(const uint8_t *row, int kv_type, size_t d) {
     return _mm256_mul_ps(scale, codes);
 }
 
-AVX2 static void widen_avx2(const uint8_t *k, const uint8_t *v, int kv_type, size_t head_dim, size_t hdp,
-                            size_t first, size_t nk, float *kt, float *vb) {
-    if (head_dim % 8) {  /* the plain code handles the lanes this one does not */
-        widen_plain(k, v, kv_type, head_dim, hdp, first, nk, kt, vb);
-        return;
-    }
-    const size_t rb = sq_kv_row_bytes(kv_type, (int)head_dim);
-    const __m256 zero = _mm256_setzero_ps();
-    for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 8)
-        for (size_t d = 0; d < head_dim; d += 8) {
-            __m256 c[8];
-            for (size_t i = 0; i < 8; i++) {
-                const size_t j = j0 + i;
-                c[i] = j < nk ? load8(k + (first + j) * rb, kv_type, d) : zero;
-                _mm256_storeu_ps(vb + j * hdp + d, j < nk ? load8(v + (first + j) * rb, kv_type, d) : zero);
+/* scores_plain's lanes, four rows and two keys at a time (head_dim a multiple of 8):
+ * eight fma chains in flight, the rows' queries read from memory by the fmas. */
+AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb,
+                             size_t nk, size_t head_dim, float *lanes, float *s) {
+    for (size_t r0 = 0; r0 < n; r0 += ROWS) {
+        const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
+        const float *qa = q + r0 * hdp, *qb = q + (r0 + (g > 1)) * hdp;  /* rows past g repeat row r0 */
+        const float *qc = q + (r0 + (g > 2 ? 2 : 0)) * hdp, *qd = q + (r0 + (g > 3 ? 3 : 0)) * hdp;
+        for (size_t j = 0; j < KEY_BLOCK; j += 2) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+            if (j < nk) {
+                const uint8_t *k0 = k + j * rb, *k1 = k + (j + 1 < nk ? j + 1 : j) * rb;
+                for (size_t d = 0; d < head_dim; d += 8) {
+                    const __m256 x = load8(k0, kv_type, d), y = load8(k1, kv_type, d);
+                    __m256 w = _mm256_loadu_ps(qa + d);
+                    a0 = _mm256_fmadd_ps(w, x, a0), a1 = _mm256_fmadd_ps(w, y, a1);
+                    w = _mm256_loadu_ps(qb + d);
+                    b0 = _mm256_fmadd_ps(w, x, b0), b1 = _mm256_fmadd_ps(w, y, b1);
+                    w = _mm256_loadu_ps(qc + d);
+                    c0 = _mm256_fmadd_ps(w, x, c0), c1 = _mm256_fmadd_ps(w, y, c1);
+                    w = _mm256_loadu_ps(qd + d);
+                    d0 = _mm256_fmadd_ps(w, x, d0), d1 = _mm256_fmadd_ps(w, y, d1);
+                }
+                if (j + 1 >= nk) a1 = b1 = c1 = d1 = _mm256_setzero_ps();
             }
-            transpose8(c);
-            for (size_t i = 0; i < 8; i++) _mm256_storeu_ps(kt + (d + i) * KEY_BLOCK + j0, c[i]);
+            float *at = lanes + j * 8;  /* lanes[row][key][8] */
+            _mm256_storeu_ps(at, a0), _mm256_storeu_ps(at + 8, a1);
+            _mm256_storeu_ps(at + KEY_BLOCK * 8, b0), _mm256_storeu_ps(at + KEY_BLOCK * 8 + 8, b1);
+            _mm256_storeu_ps(at + 2 * KEY_BLOCK * 8, c0), _mm256_storeu_ps(at + 2 * KEY_BLOCK * 8 + 8, c1);
+            _mm256_storeu_ps(at + 3 * KEY_BLOCK * 8, d0), _mm256_storeu_ps(at + 3 * KEY_BLOCK * 8 + 8, d1);
         }
-    if (hdp > head_dim) {
-        memset(kt + head_dim * KEY_BLOCK, 0, (hdp - head_dim) * KEY_BLOCK * sizeof(float));
-        for (size_t j = 0; j < KEY_BLOCK; j++) memset(vb + j * hdp + head_dim, 0, (hdp - head_dim) * sizeof(float));
+        for (size_t r = 0; r < g; r++)  /* tree8 of eight keys' lanes at once */
+            for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 8) {
+                __m256 c[8];
+                for (size_t i = 0; i < 8; i++) c[i] = _mm256_loadu_ps(lanes + (r * KEY_BLOCK + j0 + i) * 8);
+                transpose8(c);
+                const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
+                                                 _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])));
+                _mm256_storeu_ps(s + (r0 + r) * KEY_BLOCK + j0, sum);
+            }
+    }
+}
+
+/* weigh_plain's chains, four rows and 16 outputs at a time, the values either widened
+ * (rows hdp floats apart) or, with `row_bytes`, read straight from the cache. */
+AVX2 static inline __m256 value8(const void *v, int kv_type, size_t row_bytes, size_t hdp, size_t j, size_t d) {
+    if (!row_bytes) return _mm256_loadu_ps((const float *)v + j * hdp + d);
+    return load8((const uint8_t *)v + j * row_bytes, kv_type, d);
+}
+
+AVX2 static void weigh_avx2(const float *s, size_t n, size_t most, const void *v, int kv_type, size_t row_bytes,
+                            size_t width, size_t hdp, float *o) {
+    for (size_t r0 = 0; r0 < n; r0 += ROWS) {
+        const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
+        size_t row[ROWS];
+        for (size_t i = 0; i < ROWS; i++) row[i] = r0 + (i < g ? i : 0);
+        const float *s0 = s + row[0] * KEY_BLOCK, *s1 = s + row[1] * KEY_BLOCK;
+        const float *s2 = s + row[2] * KEY_BLOCK, *s3 = s + row[3] * KEY_BLOCK;
+        for (size_t d = 0; d < width; d += 16) {
+            const int two = d + 8 < width;  /* the last 8 of a width that is not a multiple of 16 */
+            float *o0 = o + row[0] * hdp + d, *o1 = o + row[1] * hdp + d, *o2 = o + row[2] * hdp + d;
+            float *o3 = o + row[3] * hdp + d;
+            __m256 a0 = _mm256_loadu_ps(o0), b0 = _mm256_loadu_ps(o1), c0 = _mm256_loadu_ps(o2), e0 = _mm256_loadu_ps(o3);
+            __m256 a1 = two ? _mm256_loadu_ps(o0 + 8) : a0, b1 = two ? _mm256_loadu_ps(o1 + 8) : b0;
+            __m256 c1 = two ? _mm256_loadu_ps(o2 + 8) : c0, e1 = two ? _mm256_loadu_ps(o3 + 8) : e0;
+            for (size_t j = 0; j < most; j++) {
+                const __m256 x = value8(v, kv_type, row_bytes, hdp, j, d);
+                const __m256 y = two ? value8(v, kv_type, row_bytes, hdp, j, d + 8) : x;
+                __m256 w = _mm256_broadcast_ss(s0 + j);
+                a0 = _mm256_fmadd_ps(w, x, a0), a1 = _mm256_fmadd_ps(w, y, a1);
+                w = _mm256_broadcast_ss(s1 + j);
+                b0 = _mm256_fmadd_ps(w, x, b0), b1 = _mm256_fmadd_ps(w, y, b1);
+                w = _mm256_broadcast_ss(s2 + j);
+                c0 = _mm256_fmadd_ps(w, x, c0), c1 = _mm256_fmadd_ps(w, y, c1);
+                w = _mm256_broadcast_ss(s3 + j);
+                e0 = _mm256_fmadd_ps(w, x, e0), e1 = _mm256_fmadd_ps(w, y, e1);
+            }
+            const __m256 out[ROWS][2] = {{a0, a1}, {b0, b1}, {c0, c1}, {e0, e1}};
+            for (size_t i = 0; i < g; i++) {
+                _mm256_storeu_ps(o + (r0 + i) * hdp + d, out[i][0]);
+                if (two) _mm256_storeu_ps(o + (r0 + i) * hdp + d + 8, out[i][1]);
+            }
+        }
+    }
+}
+
+AVX2 static void widen_avx2(const uint8_t *v, int kv_type, size_t head_dim, size_t hdp, size_t first, size_t nk,
+                            float *vb) {
+    const size_t rb = sq_kv_row_bytes(kv_type, (int)head_dim);
+    for (size_t j = 0; j < KEY_BLOCK; j++) {
+        float *dst = vb + j * hdp;
+        if (j < nk)
+            for (size_t d = 0; d < head_dim; d += 8) _mm256_storeu_ps(dst + d, load8(v + (first + j) * rb, kv_type, d));
+        memset(dst + (j < nk ? head_dim : 0), 0, (hdp - (j < nk ? head_dim : 0)) * sizeof(float));
     }
 }
 #endif
@@ -417,6 +429,53 @@ static int use_simd(void) {
 #endif
 }
 
+/* Rows r0..n_rows-1 of a task (tokens from t0) through the key block of nk keys at key
+ * b0 (k: its first key's row): scores, each row's online softmax, weighted values. The
+ * values are widened once when more than ROWS rows share them, else read in place. */
+static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, const uint8_t *vh, size_t b0, size_t nk,
+                       size_t r0, size_t n_rows, int t0, int simd) {
+    const sq_config *c = job->c;
+    const size_t hd = (size_t)c->head_dim, hdp = padded(c->head_dim), group = (size_t)(c->n_heads / c->n_kv_heads);
+    const size_t rb = sq_kv_row_bytes(job->kv_type, c->head_dim), n = n_rows - r0;
+    float *q = sc->q + r0 * hdp, *s = sc->s + r0 * KEY_BLOCK, *o = sc->o + r0 * hdp;
+    size_t most = 0;
+#ifdef HAVE_FLASH_AVX2
+    const int fast = simd && hd % 8 == 0;
+    if (fast)
+        scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s);
+    else
+#endif
+        scores_plain(q, n, hdp, k, job->kv_type, rb, nk, hd, s);
+    for (size_t r = r0; r < n_rows; r++) {
+        const size_t pos = (size_t)job->n_past + (size_t)t0 + r / group;
+        const size_t valid = pos - b0 + 1 < nk ? pos - b0 + 1 : nk;
+        most = valid > most ? valid : most;
+#ifdef HAVE_FLASH_AVX2
+        if (simd)
+            online_avx2(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
+        else
+#endif
+            online_plain(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
+    }
+#ifdef HAVE_FLASH_AVX2
+    if (fast && n <= ROWS) {
+        weigh_avx2(s, n, most, vh + b0 * rb, job->kv_type, rb, hd, hdp, o);
+        return;
+    }
+    if (fast)
+        widen_avx2(vh, job->kv_type, hd, hdp, b0, nk, sc->v);
+    else
+#endif
+        widen_plain(vh, job->kv_type, hd, hdp, b0, nk, sc->v);
+#ifdef HAVE_FLASH_AVX2
+    if (simd) {
+        weigh_avx2(s, n, most, sc->v, job->kv_type, 0, hdp, hdp, o);
+        return;
+    }
+#endif
+    weigh_plain(s, n, most, sc->v, hdp, o);
+}
+
 /* The rows of tokens t0..t1-1 of KV head h: row (t, g) is query head h * group + g of
  * token t, which sees keys 0..n_past + t. With `only` >= 0 (decode) that chunk alone is
  * computed and left in the partials; otherwise every chunk, merged, goes to out. */
@@ -447,27 +506,7 @@ static void run_rows(const flash_job *job, scratch *sc, int h, int t0, int t1, l
             /* rows are in position order: those that see this block are the last ones */
             size_t r0 = 0;
             while (r0 < n_rows && (size_t)job->n_past + (size_t)t0 + r0 / group < b0) r0++;
-#ifdef HAVE_FLASH_AVX2
-            if (simd)
-                widen_avx2(kh, vh, job->kv_type, hd, hdp, b0, nk, sc->kt, sc->v);
-            else
-#endif
-                widen_plain(kh, vh, job->kv_type, hd, hdp, b0, nk, sc->kt, sc->v);
-            for (size_t r = r0; r < n_rows; r += ROWS) {
-                const size_t n = n_rows - r < ROWS ? n_rows - r : ROWS;
-                size_t valid[ROWS];
-                for (size_t i = 0; i < n; i++) {
-                    const size_t pos = (size_t)job->n_past + (size_t)t0 + (r + i) / group;
-                    valid[i] = pos - b0 + 1 < nk ? pos - b0 + 1 : nk;
-                }
-                float *q = sc->q + r * hdp, *m = sc->m + r, *l = sc->l + r, *o = sc->o + r * hdp;
-#ifdef HAVE_FLASH_AVX2
-                if (simd)
-                    block_rows_avx2(q, n, valid, sc->kt, sc->v, hdp, sc->s, m, l, o);
-                else
-#endif
-                    block_rows_plain(q, n, valid, sc->kt, sc->v, hdp, sc->s, m, l, o);
-            }
+            block_step(job, sc, kh + b0 * rb, vh, b0, nk, r0, n_rows, t0, simd);
         }
         for (size_t r = 0; r < n_rows; r++) {
             if (sc->m[r] == -INFINITY) continue;  /* the whole chunk is past this row */
@@ -491,12 +530,14 @@ static scratch thread_scratch(const flash_job *job, int ith) {
     return carve(job->scratch + (size_t)ith * sq_flash_scratch_floats(job->c), job->c);
 }
 
-/* Decode, step 1: tasks (KV head, chunk). */
+/* Decode, step 1: tasks (KV head, chunk), each thread a run of consecutive ones, so
+ * that it streams through the cache in order. */
 static void chunk_worker(void *p, int ith, int nth) {
     const flash_job *job = p;
     scratch sc = thread_scratch(job, ith);
     const int chunks = job->n_past / KEY_CHUNK + 1, n_tasks = job->c->n_kv_heads * chunks;
-    for (int task = ith; task < n_tasks; task += nth) run_rows(job, &sc, task / chunks, 0, 1, task % chunks);
+    const int first = (int)((int64_t)n_tasks * ith / nth), last = (int)((int64_t)n_tasks * (ith + 1) / nth);
+    for (int task = first; task < last; task++) run_rows(job, &sc, task / chunks, 0, 1, task % chunks);
 }
 
 /* Decode, step 2: tasks (query head), each head's chunks merged in order, as run_rows
