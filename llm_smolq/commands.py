@@ -121,7 +121,9 @@ def register_commands(cli: click.Group) -> None:
             ("Layers", str(c.n_layers) + (f" (no RoPE in {len(c.nope_layers)})" if c.nope_layers else "")),
             ("Dimensions", f"{c.dim} embedding, {c.hidden_dim} feed-forward"),
             ("Heads", f"{c.n_heads} query, {c.n_kv_heads} key/value, {c.head_dim} wide"),
-            ("Context length", str(c.context_length)),
+            ("Context length", str(c.context_length) + (
+                f" (YaRN x{c.rope_scaling.factor:g} of {c.rope_scaling.original_context}: {c.window} positions)"
+                if c.rope_scaling else "")),
             ("Vocabulary", f"{c.vocab_size} tokens"),
             ("Tied embeddings", "yes" if c.tied_embeddings else "no"),
             ("Tensors", f"{len(model.tensors)}: " + ", ".join(f"{t} x {n}" for t, n in types.most_common())),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from dataclasses import replace
 from functools import cached_property
 from typing import Iterable
 
@@ -44,10 +45,35 @@ def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 def load(path: str | os.PathLike[str], n_ctx: int | None = None, threads: int | None = None,
-         kv_dtype: str = DEFAULT_KV_TYPE) -> "Engine":
+         kv_dtype: str = DEFAULT_KV_TYPE, rope_scaling: str | None = None, rope_scale: float | None = None
+         ) -> "Engine":
     """Open a GGUF model: validate it, map its weights, and allocate an empty KV cache of
-    n_ctx positions (None: the model's whole window, or as much of it as memory holds)."""
-    return Engine(open_model(path), n_ctx=n_ctx, threads=threads, kv_dtype=kv_dtype)
+    n_ctx positions (None: the model's whole window, or as much of it as memory holds).
+    rope_scaling="yarn" extends the window by YaRN (by rope_scale, else by n_ctx over the
+    trained context, else 2x) where the file declares no scaling of its own; "none"
+    turns off a file's YaRN."""
+    return Engine(open_model(path), n_ctx=n_ctx, threads=threads, kv_dtype=kv_dtype, rope_scaling=rope_scaling,
+                  rope_scale=rope_scale)
+
+
+def scaled_config(cfg: ModelConfig, rope_scaling: str | None, rope_scale: float | None,
+                  n_ctx: int | None) -> ModelConfig:
+    """The model's configuration with the RoPE scaling asked for."""
+    if rope_scaling is None:
+        if rope_scale is not None:
+            raise ValueError("rope_scale is YaRN's factor: give it with rope_scaling='yarn'")
+        return cfg
+    if rope_scaling == "none":
+        return replace(cfg, rope_scaling=None)
+    if rope_scaling != "yarn":
+        raise ValueError(f"rope_scaling must be 'yarn' or 'none', got {rope_scaling!r}")
+    if rope_scale is None and cfg.rope_scaling is not None:
+        return cfg  # the file's own YaRN
+    factor = rope_scale if rope_scale is not None else (
+        n_ctx / cfg.context_length if n_ctx and n_ctx > cfg.context_length else 2.0)
+    if not isinstance(factor, (int, float)) or not 1.0 <= factor <= 1024.0:
+        raise ValueError(f"rope_scale must be a number from 1 to 1024, got {factor!r}")
+    return cfg.with_yarn(factor)
 
 
 def default_n_ctx(cfg: ModelConfig, kv_dtype: str, threads: int) -> int:
@@ -56,9 +82,9 @@ def default_n_ctx(cfg: ModelConfig, kv_dtype: str, threads: int) -> int:
     a cache that cannot fill would end a long answer with the process killed."""
     available = memory.available_memory()
     if available is None:
-        return cfg.context_length
+        return cfg.window
     fits = memory.largest_fitting_n_ctx(cfg, kv_type(kv_dtype), MAX_BATCH, threads, available[0])
-    return cfg.context_length if fits >= cfg.context_length else max(fits // 256 * 256, min(fits, 256))
+    return cfg.window if fits >= cfg.window else max(fits // 256 * 256, min(fits, 256))
 
 
 class Engine:
@@ -69,17 +95,21 @@ class Engine:
     engine: engines made from one ModelFile (``Engine(model)`` per thread) share the weights."""
 
     def __init__(self, model: ModelFile, n_ctx: int | None = None, threads: int | None = None,
-                 kv_dtype: str = DEFAULT_KV_TYPE):
-        cfg = model.config
+                 kv_dtype: str = DEFAULT_KV_TYPE, rope_scaling: str | None = None, rope_scale: float | None = None):
         threads = default_threads() if threads is None else threads
         if not isinstance(threads, int) or not 1 <= threads <= 256:
             raise ValueError(f"threads must be an integer from 1 to 256, got {threads!r}")
         kv = kv_type(kv_dtype)
+        cfg = scaled_config(model.config, rope_scaling, rope_scale, n_ctx)
         row_items = kv.row_items(cfg.head_dim)
         if n_ctx is None:
             n_ctx = default_n_ctx(cfg, kv_dtype, threads)
-        if not isinstance(n_ctx, int) or not 1 <= n_ctx <= cfg.context_length:
-            raise ValueError(f"n_ctx must be between 1 and {cfg.context_length} (the model's context length), got {n_ctx!r}")
+        if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 1:
+            raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        if n_ctx > cfg.window:
+            fix = ("lower n_ctx" if cfg.rope_scaling else
+                   "lower n_ctx, or extend the window with YaRN: rope_scaling='yarn' (llm: -o rope_scaling yarn)")
+            raise ValueError(f"n_ctx={n_ctx} is past the model's window of {cfg.window} positions; {fix}")
 
         self.model = model
         self.config: ModelConfig = cfg

@@ -184,6 +184,15 @@ def serialize(kvs: Sequence[KV], tensors: Sequence[TensorEntry], data: bytes, pa
     return bytes(out + data)
 
 
+def with_metadata(data: bytes, changes: dict[str, tuple[int, Any]]) -> bytes:
+    """The GGUF in `data` with metadata keys set (key -> (GGUFValueType, value)): an
+    existing key's value replaced, a new one added at the end; tensors unchanged."""
+    fix = parse(data)
+    kvs = [KV(kv.key, *changes[kv.key]) if kv.key in changes else kv for kv in fix.kvs]
+    kvs += [KV(key, kind, value) for key, (kind, value) in changes.items() if key not in {kv.key for kv in fix.kvs}]
+    return serialize(kvs, fix.tensors, data[fix.data_offset:], fix.alignment)
+
+
 def relayout(tensors: Sequence[TensorEntry], blobs: Sequence[bytes], alignment: int) -> tuple[list[TensorEntry], bytes]:
     """Pack the tensors' bytes one after another, each start a multiple of `alignment`."""
     data, placed = bytearray(), []

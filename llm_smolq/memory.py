@@ -103,7 +103,7 @@ def check_engine_memory(path: str, c: ModelConfig, n_ctx: int, kv: KVType, max_b
 def largest_fitting_n_ctx(c: ModelConfig, kv: KVType, max_batch: int, threads: int, free: int) -> int:
     """The largest n_ctx whose engine fits in `free` bytes (0 if none does). Every term
     grows with n_ctx, so a binary search finds it."""
-    lo, hi = 0, max(c.context_length, 1)
+    lo, hi = 0, max(c.window, 1)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if engine_memory(c, mid, kv, max_batch, threads).total <= free:

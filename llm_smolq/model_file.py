@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,33 @@ class ModelConfig:
     rms_eps: float
     nope_layers: tuple[int, ...]  # layers that skip RoPE (SmolLM3: every 4th)
     tied_embeddings: bool
+    rope_scaling: RopeScaling | None = None  # YaRN, where the file declares it
+
+    @property
+    def window(self) -> int:
+        """Positions the model can attend over: its trained context, or YaRN's extension."""
+        return self.context_length if self.rope_scaling is None else max(self.context_length,
+                                                                          self.rope_scaling.window)
+
+    def with_yarn(self, factor: float) -> ModelConfig:
+        """This model with YaRN by `factor` over its own context (the user's choice)."""
+        return replace(self, rope_scaling=RopeScaling(float(factor), self.context_length))
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """YaRN as llama.cpp applies it: the angles of the low frequencies interpolated by
+    `factor` over the `original_context` positions the model was trained for, so that it
+    attends over factor x as many (beta_fast, beta_slow: the ramp's corners)."""
+
+    factor: float
+    original_context: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    @property
+    def window(self) -> int:
+        return int(self.original_context * self.factor)
 
 
 @dataclass(frozen=True)
@@ -171,9 +198,7 @@ def _config(path: str, meta: dict[str, Any], tensors: dict[str, TensorInfo]) -> 
         raise GGUFError(f"{path}: {n_heads} query heads cannot be grouped over {n_kv_heads} KV heads")
     if head_dim % 2 or get("rope.dimension_count", head_dim) != head_dim:
         raise GGUFError(f"{path}: partial or odd-sized RoPE is not supported (head size {head_dim})")
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":
-        raise GGUFError(f"{path}: RoPE scaling {brief(scaling)} is not supported")
+    rope_scaling = _rope_scaling(path, meta, arch, get)
     embd = tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2:
         raise GGUFError(f"{path}: token_embd.weight is missing or not a matrix")
@@ -198,7 +223,22 @@ def _config(path: str, meta: dict[str, Any], tensors: dict[str, TensorInfo]) -> 
         rms_eps=get("attention.layer_norm_rms_epsilon", 1e-5, float),
         nope_layers=tuple(l for l in range(n_layers) if arch == "smollm3" and (l + 1) % 4 == 0),
         tied_embeddings="output.weight" not in tensors,
+        rope_scaling=rope_scaling,
     )
+
+
+def _rope_scaling(path: str, meta: dict[str, Any], arch: str, get) -> RopeScaling | None:
+    """The file's RoPE scaling: none, or YaRN with its factor and original context."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    if kind != "yarn":
+        raise GGUFError(f"{path}: RoPE scaling {brief(kind)} is not supported (llm-smolq applies none or yarn)")
+    factor = get("rope.scaling.factor", None, float)
+    if not 1.0 <= factor <= 1024.0:
+        raise GGUFError(f"{path}: {arch}.rope.scaling.factor = {brief(factor)} must be from 1 to 1024")
+    return RopeScaling(factor, get("rope.scaling.original_context_length", get("context_length")),
+                       get("rope.scaling.yarn_beta_fast", 32.0, float), get("rope.scaling.yarn_beta_slow", 1.0, float))
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:

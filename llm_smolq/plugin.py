@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Iterator, Optional, Union
 
@@ -48,9 +48,14 @@ class SmolQOptions(llm.Options):
     seed: Optional[int] = Field(default=None, ge=0, description="Random seed for reproducible sampling")
     stop: Optional[Union[str, list[str]]] = Field(default=None, description="Stop when this text (or any of these) appears")
     n_ctx: Optional[int] = Field(
-        default=None, ge=16, le=131072,
+        default=None, ge=16, le=1 << 20,
         description="Context length in tokens (default: the model's whole window, as far as memory holds it)"
     )
+    rope_scaling: Optional[str] = Field(
+        default=None, description="yarn: extend the window with YaRN (by rope_scale, else n_ctx over the trained "
+                                  "context, else 2x); none: turn off a file's own"
+    )
+    rope_scale: Optional[float] = Field(default=None, ge=1.0, le=1024.0, description="YaRN's factor")
     kv_cache: Optional[str] = Field(
         default=None, description="KV cache type: f16 (default), q8_0 (about half the memory) or f32 "
                                   "(llama.cpp's exact attention order)"
@@ -70,6 +75,13 @@ class SmolQOptions(llm.Options):
             raise ValueError(f"kv_cache must be one of {', '.join(KV_TYPES)}")
         return value
 
+    @field_validator("rope_scaling")
+    @classmethod
+    def _known_rope_scaling(cls, value):
+        if value is not None and value not in ("yarn", "none"):
+            raise ValueError("rope_scaling must be yarn or none")
+        return value
+
     @field_validator("stop")
     @classmethod
     def _stops_are_text(cls, value):
@@ -79,6 +91,21 @@ class SmolQOptions(llm.Options):
         return value
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """What an engine is made for: the options that change it (None: the defaults)."""
+
+    n_ctx: int | None = None
+    threads: int | None = None
+    kv_cache: str | None = None
+    rope_scaling: str | None = None
+    rope_scale: float | None = None
+
+    @classmethod
+    def of(cls, opts) -> EngineOptions:
+        return cls(opts.n_ctx, opts.threads, opts.kv_cache, opts.rope_scaling, opts.rope_scale)
+
+
 @dataclass
 class Loaded:
     """A model file in memory: its engine (weights + KV cache), chat template, and the
@@ -86,7 +113,7 @@ class Loaded:
 
     engine: Engine
     template: ChatTemplate
-    n_ctx_asked: int | None = None  # the option it was loaded for (None: the default)
+    made_for: EngineOptions  # the options it was loaded for
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -96,30 +123,30 @@ _loaded: dict[str, Loaded] = {}
 _loaded_lock = threading.Lock()
 
 
-def load_model(path: Path, n_ctx: int | None, threads: int | None, kv_cache: str | None = None) -> Loaded:
-    """The model at path with an engine of n_ctx positions (None: the whole window, as far
-    as memory holds it; capped at the model's own), reusing the loaded one when it fits."""
+def load_model(path: Path, want: EngineOptions) -> Loaded:
+    """The model at path with an engine as `want` asks (n_ctx None: the whole window, as
+    far as memory holds it), reusing the loaded one when it was made the same way."""
     from .chat_template import chat_template_from_metadata
     from .engine import Engine
     from .kv_types import DEFAULT_KV_TYPE
     from .model_file import open_model
 
-    key, kv_cache = str(path.resolve()), kv_cache or DEFAULT_KV_TYPE
+    key = str(path.resolve())
     with _loaded_lock:
         hit = _loaded.get(key)
-        if hit and hit.n_ctx_asked == n_ctx and threads in (None, hit.engine.threads) and \
-                hit.engine.kv_dtype == kv_cache:
+        if hit and replace(hit.made_for, threads=None) == replace(want, threads=None) and want.threads in (
+                None, hit.engine.threads):
             return hit
         _loaded.pop(key, None)  # let a differently sized engine go before loading another
         try:
             model = open_model(path)
-            size = None if n_ctx is None else min(n_ctx, model.config.context_length)
-            engine = Engine(model, n_ctx=size, threads=threads, kv_dtype=kv_cache)
+            engine = Engine(model, n_ctx=want.n_ctx, threads=want.threads, kv_dtype=want.kv_cache or DEFAULT_KV_TYPE,
+                            rope_scaling=want.rope_scaling, rope_scale=want.rope_scale)
             engine.tokenizer  # built now, so a broken vocabulary is refused with the rest
             template = chat_template_from_metadata(model.metadata)
         except ValueError as exc:  # GGUFError, ResourceError, ChatTemplateError and bad sizes
             raise llm.ModelError(str(exc)) from None
-        _loaded[key] = Loaded(engine, template, n_ctx)
+        _loaded[key] = Loaded(engine, template, want)
         return _loaded[key]
 
 
@@ -143,7 +170,7 @@ class _SmolQ:
             path = catalog.resolve(self.model_id)
         except catalog.ModelNotFound as exc:
             raise llm.ModelError(str(exc)) from None
-        loaded = load_model(path, opts.n_ctx, opts.threads, opts.kv_cache)
+        loaded = load_model(path, EngineOptions.of(opts))
         yield from answer(loaded, prompt, response, self.model_id, path)
 
 

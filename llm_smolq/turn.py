@@ -93,9 +93,14 @@ def conversation_ids(loaded: Loaded, prompt: llm.Prompt, model_id: str, tools: l
         raise llm.ModelError(f"the model's chat template failed: {exc}") from None
     ids = prompt_ids(engine, text)
     if len(ids) >= engine.n_ctx:
-        limit = engine.config.context_length
-        fix = (f"shorten it or raise the context with -o n_ctx {min(len(ids) * 2, limit)}" if len(ids) < limit
-               else f"shorten it: the model reads at most {limit} tokens")
+        window = engine.config.window
+        if len(ids) < window:
+            fix = f"shorten it or raise the context with -o n_ctx {min(len(ids) * 2, window)}"
+        elif engine.config.rope_scaling is None:
+            fix = (f"shorten it: the model reads at most {window} tokens, or extend that with YaRN: "
+                   f"-o rope_scaling yarn -o n_ctx {len(ids) * 2}")
+        else:
+            fix = f"shorten it: the model reads at most {window} tokens"
         raise llm.ModelError(f"the prompt is {len(ids)} tokens but the context holds {engine.n_ctx}; {fix}")
     return ids
 

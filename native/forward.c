@@ -107,13 +107,46 @@ static void rmsnorm(float *out, const float *x, const float *weight, int n, floa
 /* The rotation angles depend only on the position: computed once per token per chunk,
  * then shared by q and k of every layer. As llama.cpp forms them: theta starts at the
  * position and is multiplied by base^(-2/head_dim) in float for each next pair, then
- * cosf/sinf. An ulp here can flip an 8-bit code downstream, hence the exact recipe. */
-static void rope_angles(float *cs, int head_dim, int pos, float theta_base) {
+ * cosf/sinf. An ulp here can flip an 8-bit code downstream, hence the exact recipe
+ * (YaRN's included: the same float operations, the two sums that its optimized build
+ * fuses into fmas fused here too). */
+typedef struct {
+    float freq_scale, mscale, low, high;  /* no scaling: freq_scale 0 */
+} yarn;
+
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return n_dims * logf(n_ctx_orig / (n_rot * 2 * (float)3.14159265358979323846)) / (2 * logf(base));
+}
+
+static yarn yarn_of(const sq_config *c) {
+    yarn y = {0};
+    if (c->yarn_freq_scale <= 0.0f) return y;
+    y.freq_scale = c->yarn_freq_scale;
+    y.mscale = fmaf(0.1f, logf(1.0f / c->yarn_freq_scale), 1.0f);
+    const float start = floorf(yarn_corr_dim(c->head_dim, c->yarn_orig_ctx, c->yarn_beta_fast, c->rope_theta));
+    const float end = ceilf(yarn_corr_dim(c->head_dim, c->yarn_orig_ctx, c->yarn_beta_slow, c->rope_theta));
+    y.low = start > 0.0f ? start : 0.0f;
+    y.high = end < (float)(c->head_dim - 1) ? end : (float)(c->head_dim - 1);
+    return y;
+}
+
+static void rope_angles(float *cs, int head_dim, int pos, float theta_base, const yarn *y) {
     const float theta_scale = powf(theta_base, -2.0f / (float)head_dim);
     float theta = (float)pos;
     for (int i = 0; i < head_dim / 2; i++) {
-        cs[2 * i] = cosf(theta);
-        cs[2 * i + 1] = sinf(theta);
+        if (y->freq_scale > 0.0f) {
+            /* the ramp: 1 (extrapolate: keep the trained angle) for pairs below `low`,
+             * 0 (interpolate) above `high` */
+            const float r = ((float)i - y->low) / (y->high - y->low > 0.001f ? y->high - y->low : 0.001f);
+            const float mix = 1.0f - (r > 1.0f ? 1.0f : r < 0.0f ? 0.0f : r);
+            const float interp = y->freq_scale * theta;
+            const float t = fmaf(interp, 1.0f - mix, theta * mix);
+            cs[2 * i] = cosf(t) * y->mscale;
+            cs[2 * i + 1] = sinf(t) * y->mscale;
+        } else {
+            cs[2 * i] = cosf(theta);
+            cs[2 * i + 1] = sinf(theta);
+        }
         theta *= theta_scale;
     }
 }
@@ -254,10 +287,11 @@ static void chunk_forward(const sq_model *m, sq_state *s, sq_pool *pool, uint8_t
                           int kv_type, const int32_t *tokens, int n_tok, int n_past, float *logits, int first_out) {
     const sq_config *c = &m->cfg;
     int dim = c->dim;
+    const yarn y = yarn_of(c);
     for (int t = 0; t < n_tok; t++) {
         const uint8_t *row = (const uint8_t *)m->token_embd.data + (int64_t)tokens[t] * m->token_embd.row_bytes;
         sq_dequantize_row(m->token_embd.type, row, s->x + (int64_t)t * dim, dim);
-        rope_angles(s->rope_cs + (int64_t)t * c->head_dim, c->head_dim, n_past + t, c->rope_theta);
+        rope_angles(s->rope_cs + (int64_t)t * c->head_dim, c->head_dim, n_past + t, c->rope_theta, &y);
     }
     for (int l = 0; l < c->n_layers; l++) layer_forward(m, l, s, pool, k_cache, v_cache, kv_type, n_tok, n_past);
 

@@ -118,6 +118,13 @@ typedef struct {
     int n_ctx;             /* positions the KV cache holds */
     float rope_theta;      /* RoPE base frequency */
     float rms_eps;
+    /* YaRN, as llama.cpp applies it (all 0 without scaling): angles of the pairs past
+     * the ramp's corner dimensions interpolated by yarn_freq_scale (1 / the factor), and
+     * cos and sin scaled by 1 + 0.1 ln(factor). */
+    float yarn_freq_scale;  /* 1 / factor; 0: no scaling */
+    int yarn_orig_ctx;      /* positions the model was trained for */
+    float yarn_beta_fast;   /* rotations per window past which a pair is kept as trained (32) */
+    float yarn_beta_slow;   /* ... below which it is interpolated (1) */
 } sq_config;
 
 typedef struct {

@@ -199,13 +199,24 @@ def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypa
     assert again.startswith(expected)
 
 
-def test_a_context_above_the_models_is_capped_and_the_engine_kept(user_dir):
+def test_the_default_context_is_the_whole_window_and_the_engine_kept(user_dir):
     model = llm.get_model("smollm2-q")
-    model.prompt("One", max_tokens=1, temperature=0, n_ctx=100000).text()
+    model.prompt("One", max_tokens=1, temperature=0).text()
     engine = plugin._loaded[str(model_path(user_dir))].engine
     assert engine.n_ctx == engine.config.context_length == 8192
-    model.prompt("Two", max_tokens=1, temperature=0, n_ctx=100000).text()
+    model.prompt("Two", max_tokens=1, temperature=0).text()
     assert plugin._loaded[str(model_path(user_dir))].engine is engine
+
+
+def test_a_context_past_the_window_is_refused_with_the_way_to_extend_it(user_dir):
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "n_ctx", "100000", *QUICK, "hi"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "n_ctx=100000 is past the model's window of 8192 positions" in result.output
+    assert "-o rope_scaling yarn" in result.output
+    result = run("-m", "smollm2-q", "-o", "n_ctx", "16384", "-o", "rope_scaling", "yarn", *QUICK, "hi")
+    assert result.exit_code == 0 and result.output.strip()
+    engine = plugin._loaded[str(model_path(user_dir))].engine
+    assert engine.n_ctx == 16384 and engine.config.rope_scaling.factor == 2.0
 
 
 def test_two_threads_prompting_one_model_get_their_own_answers(user_dir):

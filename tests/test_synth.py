@@ -328,7 +328,7 @@ def test_llama_cpp_loads_the_files_and_agrees(tiny):
                               type_k=0, type_v=0, flash_attn=False)
         llm.eval([1, 2, 3])
         theirs = np.array(llm.scores[:3], dtype=np.float32)
-        ours = llm_smolq.load(path, n_ctx=64).eval([1, 2, 3], all_logits=True)
+        ours = llm_smolq.load(path, n_ctx=64, kv_dtype="f32").eval([1, 2, 3], all_logits=True)
         assert np.isfinite(theirs).all(), type_
         rel = np.abs(theirs - ours).max(axis=1) / np.abs(theirs).max(axis=1)
         assert (rel < 1e-2).all(), (type_, rel)
