@@ -7,7 +7,7 @@ import os
 import threading
 from dataclasses import replace
 from functools import cached_property
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -255,9 +255,11 @@ class Engine:
             self._tokens.extend(ids[start:])
 
     # -- running the model ----------------------------------------------------------------
-    def eval(self, ids: Iterable[int], all_logits: bool = False) -> np.ndarray:
+    def eval(self, ids: Iterable[int], all_logits: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         """Append ids to the KV cache and return float32 logits: [len(ids), vocab] when
-        all_logits, else [vocab] for the last position."""
+        all_logits, else [vocab] for the last position. progress, if given, is called
+        with (ids done, len(ids)) after each batch of the kernel."""
         tokens = self._check_tokens(ids)
         n, vocab = len(tokens), self.config.vocab_size
         # tokens and logits are made right here, C-contiguous and aligned by numpy.
@@ -291,6 +293,8 @@ class Engine:
                         + (", or load with kv_dtype='f32'" if self._kv_type != lib.SQ_F32 else "")
                     )
                 self._tokens.extend(batch.tolist())
+                if progress is not None:
+                    progress(start + len(batch), n)
         return logits
 
     def _check_tokens(self, ids: Iterable[int]) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -90,7 +90,8 @@ def prompt_ids(engine: Engine, text: str) -> list[int]:
     return [tok.bos_id] + ids if tok.add_bos and tok.bos_id is not None else ids
 
 
-def prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]:
+def prefill(engine: Engine, prompt_ids: Sequence[int], progress: Callable[[int, int], None] | None = None
+            ) -> tuple[np.ndarray, int]:
     """Evaluate prompt_ids, reusing the longest prefix already in the KV cache.
     Returns the last position's logits and how many tokens were reused. A prompt longer
     than the context is refused before the cache is touched."""
@@ -105,7 +106,7 @@ def prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[np.ndarray, int]
         common += 1
     common = min(common, len(prompt_ids) - 1)  # the last token must run to give logits
     engine.truncate(common)
-    return engine.eval(list(prompt_ids[common:])), common
+    return engine.eval(list(prompt_ids[common:]), progress=progress), common
 
 
 class TextStream:
@@ -157,18 +158,20 @@ def generate(
     stops: Sequence[str] = (),
     completion: Completion | None = None,
     constraint: Constraint | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[str]:
     """Yield text as it is produced. Stops at an end-of-turn token, a stop string,
     max_tokens, or a full context; `completion` records which, and the counts.
 
     With a `constraint`, only tokens its grammar allows are sampled, and the answer ends
     ("stop") once the grammar is complete and nothing but end-of-turn may follow. Cut
-    short by max_tokens, a stop string or the context, the text is an incomplete value."""
+    short by max_tokens, a stop string or the context, the text is an incomplete value.
+    `progress` follows the prefill of what the cache does not hold (see Engine.eval)."""
     done = completion if completion is not None else Completion()
     done.prompt_tokens = len(prompt_ids)
     sampler, enders, stream = Sampler(params), end_of_turn_ids(engine.tokenizer), TextStream(stops)
     started = time.perf_counter()
-    logits, done.cached_tokens = prefill(engine, prompt_ids)
+    logits, done.cached_tokens = prefill(engine, prompt_ids, progress)
     done.prefill_seconds = time.perf_counter() - started
     started = time.perf_counter()
     recent = list(prompt_ids[-REPEAT_WINDOW:])

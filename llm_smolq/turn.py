@@ -4,6 +4,7 @@ back as llm's text, reasoning and tool-call events, and its usage recorded."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Union
 
@@ -15,6 +16,7 @@ from .chat_template import ChatTemplateError
 from .errors import ConstraintError
 from .generation import Completion, ReasoningSplitter, SamplingParams, prompt_ids
 from .plugin import DEFAULT_MAX_TOKENS, Loaded
+from .progress import PrefillProgress
 from .prompt_cache import CacheActivity, PromptCache
 from .tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
 
@@ -57,7 +59,7 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
             try:
                 for chunk in generation.generate(engine, ids, sampling_params(opts, smollm3),
                                                  opts.max_tokens or DEFAULT_MAX_TOKENS, stop_strings(opts), done,
-                                                 constraint):
+                                                 constraint, progress=PrefillProgress.for_terminal(sys.stderr)):
                     yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
             except KeyboardInterrupt:
                 # Ctrl-C ends the answer, not the program: llm logs what was produced
