@@ -32,7 +32,7 @@ import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -497,10 +497,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--llama-mix", action="store_true",
                     help="for a plain type, use the mix llama-quantize makes for it (e.g. token_embd Q6_K) "
                          "instead of that type everywhere")
+    ap.add_argument("--layers", type=int, metavar="N",
+                    help="the preset's layer shapes, N of them (a smaller file for long-context benchmarks)")
     args = ap.parse_args(argv)
     try:
         start = time.perf_counter()
-        plan = write_synthetic(args.out, args.preset, args.type, args.seed, args.llama_mix)
+        preset = args.preset
+        if args.layers is not None:
+            if args.layers < 1:
+                raise ValueError(f"--layers must be at least 1, got {args.layers}")
+            preset = replace(PRESETS[args.preset], n_layers=args.layers)
+        plan = write_synthetic(args.out, preset, args.type, args.seed, args.llama_mix)
         elapsed = time.perf_counter() - start
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -307,6 +307,16 @@ def test_cli_writes_the_file(tmp_path, capsys):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
+def test_cli_layers_keeps_the_shapes_with_fewer_layers(tmp_path, capsys):
+    out = tmp_path / "two.gguf"
+    assert main([str(out), "--preset", "tiny", "--type", "Q8_0", "--layers", "2"]) == 0
+    config = llm_smolq.load(out, n_ctx=16, threads=1).config
+    tiny = PRESETS["tiny"]
+    assert (config.n_layers, config.dim, config.hidden_dim, config.n_heads) == (2, tiny.dim, tiny.ffn, tiny.n_heads)
+    assert main([str(out), "--preset", "tiny", "--type", "Q8_0", "--layers", "0"]) == 1
+    assert "--layers must be at least 1" in capsys.readouterr().err
+
+
 def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown type"):
         write_synthetic(tmp_path / "x.gguf", "tiny", "Q4_K_X")
