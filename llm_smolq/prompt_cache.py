@@ -151,15 +151,18 @@ _roots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def model_root(engine: Engine) -> str:
     """The digest every chain for this engine starts from: blocks made by another model
-    file, kernel build, KV layout or format version can never be found from it."""
+    file, kernel build, KV layout, RoPE scaling or format version can never be found from
+    it (the cached keys are rotated by the angles the scaling gives)."""
     root = _roots.get(engine)
     if root is None:
+        scaling = engine.config.rope_scaling
         identity = {
             "format": FORMAT_VERSION,
             "model": model_fingerprint(engine.model),
             "kernel": kernel_fingerprint(),
             "byteorder": sys.byteorder,
             "layout": KVLayout.of(engine).__dict__,
+            "rope_scaling": scaling.__dict__ if scaling else None,
         }
         root = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
         _roots[engine] = root

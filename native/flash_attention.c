@@ -3,8 +3,7 @@
  * The F32 cache keeps llama.cpp's exact order (attention.c): a score row as long as the
  * context, a softmax over it, then the weighted sum. The compact caches take this path
  * instead, which never holds more than a block of scores:
- *  - keys go by in blocks of KEY_BLOCK, each block's keys (transposed) and values
- *    widened to float once into scratch and shared by every query row that sees them;
+ *  - keys go by in blocks of KEY_BLOCK, scored by every query row that sees them;
  *  - each row keeps a running max, sum and weighted sum of V rows (an online softmax:
  *    when the max grows, what was summed so far is rescaled);
  *  - every KEY_CHUNK keys that partial result is closed and merged, chunk by chunk in

@@ -234,6 +234,7 @@ def test_a_changed_model_file_or_kv_dtype_finds_nothing(tiny, tmp_path):
 
     assert cache.restore(load(model, kv_dtype="f32"), prompt).read_tokens == 0  # another KV layout
     assert cache.restore(load(model, kv_dtype="q8_0"), prompt).read_tokens == 0
+    assert cache.restore(load(model, rope_scaling="yarn"), prompt).read_tokens == 0  # other RoPE angles
 
     st = os.stat(model)
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched (re-downloaded, say)
