@@ -438,7 +438,9 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
     const size_t rb = sq_kv_row_bytes(job->kv_type, c->head_dim), n = n_rows - r0;
     float *q = sc->q + r0 * hdp, *s = sc->s + r0 * KEY_BLOCK, *o = sc->o + r0 * hdp;
     size_t most = 0;
-#ifdef HAVE_FLASH_AVX2
+#ifndef HAVE_FLASH_AVX2
+    (void)simd; /* no SIMD path to choose in this build */
+#else
     const int fast = simd && hd % 8 == 0;
     if (fast)
         scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s);
