@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--vs-llama-cpp needs llama-cpp-python: pip install -e '.[bench]'")
 
     engines = (ENGINES if args.depth else ENGINES[:2]) if args.vs_llama_cpp else ENGINES[:1]
+    if args.kv_cache == "q8_0" and "llama.cpp-fa" in engines:
+        # llama.cpp makes no context with a quantized V cache unless flash attention is on
+        engines = tuple(e for e in engines if e != "llama.cpp")
     runs: dict[str, list[dict]] = {e: [] for e in engines}
     for _ in range(args.repeat):
         for engine in engines:

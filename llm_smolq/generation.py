@@ -75,11 +75,45 @@ class Completion:
     finish_reason: str | None = None
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    repeated_tokens: int = 0  # with finish_reason "repetition": how long the loop ran
 
     @property
     def tokens_per_second(self) -> float | None:
         n = len(self.output_ids) - 1  # the first token comes out of the prefill
         return round(n / self.decode_seconds, 2) if n > 0 and self.decode_seconds > 0 else None
+
+
+class RepetitionGuard:
+    """Tells when an answer has fallen into a loop: the same span of tokens (up to
+    `longest_span` long) repeated back to back until `tokens` tokens in a row equal the
+    token one span earlier. A small model at a low temperature can do that until
+    max_tokens ("la République, la République, ..."); natural text, lists and code
+    vary within a few hundred tokens.
+
+    For every span length p it keeps the run of latest tokens that equal the one p
+    back, so a step costs O(longest_span), not a scan of the answer."""
+
+    def __init__(self, tokens: int = 256, longest_span: int = 64):
+        if not 1 <= longest_span <= tokens // 2:
+            raise ValueError("the longest span must fit twice in the guarded run")
+        self.tokens, self.longest_span = tokens, longest_span
+        self._ids: list[int] = []
+        self._runs = np.zeros(longest_span + 1, np.int64)  # [p]: tokens in a row equal to the one p back
+
+    def push(self, token: int) -> int:
+        """Take the next output token; the length of the repeated run once it reaches
+        `tokens` (the answer should end), else 0."""
+        ids = self._ids
+        ids.append(token)
+        n = len(ids)
+        spans = np.arange(1, min(self.longest_span, n - 1) + 1)
+        same = np.fromiter((ids[n - 1 - p] == token for p in spans), bool, len(spans))
+        runs = self._runs[1:len(spans) + 1]
+        runs[:] = np.where(same, runs + 1, 0)
+        longest = int(runs.max()) if len(runs) else 0
+        if longest >= self.tokens:
+            return longest + int(np.argmax(runs)) + 1  # the first copy of the span counts too
+        return 0
 
 
 def prompt_ids(engine: Engine, text: str) -> list[int]:
@@ -159,9 +193,11 @@ def generate(
     completion: Completion | None = None,
     constraint: Constraint | None = None,
     progress: Callable[[int, int], None] | None = None,
+    guard: RepetitionGuard | None = None,
 ) -> Iterator[str]:
     """Yield text as it is produced. Stops at an end-of-turn token, a stop string,
-    max_tokens, or a full context; `completion` records which, and the counts.
+    max_tokens, a full context, or (with a `guard`) a loop of repeated text;
+    `completion` records which, and the counts.
 
     With a `constraint`, only tokens its grammar allows are sampled, and the answer ends
     ("stop") once the grammar is complete and nothing but end-of-turn may follow. Cut
@@ -192,6 +228,9 @@ def generate(
                 yield text
             if stream.stopped or (constraint is not None and constraint.finished):
                 done.finish_reason = "stop"
+                break
+            if guard is not None and (repeated := guard.push(token)):
+                done.finish_reason, done.repeated_tokens = "repetition", repeated
                 break
             if len(done.output_ids) >= max_tokens:
                 done.finish_reason = "length"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
+import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Iterator, Optional, Union
 
+import click
 import llm
 from llm.parts import StreamEvent
 from pydantic import Field, field_validator
@@ -17,6 +21,7 @@ from . import catalog
 if TYPE_CHECKING:  # the kernel, gguf and jinja2 load on first use, not on every `llm` start
     from .chat_template import ChatTemplate
     from .engine import Engine
+    from .turn import Command
 
 DEFAULT_MAX_TOKENS = 1024
 
@@ -24,7 +29,9 @@ DEFAULT_MAX_TOKENS = 1024
 @llm.hookimpl
 def register_models(register):
     for record in catalog.list_models():
-        register(SmolQModel(record.id), AsyncSmolQModel(record.id), aliases=tuple(record.aliases))
+        abilities = {"tools": record.tools, "thinking": record.thinking}
+        register(SmolQModel(record.id, **abilities), AsyncSmolQModel(record.id, **abilities),
+                 aliases=tuple(record.aliases))
 
 
 @llm.hookimpl
@@ -32,6 +39,44 @@ def register_commands(cli):
     from .commands import register_commands as add_commands
 
     add_commands(cli)
+    _finish_after_prompt(cli)
+
+
+AFTER_PROMPT = "llm_smolq.after_prompt"  # the key of an AfterPrompt in click's ctx.meta
+
+
+@dataclass
+class AfterPrompt:
+    """What an answer leaves for the end of llm's `prompt` command, once llm has printed
+    the answer (and its newline) and logged it: notices for stderr, an exit status."""
+
+    notices: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+
+    def run(self, ctx: click.Context) -> None:
+        sys.stdout.flush()  # the answer first, where both streams go to one terminal
+        for line in self.notices:
+            click.echo(f"llm-smolq: {line}", err=True)
+        if self.exit_code is not None:
+            ctx.exit(self.exit_code)
+
+
+def _finish_after_prompt(cli: click.Group) -> None:
+    command = cli.commands.get("prompt")
+    if command is None or command.callback is None or getattr(command.callback, "smolq_after", False):
+        return
+    original = command.callback
+
+    @functools.wraps(original)
+    def callback(*args, **kwargs):
+        ctx = click.get_current_context()
+        after = ctx.meta.setdefault(AFTER_PROMPT, AfterPrompt())
+        result = original(*args, **kwargs)
+        after.run(ctx)
+        return result
+
+    callback.smolq_after = True
+    command.callback = callback
 
 
 class SmolQOptions(llm.Options):
@@ -46,7 +91,10 @@ class SmolQOptions(llm.Options):
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0, description="Drop tokens below min_p x the top probability")
     repeat_penalty: Optional[float] = Field(default=None, gt=0.0, le=5.0, description="Penalty for the last 64 tokens (1.0: off)")
     seed: Optional[int] = Field(default=None, ge=0, description="Random seed for reproducible sampling")
-    stop: Optional[Union[str, list[str]]] = Field(default=None, description="Stop when this text (or any of these) appears")
+    stop: Optional[Union[str, list[str]]] = Field(
+        default=None, description='Stop when this text appears; a JSON list of strings (\'["sea", "waves"]\') '
+                                  'stops at any of them (text that itself reads as such a list: \'["[1, 2]"]\')'
+    )
     n_ctx: Optional[int] = Field(
         default=None, ge=16, le=1 << 20,
         description="Context length in tokens (default: the model's whole window, as far as memory holds it)"
@@ -61,9 +109,12 @@ class SmolQOptions(llm.Options):
                                   "(llama.cpp's exact attention order)"
     )
     threads: Optional[int] = Field(default=None, ge=1, le=256, description="CPU threads (default: all cores)")
-    thinking: Optional[bool] = Field(default=None, description="SmolLM3: reason in <think> before answering (default true)")
     prompt_cache: Optional[bool] = Field(
         default=None, description="Keep the prompt's state on disk so `llm -c` skips re-reading it (default true)"
+    )
+    repeat_guard: Optional[bool] = Field(
+        default=None, description="End an answer that repeats the same span over and over for a few hundred "
+                                  "tokens, finish_reason 'repetition' (default true)"
     )
 
     @field_validator("kv_cache")
@@ -82,6 +133,19 @@ class SmolQOptions(llm.Options):
             raise ValueError("rope_scaling must be yarn or none")
         return value
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list_from_json(cls, value):
+        # llm hands command-line values over as text: '["sea", "waves"]' means two stops
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                return value
+            if isinstance(parsed, list) and all(isinstance(item, str) for item in parsed):
+                return parsed
+        return value
+
     @field_validator("stop")
     @classmethod
     def _stops_are_text(cls, value):
@@ -89,6 +153,12 @@ class SmolQOptions(llm.Options):
         if stops is not None and not all(stops):
             raise ValueError("stop strings must not be empty")
         return value
+
+
+class ThinkingOptions(SmolQOptions):
+    """For models whose chat template has a <think> switch (SmolLM3)."""
+
+    thinking: Optional[bool] = Field(default=None, description="Reason in <think> before answering (default true)")
 
 
 @dataclass(frozen=True)
@@ -152,17 +222,17 @@ def load_model(path: Path, want: EngineOptions) -> Loaded:
 
 class _SmolQ:
     can_stream = True
-    supports_tools = True  # for templates that have a tool format: see tool_calls.py
     supports_schema = True
-    Options = SmolQOptions
 
-    def __init__(self, model_id: str):
+    def __init__(self, model_id: str, tools: bool = False, thinking: bool = False):
         self.model_id = model_id
+        self.supports_tools = tools  # its template has a tool format: see tool_calls.py
+        self.Options = ThinkingOptions if thinking else SmolQOptions
 
     def __str__(self) -> str:
         return f"SmolQ: {self.model_id}"
 
-    def run(self, prompt: llm.Prompt, response) -> Iterator[Union[str, StreamEvent]]:
+    def run(self, prompt: llm.Prompt, response, command: Command) -> Iterator[Union[str, StreamEvent]]:
         from .turn import answer
 
         opts = prompt.options
@@ -171,18 +241,23 @@ class _SmolQ:
         except catalog.ModelNotFound as exc:
             raise llm.ModelError(str(exc)) from None
         loaded = load_model(path, EngineOptions.of(opts))
-        yield from answer(loaded, prompt, response, self.model_id, path)
+        return answer(loaded, prompt, response, self.model_id, path, command)
 
 
 class SmolQModel(_SmolQ, llm.Model):
     def execute(self, prompt, stream, response, conversation):
-        yield from self.run(prompt, response)
+        from .turn import Command
+
+        yield from self.run(prompt, response, Command.current())
 
 
 class AsyncSmolQModel(_SmolQ, llm.AsyncModel):
     async def execute(self, prompt, stream, response, conversation) -> AsyncIterator:
-        # The kernel releases the GIL, so a worker thread keeps the event loop free.
-        chunks = self.run(prompt, response)
+        from .turn import Command
+
+        # The kernel releases the GIL, so a worker thread keeps the event loop free; the
+        # command is looked up here, on the thread where click keeps it.
+        chunks = await asyncio.to_thread(self.run, prompt, response, Command.current())
         done = object()
         while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
             yield chunk

@@ -15,9 +15,11 @@ layout (all folded into the chain's root digest), the block's place in the chain
 size, and a SHA-256 of the whole file. A file that fails is deleted and the prompt is
 prefilled as if it had never been there.
 
-Files live in ``llm.user_dir() / "smolq-prompt-cache"``; the total is held under a budget
-(SMOLQ_PROMPT_CACHE_SIZE, default 2GB, 0 turns the cache off) by deleting the least
-recently used blocks, deepest first, so a kept chain keeps its start.
+Files live in ``llm.user_dir() / "smolq-prompt-cache"``. Each model's blocks (those of one
+chain root: one model file, kernel build and KV layout) are held under a budget, by default
+twice the model file's size (SMOLQ_PROMPT_CACHE_SIZE sets another, 0 turns the cache off),
+by deleting its least recently used blocks, deepest first, so a kept chain keeps its start.
+The chain a block belongs to is read from the file names alone (each names its parent).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 
 DIR_NAME = "smolq-prompt-cache"
 SIZE_ENV = "SMOLQ_PROMPT_CACHE_SIZE"
-DEFAULT_MAX_BYTES = 2 * 1000**3
+MODEL_MULTIPLE = 2  # the default budget per model: this many times its file's size
+MIN_DEFAULT_BYTES = 64 * 1000**2  # but never less: a tiny model's chats still fit
 BLOCK_TOKENS = 256
 FORMAT_VERSION = 1
 MAGIC = b"SMOLQKV\x00"
@@ -86,9 +89,14 @@ def parse_size(text: str) -> int:
     return int(float(match[1]) * _UNITS[match[2]])
 
 
-def budget_from_environment() -> int:
+def budget_from_environment() -> int | None:
+    """SMOLQ_PROMPT_CACHE_SIZE in bytes per model (0: off), None when it is not set."""
     raw = os.environ.get(SIZE_ENV)
-    return DEFAULT_MAX_BYTES if raw is None or not raw.strip() else parse_size(raw)
+    return None if raw is None or not raw.strip() else parse_size(raw)
+
+
+def default_budget(model_bytes: int) -> int:
+    return max(MIN_DEFAULT_BYTES, MODEL_MULTIPLE * model_bytes)
 
 
 # -- what makes a saved state usable by an engine ---------------------------------------------
@@ -329,6 +337,9 @@ class CacheActivity:
     written_tokens: int = 0
     write_seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
+    first_write: bool = False  # this save made the cache directory: worth one line to the user
+    budget: int = 0  # bytes the model's blocks may take (set by a save)
+    directory: Path | None = None  # where (set by a save)
 
     def as_json(self) -> dict:
         out = {"read_tokens": self.read_tokens, "read_seconds": round(self.read_seconds, 4),
@@ -349,7 +360,8 @@ class BlockFile:
 
 
 class PromptCache:
-    def __init__(self, directory: Path, max_bytes: int = DEFAULT_MAX_BYTES, block_tokens: int = BLOCK_TOKENS):
+    def __init__(self, directory: Path, max_bytes: int | None = None, block_tokens: int = BLOCK_TOKENS):
+        """max_bytes: what each model's blocks may take; None sizes it to the model file."""
         if block_tokens < 1:
             raise ValueError("block_tokens must be at least 1")
         self.directory = Path(directory)
@@ -361,7 +373,12 @@ class PromptCache:
         """The user's cache, or None when SMOLQ_PROMPT_CACHE_SIZE turns it off; a
         malformed value is a ValueError saying how to write it."""
         budget = budget_from_environment()
-        return cls(cache_dir(), budget) if budget > 0 else None
+        return None if budget == 0 else cls(cache_dir(), budget)
+
+    def budget_for(self, engine: Engine) -> int:
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return default_budget(os.stat(engine.model.path).st_size)
 
     def _lock(self, timeout: float = _LOCK_TIMEOUT) -> FileLock:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -388,6 +405,9 @@ class PromptCache:
         plan = self._plan(model_root(engine), KVLayout.of(engine), ids, activity)
         pos, used = 0, []
         for head, use in plan:
+            use = min(use, len(ids) - 1 - pos)  # the last token runs anyway: restore it and it is redone
+            if use <= 0:
+                break
             end = pos + use
             if end > keep:
                 try:
@@ -464,7 +484,10 @@ class PromptCache:
         ids = np.asarray(engine.tokens, np.int32)
         if not len(ids):
             return
-        layout, parent = KVLayout.of(engine), model_root(engine)
+        layout, root = KVLayout.of(engine), model_root(engine)
+        parent, budget = root, self.budget_for(engine)
+        activity.budget, activity.directory = budget, self.directory
+        new_directory = not self.directory.exists()
         model_file = os.path.basename(engine.model.path)
         chain = []
         for start in range(0, len(ids), self.block_tokens):
@@ -473,7 +496,7 @@ class PromptCache:
             chain.append((start, stop, parent, digest))
             parent = digest
         with self._lock():
-            room = self.max_bytes
+            room = budget
             kept: list[Path] = []
             for start, stop, parent, digest in chain:
                 room -= block_bytes(_HEADER_ESTIMATE, stop - start, layout)
@@ -489,7 +512,8 @@ class PromptCache:
                     self._drop_superseded(path, parent, start, ids[start:stop])
                 kept.append(path)
             self._touch(kept)
-            self._evict()
+            self._evict(root, budget)
+        activity.first_write = new_directory and activity.written_tokens > 0
 
     def _drop_superseded(self, new: Path, parent: str, start: int, tokens: np.ndarray) -> None:
         """Delete sibling blocks that hold a strict prefix of the new block's tokens (the
@@ -533,10 +557,11 @@ class PromptCache:
             except FileNotFoundError:
                 pass
 
-    def _evict(self) -> None:
+    def _evict(self, root: str, budget: int) -> None:
         """Under the lock: delete orphans (blocks whose parent is gone can never be
-        reached), leftovers of writers that died, then least recently used blocks until the
-        total fits the budget."""
+        reached), leftovers of writers that died, then the least recently used blocks of
+        the chains from `root` until they fit the budget. Other models' blocks are held
+        to their own budgets when those models save."""
         now = time.time()
         for item in os.scandir(self.directory):
             if item.name.startswith(TEMP_PREFIX):
@@ -546,13 +571,10 @@ class PromptCache:
                 except FileNotFoundError:
                     pass
         alive = {e.digest16: e for e in self._entries()}
-        total = sum(e.size for e in alive.values())
 
         def drop(entry: BlockFile) -> None:
-            nonlocal total
             if alive.pop(entry.digest16, None) is not None:
                 _unlink(entry.path)
-                total -= entry.size
 
         def drop_orphans() -> None:
             while orphans := [e for e in alive.values() if e.start > 0 and e.parent16 not in alive]:
@@ -560,11 +582,16 @@ class PromptCache:
                     drop(e)
 
         drop_orphans()
-        for entry in sorted(alive.values(), key=lambda e: (e.mtime_ns, -e.start)):
-            if total <= self.max_bytes:
+        ours = [e for e in alive.values() if _root16(e, alive) == root[:16]]
+        total = sum(e.size for e in ours)
+        for entry in sorted(ours, key=lambda e: (e.mtime_ns, -e.start)):
+            if total <= budget:
                 break
+            if entry.digest16 not in alive:
+                continue  # gone with its parent
             drop(entry)
             drop_orphans()
+            total = sum(e.size for e in ours if e.digest16 in alive)
 
     def _discard(self, path: Path, problem: BadBlock, activity: CacheActivity) -> None:
         """Delete a block found bad, unless another process has already replaced it."""
@@ -603,6 +630,17 @@ class PromptCache:
 
     def total_bytes(self) -> int:
         return sum(e.size for e in self._entries())
+
+
+def _root16(entry: BlockFile, alive: dict[str, BlockFile]) -> str | None:
+    """The chain root a block hangs from, by its name's parent links (None: an orphan)."""
+    seen = 0
+    while entry.start > 0:
+        entry = alive.get(entry.parent16)
+        seen += 1
+        if entry is None or seen > len(alive):
+            return None
+    return entry.parent16
 
 
 def _unlink(path: Path) -> None:

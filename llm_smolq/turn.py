@@ -5,17 +5,20 @@ back as llm's text, reasoning and tool-call events, and its usage recorded."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Union
 
+import click
 import llm
 from llm.parts import StreamEvent
 
 from . import generation
+from .catalog import format_size
 from .chat_template import ChatTemplateError
 from .errors import ConstraintError
-from .generation import Completion, ReasoningSplitter, SamplingParams, prompt_ids
-from .plugin import DEFAULT_MAX_TOKENS, Loaded
+from .generation import Completion, ReasoningSplitter, RepetitionGuard, SamplingParams, prompt_ids
+from .plugin import AFTER_PROMPT, DEFAULT_MAX_TOKENS, AfterPrompt, Loaded
 from .progress import PrefillProgress
 from .prompt_cache import CacheActivity, PromptCache
 from .tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
@@ -25,15 +28,51 @@ if TYPE_CHECKING:  # llguidance loads only for a prompt with a schema or tools
     from .engine import Engine
 
 
-def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Path
+@dataclass(frozen=True)
+class Command:
+    """The llm command an answer runs under (ctx None: the Python API). Notices about the
+    answer go to its stderr, never into the answer; the API reads finish_reason instead."""
+
+    ctx: click.Context | None
+
+    @classmethod
+    def current(cls) -> Command:
+        return cls(click.get_current_context(silent=True))
+
+    @property
+    def _after(self) -> AfterPrompt | None:
+        return self.ctx.meta.get(AFTER_PROMPT) if self.ctx is not None else None
+
+    def tell(self, line: str) -> None:
+        """One line on stderr: after the answer's line for a one-shot prompt; in a chat,
+        on a line of its own right away."""
+        if self._after is not None:
+            self._after.notices.append(line)
+        elif self.ctx is not None:
+            sys.stdout.flush()
+            click.echo(f"\nllm-smolq: {line}", err=True)
+
+    def exit_when_done(self, code: int) -> None:
+        """A one-shot `llm prompt` exits with `code` once llm has logged the answer and
+        the notices are out (`llm chat` goes on to the next prompt)."""
+        if self._after is not None:
+            self._after.exit_code = code
+
+
+def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Path, command: Command | None = None
            ) -> Iterator[Union[str, StreamEvent]]:
     engine, opts = loaded.engine, prompt.options
+    command = command or Command(None)
     smollm3 = engine.config.arch == "smollm3"
     tools = [tool for tool in prompt.tools if isinstance(tool, llm.Tool)]
     schema = prompt.schema
+    asked_thinking = getattr(opts, "thinking", None)
+    if asked_thinking is not None and not smollm3:
+        raise llm.ModelError(f"{model_id} has no thinking mode (its chat template has no <think> switch): "
+                             "leave out -o thinking")
     constraint = schema_constraint(engine, schema) if schema is not None else None
     # With a schema the answer is the JSON alone: no <think> part before it.
-    thinking = (opts.thinking is not False and schema is None) if smollm3 else None
+    thinking = (asked_thinking is not False and schema is None) if smollm3 else None
     ids = conversation_ids(loaded, prompt, model_id, tools, thinking)
     disk = configured_prompt_cache(opts)
     disk_activity = CacheActivity()
@@ -57,14 +96,18 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
             if disk:
                 disk.restore(engine, ids, disk_activity)
             try:
+                guard = RepetitionGuard() if opts.repeat_guard is not False else None
                 for chunk in generation.generate(engine, ids, sampling_params(opts, smollm3),
                                                  opts.max_tokens or DEFAULT_MAX_TOKENS, stop_strings(opts), done,
-                                                 constraint, progress=PrefillProgress.for_terminal(sys.stderr)):
+                                                 constraint, progress=PrefillProgress.for_terminal(sys.stderr),
+                                                 guard=guard):
                     yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
             except KeyboardInterrupt:
-                # Ctrl-C ends the answer, not the program: llm logs what was produced
-                # and `llm chat` goes on. The KV cache holds only completed steps.
+                # Ctrl-C ends the answer: llm logs what was produced, then a one-shot
+                # prompt exits 130 and `llm chat` goes on. The KV cache holds only
+                # completed steps.
                 done.finish_reason = "interrupted"
+                command.exit_when_done(130)
             except ConstraintError as exc:  # a schema past llguidance's limits mid-answer
                 raise llm.ModelError(f"the schema could not be followed: {exc}; simplify it") from None
             if splitter:
@@ -75,6 +118,26 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
                 disk.save(engine, disk_activity)
     finally:
         record(response, done, path, disk_activity if disk else None, calls)
+    tell_how_it_ended(command, done, engine, opts, disk_activity if disk else None)
+
+
+def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, disk: CacheActivity | None) -> None:
+    """One line on stderr for an answer that did not end by itself, and the first time
+    the prompt cache writes (where it is, how big it may grow, how to turn it off)."""
+    if done.finish_reason == "length":
+        command.tell(f"the answer reached max_tokens ({len(done.output_ids)}): -o max_tokens N lets it go further")
+    elif done.finish_reason == "context":
+        window = engine.config.window
+        more = (f"-o n_ctx {min(engine.n_ctx * 2, window)} to go further" if engine.n_ctx < window
+                else f"the model reads at most {window} tokens")
+        command.tell(f"the context is full ({engine.n_ctx} tokens): the answer was cut there; {more}")
+    elif done.finish_reason == "repetition":
+        command.tell(f"the answer was ended after repeating itself for {done.repeated_tokens} tokens "
+                     "(-o repeat_guard false lets it run)")
+    if disk is not None and disk.first_write:
+        command.tell(f"saving prompt states in {disk.directory} so `llm -c` is fast (up to "
+                     f"{format_size(disk.budget)} for this model; -o prompt_cache false or SMOLQ_PROMPT_CACHE_SIZE=0 "
+                     "turns it off)")
 
 
 def conversation_ids(loaded: Loaded, prompt: llm.Prompt, model_id: str, tools: list[llm.Tool],

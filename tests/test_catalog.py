@@ -20,6 +20,7 @@ from llm_smolq.commands import register_commands
 from fake_hub import FakeHub
 
 REPO = "ggml-org/SmolLM3-3B-GGUF"
+BUILT_IN = ["smollm3-q", "smollm3-q-q8_0", "smollm3-q-f16", "smollm2-q"]
 DROP_AT = 16 * 65536  # on a chunk boundary: see the hub fixture
 
 
@@ -190,7 +191,8 @@ def test_cli_download(hub, store, tiny):
 
 def test_other_quant_gets_its_own_id(hub, store, tiny):
     hub.add(REPO, "SmolLM3-Q8_0.gguf", tiny.read_bytes())
-    assert [r.id for r in catalog.list_models()] == ["smollm3-q", "smollm2-q"]  # absent quants stay out
+    absent = {r.id: r for r in catalog.list_models()}  # every quant is listed, downloaded or not
+    assert list(absent) == BUILT_IN and not absent["smollm3-q-q8_0"].present
     path = catalog.download("smollm3-q", quant="q8_0", progress=False)
     assert path == store / "SmolLM3-Q8_0.gguf"
     records = {r.id: r for r in catalog.list_models()}
@@ -266,7 +268,9 @@ def test_register_then_models_lists_it(store, tiny):
     assert result.exit_code == 0, result.output
     assert "Registered smolq/tiny-smollm3-q8_0" in result.output
     registry = json.loads((store / "models.json").read_text())
-    assert registry == {"smolq/tiny-smollm3-q8_0": {"path": str(tiny.resolve()), "aliases": ["tiny"]}}
+    # what its chat template can do is recorded, so listing never opens the file (this one has none)
+    assert registry == {"smolq/tiny-smollm3-q8_0": {"path": str(tiny.resolve()), "aliases": ["tiny"],
+                                                    "tools": False, "thinking": False}}
 
     listing = smolq("models")
     assert listing.exit_code == 0
@@ -308,7 +312,7 @@ def test_register_rejects_a_file_that_is_not_gguf(store, tmp_path):
     assert "not registered:" in result.output and "not a GGUF file" in result.output
     assert "Traceback" not in result.output
     assert not (store / "models.json").exists()
-    assert [r.id for r in catalog.list_models()] == ["smollm3-q", "smollm2-q"]
+    assert [r.id for r in catalog.list_models()] == BUILT_IN
     result = smolq("register", str(tmp_path / "nothing.gguf"))
     assert result.exit_code == 1 and "no such file" in result.output
 
@@ -318,7 +322,7 @@ def test_unregister(store, tiny):
     result = smolq("unregister", "tiny")
     assert result.exit_code == 0, result.output
     assert tiny.exists()
-    assert [r.id for r in catalog.list_models()] == ["smollm3-q", "smollm2-q"]
+    assert [r.id for r in catalog.list_models()] == BUILT_IN
     assert smolq("unregister", "tiny").exit_code == 1
 
 
@@ -356,14 +360,14 @@ def test_listing_parses_no_gguf(store, tiny, monkeypatch):
         raise AssertionError("list_models must not open GGUF files")
 
     monkeypatch.setattr(model_file, "open_model", forbidden)
-    assert len(catalog.list_models()) == 3
+    assert len(catalog.list_models()) == len(BUILT_IN) + 1
     assert catalog.resolve("smolq/tiny-smollm3-q8_0") == tiny.resolve()
 
 
 def test_broken_registry_does_not_break_listing(store, tiny):
     store.mkdir(parents=True)
     (store / "models.json").write_text("{not json")
-    assert [r.id for r in catalog.list_models()] == ["smollm3-q", "smollm2-q"]
+    assert [r.id for r in catalog.list_models()] == BUILT_IN
     with pytest.raises(catalog.CatalogError, match="models.json is unreadable .*: fix it or delete it"):
         catalog.register(tiny)
 

@@ -138,7 +138,7 @@ def test_llm_with_one_position_to_spare_answers_two_tokens_and_logs_context(user
     # llama.cpp's first two greedy tokens, as text (the answer is longer than two tokens).
     expected = llm_smolq.load(user_dir / "smolq" / "SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=64).detokenize(
         france["greedy_ids"][:2])
-    assert result.output == expected + "\n"
+    assert result.stdout == expected + "\n"
     assert kernel.forwards == 2  # the prompt's one batch, and the first token's step
 
 

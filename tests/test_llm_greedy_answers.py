@@ -37,7 +37,7 @@ def test_llm_gives_llama_cpps_greedy_answer(index, cases, user_dir):
         args = ["-m", "smollm2-q", *GREEDY, *(["-s", system[0]] if system else []), turns[0]["content"]]
         result = CliRunner().invoke(cli, args, catch_exceptions=False)
         assert result.exit_code == 0, result.output
-        assert result.output == case["greedy_text"] + "\n"
+        assert result.stdout == case["greedy_text"] + "\n"
         row = last_logs(user_dir)[0]
         input_tokens, output_tokens = row["input_tokens"], row["output_tokens"]
         finish_reason = json.loads(row["response_json"])["finish_reason"]

@@ -48,15 +48,15 @@ def test_no_stream_gives_the_same_text(user_dir):
     streamed = run("-m", "smollm2-q", *QUICK, "Name a colour.")
     whole = run("-m", "smollm2-q", *QUICK, "--no-stream", "Name a colour.")
     assert whole.exit_code == 0, whole.output
-    assert whole.output == streamed.output and whole.output.strip()
+    assert whole.stdout == streamed.stdout and whole.stdout.strip()
 
 
 def test_greedy_is_deterministic_and_seeded_sampling_repeats(user_dir):
     sampled = ["-o", "temperature", "1.2", "-o", "max_tokens", "8", "Tell me a story."]
-    first = run("-m", "smollm2-q", "-o", "seed", "7", *sampled).output
-    again = run("-m", "smollm2-q", "-o", "seed", "7", *sampled).output
+    first = run("-m", "smollm2-q", "-o", "seed", "7", *sampled).stdout
+    again = run("-m", "smollm2-q", "-o", "seed", "7", *sampled).stdout
     assert first == again and first.strip()
-    assert run("-m", "smollm2-q", *QUICK, "Hello").output == run("-m", "smollm2-q", *QUICK, "Hello").output
+    assert run("-m", "smollm2-q", *QUICK, "Hello").stdout == run("-m", "smollm2-q", *QUICK, "Hello").stdout
 
 
 def test_input_tokens_equal_the_chat_references_prompt_ids(user_dir, reference_dir):
@@ -160,7 +160,7 @@ def test_smollm3_reasoning_streams_as_reasoning_events(user_dir, reference_dir, 
     check that llm receives the thought as reasoning and the rest as the answer."""
     import llm_smolq.generation
 
-    def scripted(engine, prompt_ids, params, max_tokens, stops, completion, constraint=None, progress=None):
+    def scripted(engine, prompt_ids, params, max_tokens, stops, completion, constraint=None, progress=None, guard=None):
         completion.prompt_tokens = len(prompt_ids)
         completion.output_ids = [1, 2, 3]
         completion.finish_reason = "stop"
@@ -187,7 +187,7 @@ def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypa
 
     monkeypatch.setattr(llm_smolq.generation, "generate", interrupted)
     result = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "20", "What is the capital of France?")
-    assert result.exit_code == 0 and result.output.strip()
+    assert result.exit_code == 130 and result.stdout.strip()  # as a script expects of Ctrl-C
     row = last_logs(user_dir)[0]
     assert json.loads(row["response_json"])["finish_reason"] == "interrupted"
     assert row["output_tokens"] >= 3
@@ -270,13 +270,13 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
             raise KeyboardInterrupt
 
     question = "What is the capital of France?"
-    expected = run("-m", "smollm2-q", *QUICK, question).output
+    expected = run("-m", "smollm2-q", *QUICK, question).stdout
     engine = plugin._loaded[str(model_path(user_dir))].engine
     prompt_ids = engine.tokens[:len(france_ids)]
     run("-m", "smollm2-q", *QUICK, "Something else first, to be truncated.")
     monkeypatch.setattr(llm_smolq.engine, "lib", InterruptedPrefill())
     result = run("-m", "smollm2-q", *QUICK, question)
-    assert result.exit_code == 0 and not result.output.strip()
+    assert result.exit_code == 130 and not result.stdout.strip()
     row = last_logs(user_dir)[0]
     assert json.loads(row["response_json"])["finish_reason"] == "interrupted"
     assert row["input_tokens"] == len(france_ids) and row["output_tokens"] == 0
@@ -284,7 +284,7 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
     assert plugin._loaded[str(model_path(user_dir))].engine is engine
     assert 0 < engine.n_past < len(france_ids) and engine.tokens == prompt_ids[:engine.n_past]
     monkeypatch.setattr(llm_smolq.engine, "lib", real)
-    assert run("-m", "smollm2-q", *QUICK, question).output == expected
+    assert run("-m", "smollm2-q", *QUICK, question).stdout == expected
 
 
 def test_a_context_too_large_for_memory_is_refused_with_the_n_ctx_that_fits(user_dir, monkeypatch):

@@ -270,7 +270,7 @@ def test_smollm2_fills_schemas_through_llms_api(user_dir):
 def test_cli_schema_dsl(user_dir):
     result = run("-m", "smollm2-q", "--schema", "name, age int", "-o", "seed", "3", "Invent a dog.")
     assert result.exit_code == 0, result.output
-    value = json.loads(result.output)
+    value = json.loads(result.stdout)
     assert set(value) == {"name", "age"} and isinstance(value["name"], str) and type(value["age"]) is int
     row = last_logs(user_dir)[0]
     assert json.loads(row["response_json"])["finish_reason"] == "stop"

@@ -314,12 +314,17 @@ def test_async_chain(tiny3, script):
     assert asyncio.run(ask()) == f"Version {version}."
 
 
-def test_smollm2_refuses_tools_with_the_fix(user_dir):
-    with pytest.raises(llm.ModelError, match="cannot call tools"):
+def test_smollm2_refuses_tools_with_the_fix(user_dir, smollm2_gguf):
+    # smollm2-q does not declare tools, so llm itself refuses them
+    with pytest.raises(ValueError, match="smollm2-q does not support tools"):
         llm.get_model("smollm2-q").prompt("hi", tools=[llm_version], max_tokens=1).text()
     result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-T", "llm_version", "hi"])
-    assert result.exit_code == 1 and "llm -m smollm3-q -T" in result.output
+    assert result.exit_code == 1 and "does not support tools" in result.output
     assert "Traceback" not in result.output
+    # a file registered before capabilities were recorded is offered tools, and refuses them when run
+    (user_dir / "smolq" / "models.json").write_text(json.dumps({"smolq/old": {"path": str(smollm2_gguf)}}))
+    result = CliRunner().invoke(cli, ["-m", "smolq/old", "-T", "llm_version", "hi"])
+    assert result.exit_code == 1 and "cannot call tools" in result.output and "llm -m smollm3-q -T" in result.output
 
 
 # ───── calls constrained to the tools' schemas ─────
