@@ -4,6 +4,7 @@ It is how the README's examples were chosen, and how repeat_penalty's effect was
 
     python -m llm_smolq.answer_survey smollm2-q --seeds 5
     python -m llm_smolq.answer_survey smollm2-q --seeds 5 --repeat-penalty 1.2 "What is the capital of France?"
+    python -m llm_smolq.answer_survey smollm2-q --seeds 10 --system "Answer in one sentence." "What is a rainbow?"
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ CANDIDATES = (
 )
 
 
-def survey(model_id: str, prompts: list[str], seeds: int, options: dict) -> list[dict]:
+def survey(model_id: str, prompts: list[str], seeds: int, options: dict, system: str | None = None) -> list[dict]:
     model = llm.get_model(model_id)
     rows = []
     for text in prompts:
         reasons, lengths, first = Counter(), [], None
         for seed in range(seeds):
-            response = model.prompt(text, seed=seed, **options)
+            response = model.prompt(text, system=system, seed=seed, **options)
             answer = response.text()
             reasons[response.response_json["finish_reason"]] += 1
             lengths.append(response.output_tokens)
@@ -55,11 +56,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model", help="an llm model id, e.g. smollm2-q")
     parser.add_argument("prompts", nargs="*", help="prompts to try (default: a built-in dozen)")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--system", help="a system prompt for every prompt")
     parser.add_argument("--repeat-penalty", type=float)
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--no-repeat-guard", action="store_true", help="let loops run to max_tokens")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     options = {"prompt_cache": False}
     if args.repeat_penalty is not None:
         options["repeat_penalty"] = args.repeat_penalty
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         options["temperature"] = args.temperature
     if args.no_repeat_guard:
         options["repeat_guard"] = False
-    rows = survey(args.model, args.prompts or list(CANDIDATES), args.seeds, options)
+    rows = survey(args.model, args.prompts or list(CANDIDATES), args.seeds, options, args.system)
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         print()
