@@ -44,11 +44,12 @@ class Command:
         return self.ctx.meta.get(AFTER_PROMPT) if self.ctx is not None else None
 
     def tell(self, line: str) -> None:
-        """One line on stderr: after the answer's line for a one-shot prompt; in a chat,
-        on a line of its own right away."""
+        """One line on stderr: after the answer's line for a one-shot prompt; in `llm
+        chat`, on a line of its own right away; elsewhere (another program's click
+        command using the Python API) nothing."""
         if self._after is not None:
             self._after.notices.append(line)
-        elif self.ctx is not None:
+        elif self.ctx is not None and self.ctx.info_name == "chat":
             sys.stdout.flush()
             click.echo(f"\nllm-smolq: {line}", err=True)
 

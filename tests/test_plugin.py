@@ -133,10 +133,10 @@ def test_prompt_longer_than_the_context_is_refused_up_front(user_dir):
 
 
 def test_stop_strings_end_the_answer(user_dir):
-    free = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "12", "Count to five.").output
+    free = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "12", "Count to five.").stdout
     word = free.split()[1]
     stopped = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "12", "-o", "stop", word,
-                  "Count to five.").output
+                  "Count to five.").stdout
     assert word not in stopped and free.startswith(stopped.rstrip("\n"))
 
 
@@ -192,7 +192,7 @@ def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypa
     assert json.loads(row["response_json"])["finish_reason"] == "interrupted"
     assert row["output_tokens"] >= 3
     monkeypatch.setattr(llm_smolq.generation, "generate", real)
-    again = run("-m", "smollm2-q", *QUICK, "What is the capital of France?").output
+    again = run("-m", "smollm2-q", *QUICK, "What is the capital of France?").stdout
     fresh = llm_smolq.load(model_path(user_dir), n_ctx=256, threads=1)
     ids = plugin._loaded[str(model_path(user_dir))].engine.tokens[:len(france_ids)]
     expected = fresh.detokenize([int(fresh.eval(ids).argmax())])

@@ -273,6 +273,35 @@ def test_the_budget_evicts_the_least_recently_used_and_a_chain_loses_its_end_fir
     assert len(blocks(tmp_path)) == 1
 
 
+
+def test_each_model_has_its_own_budget(tiny, tmp_path):
+    """One model's saves hold its own blocks to the budget and leave another model's be."""
+    other = tmp_path / "other.gguf"
+    shutil.copyfile(tiny, other)  # another file: another chain root
+    one_block = block_bytes(450, BLOCK, prompt_cache.KVLayout.of(load(tiny, n_ctx=16)))
+    cache = PromptCache(tmp_path / "cache", max_bytes=int(2.5 * one_block), block_tokens=BLOCK)
+    theirs = random_ids(load(other, n_ctx=16), 2 * BLOCK, seed=20)
+    saved_state(other, theirs, cache)
+    for seed in (21, 22, 23):  # three states of one block each: only two fit
+        saved_state(tiny, random_ids(load(tiny, n_ctx=16), BLOCK, seed=seed), cache)
+    assert len(blocks(tmp_path / "cache")) == 4  # two of tiny's, both of other's
+    assert cache.restore(load(other), theirs + [1]).read_tokens == 2 * BLOCK
+    assert cache.restore(load(tiny), random_ids(load(tiny, n_ctx=16), BLOCK, seed=21) + [1]).read_tokens == 0
+    assert cache.restore(load(tiny), random_ids(load(tiny, n_ctx=16), BLOCK, seed=23) + [1]).read_tokens == BLOCK
+
+
+def test_the_default_budget_is_twice_the_model_file(tiny, tmp_path, monkeypatch):
+    monkeypatch.delenv(prompt_cache.SIZE_ENV, raising=False)
+    monkeypatch.setenv("LLM_USER_PATH", str(tmp_path))
+    cache = PromptCache.configured()
+    assert cache.max_bytes is None
+    assert cache.budget_for(load(tiny)) == max(64 * 1000**2, 2 * tiny.stat().st_size)
+    monkeypatch.setenv(prompt_cache.SIZE_ENV, "10MB")
+    assert PromptCache.configured().budget_for(load(tiny)) == 10 * 1000**2
+    monkeypatch.setenv(prompt_cache.SIZE_ENV, "0")
+    assert PromptCache.configured() is None
+
+
 WRITER = textwrap.dedent("""
     import sys
     import numpy as np

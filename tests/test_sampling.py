@@ -312,7 +312,7 @@ HOT = ["-o", "temperature", "3", "-o", "max_tokens", "8"]
 def llm_says(*args: str) -> str:
     result = CliRunner().invoke(cli, ["-m", "smollm2-q", *args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    return result.output
+    return result.stdout
 
 
 def model_path(user_dir):
