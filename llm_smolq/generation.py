@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -97,22 +98,18 @@ class RepetitionGuard:
         if not 1 <= longest_span <= tokens // 2:
             raise ValueError("the longest span must fit twice in the guarded run")
         self.tokens, self.longest_span = tokens, longest_span
-        self._ids: list[int] = []
-        self._runs = np.zeros(longest_span + 1, np.int64)  # [p]: tokens in a row equal to the one p back
+        self._recent: deque[int] = deque(maxlen=longest_span + 1)  # the newest last
+        self._runs = [0] * (longest_span + 1)  # [p]: tokens in a row equal to the one p back
 
     def push(self, token: int) -> int:
-        """Take the next output token; the length of the repeated run once it reaches
+        """Take the next output token; the length of the repeated text once a run reaches
         `tokens` (the answer should end), else 0."""
-        ids = self._ids
-        ids.append(token)
-        n = len(ids)
-        spans = np.arange(1, min(self.longest_span, n - 1) + 1)
-        same = np.fromiter((ids[n - 1 - p] == token for p in spans), bool, len(spans))
-        runs = self._runs[1:len(spans) + 1]
-        runs[:] = np.where(same, runs + 1, 0)
-        longest = int(runs.max()) if len(runs) else 0
-        if longest >= self.tokens:
-            return longest + int(np.argmax(runs)) + 1  # the first copy of the span counts too
+        recent, runs = self._recent, self._runs
+        recent.append(token)
+        for p in range(1, len(recent)):
+            runs[p] = runs[p] + 1 if recent[-1 - p] == token else 0
+            if runs[p] >= self.tokens:
+                return runs[p] + p  # the first copy of the span counts too
         return 0
 
 
