@@ -280,9 +280,11 @@ AVX2 static inline void transpose8(__m256 c[8]) {
     }
 }
 
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 /* Eight values from element d of a cached row as floats (d a multiple of 8; for Q8_0 the
  * scale times each code, as cached_value rounds them). */
-AVX2 static inline __m256 load8(const uint8_t *row, int kv_type, size_t d) {
+AVX2 static ALWAYS_INLINE __m256 load8(const uint8_t *row, int kv_type, size_t d) {
     if (kv_type == SQ_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
     const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
     const __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + d % QK8_0))));
@@ -290,89 +292,160 @@ AVX2 static inline __m256 load8(const uint8_t *row, int kv_type, size_t d) {
     return _mm256_mul_ps(scale, codes);
 }
 
-/* scores_plain's lanes, four rows and two keys at a time (head_dim a multiple of 8):
- * eight fma chains in flight, the rows' queries read from memory by the fmas. */
-AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb,
-                             size_t nk, size_t head_dim, float *lanes, float *s) {
-    for (size_t r0 = 0; r0 < n; r0 += ROWS) {
-        const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
-        const float *qa = q + r0 * hdp, *qb = q + (r0 + (g > 1)) * hdp;  /* rows past g repeat row r0 */
-        const float *qc = q + (r0 + (g > 2 ? 2 : 0)) * hdp, *qd = q + (r0 + (g > 3 ? 3 : 0)) * hdp;
-        for (size_t j = 0; j < KEY_BLOCK; j += 2) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
-            if (j < nk) {
-                const uint8_t *k0 = k + j * rb, *k1 = k + (j + 1 < nk ? j + 1 : j) * rb;
-                for (size_t d = 0; d < head_dim; d += 8) {
-                    const __m256 x = load8(k0, kv_type, d), y = load8(k1, kv_type, d);
-                    __m256 w = _mm256_loadu_ps(qa + d);
-                    a0 = _mm256_fmadd_ps(w, x, a0), a1 = _mm256_fmadd_ps(w, y, a1);
-                    w = _mm256_loadu_ps(qb + d);
-                    b0 = _mm256_fmadd_ps(w, x, b0), b1 = _mm256_fmadd_ps(w, y, b1);
-                    w = _mm256_loadu_ps(qc + d);
-                    c0 = _mm256_fmadd_ps(w, x, c0), c1 = _mm256_fmadd_ps(w, y, c1);
-                    w = _mm256_loadu_ps(qd + d);
-                    d0 = _mm256_fmadd_ps(w, x, d0), d1 = _mm256_fmadd_ps(w, y, d1);
-                }
-                if (j + 1 >= nk) a1 = b1 = c1 = d1 = _mm256_setzero_ps();
-            }
-            float *at = lanes + j * 8;  /* lanes[row][key][8] */
-            _mm256_storeu_ps(at, a0), _mm256_storeu_ps(at + 8, a1);
-            _mm256_storeu_ps(at + KEY_BLOCK * 8, b0), _mm256_storeu_ps(at + KEY_BLOCK * 8 + 8, b1);
-            _mm256_storeu_ps(at + 2 * KEY_BLOCK * 8, c0), _mm256_storeu_ps(at + 2 * KEY_BLOCK * 8 + 8, c1);
-            _mm256_storeu_ps(at + 3 * KEY_BLOCK * 8, d0), _mm256_storeu_ps(at + 3 * KEY_BLOCK * 8 + 8, d1);
+/* The kernels below are written once for G query rows (1..ROWS) and one source of values
+ * (SQ_F16 or SQ_Q8_0 cache rows, or WIDE: floats widened into scratch), and inlined for
+ * each as constants, so a row that is not there costs no fma and no branch is left in an
+ * inner loop. Each keeps about eight fma chains in flight (an fma waits four cycles for
+ * the one before it in its chain, and two start per cycle) in at most 13 registers. */
+enum { WIDE = -1 };
+
+/* Keys scored together by G rows, values summed together (8 each) by G rows. */
+#define KEYS_AT_ONCE(G) ((G) == 1 ? 8 : (G) == 2 ? 4 : (G) == 3 ? 3 : 2)
+#define OUTS_AT_ONCE(G) KEYS_AT_ONCE(G)
+
+/* Eight values from element d of a value row j: widened floats (hdp apart) or a cache row. */
+AVX2 static ALWAYS_INLINE __m256 value8(const void *v, const int SRC, size_t row_bytes, size_t hdp, size_t j,
+                                        size_t d) {
+    if (SRC == WIDE) return _mm256_loadu_ps((const float *)v + j * hdp + d);
+    return load8((const uint8_t *)v + j * row_bytes, SRC, d);
+}
+
+/* Lanes of keys j..j+KP-1 (j + KP <= nk) for G rows: scores_plain's chains, in order of d. */
+AVX2 static ALWAYS_INLINE void score_keys(const float *q, size_t hdp, const uint8_t *k, size_t rb, size_t head_dim,
+                                          size_t j, float *lanes, const int KV, const int G, const int KP) {
+    __m256 acc[ROWS][8];
+#pragma GCC unroll 4
+    for (int r = 0; r < G; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < KP; i++) acc[r][i] = _mm256_setzero_ps();
+    for (size_t d = 0; d < head_dim; d += 8) {
+        __m256 w[ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < G; r++) w[r] = _mm256_loadu_ps(q + r * hdp + d);
+#pragma GCC unroll 8
+        for (int i = 0; i < KP; i++) {
+            const __m256 x = load8(k + (j + i) * rb, KV, d);
+#pragma GCC unroll 4
+            for (int r = 0; r < G; r++) acc[r][i] = _mm256_fmadd_ps(w[r], x, acc[r][i]);
         }
-        for (size_t r = 0; r < g; r++)  /* tree8 of eight keys' lanes at once */
-            for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 8) {
-                __m256 c[8];
-                for (size_t i = 0; i < 8; i++) c[i] = _mm256_loadu_ps(lanes + (r * KEY_BLOCK + j0 + i) * 8);
-                transpose8(c);
-                const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
-                                                 _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])));
-                _mm256_storeu_ps(s + (r0 + r) * KEY_BLOCK + j0, sum);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < G; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < KP; i++) _mm256_storeu_ps(lanes + (r * KEY_BLOCK + j + i) * 8, acc[r][i]);
+}
+
+/* The block's lanes for G rows, KP keys at a time and the last few one by one; lanes of
+ * keys past nk are 0. The first pf_bytes bytes from pf_a and (unless NULL) pf_b are
+ * prefetched a slice per step: see block_step. */
+AVX2 static ALWAYS_INLINE void score_block(const float *q, size_t hdp, const uint8_t *k, size_t rb, size_t nk,
+                                           size_t head_dim, float *lanes, const uint8_t *pf_a, const uint8_t *pf_b,
+                                           size_t pf_bytes, const int KV, const int G) {
+    const int KP = KEYS_AT_ONCE(G);
+    for (size_t j = 0; j < KEY_BLOCK; j += KP) {
+        const size_t end = (j + KP) * pf_bytes / KEY_BLOCK;
+        for (size_t at = j * pf_bytes / KEY_BLOCK & ~(size_t)63; at < end && at < pf_bytes; at += 64) {
+            __builtin_prefetch(pf_a + at);
+            if (pf_b) __builtin_prefetch(pf_b + at);
+        }
+        if (j + KP <= nk) {
+            score_keys(q, hdp, k, rb, head_dim, j, lanes, KV, G, KP);
+            continue;
+        }
+        for (size_t i = j; i < j + KP && i < KEY_BLOCK; i++) {  /* the block's last keys, one by one */
+            if (i < nk) {
+                score_keys(q, hdp, k, rb, head_dim, i, lanes, KV, G, 1);
+                continue;
             }
+            for (int r = 0; r < G; r++) _mm256_storeu_ps(lanes + (r * KEY_BLOCK + i) * 8, _mm256_setzero_ps());
+        }
     }
 }
 
-/* weigh_plain's chains, four rows and 16 outputs at a time, the values either widened
- * (rows hdp floats apart) or, with `row_bytes`, read straight from the cache. */
-AVX2 static inline __m256 value8(const void *v, int kv_type, size_t row_bytes, size_t hdp, size_t j, size_t d) {
-    if (!row_bytes) return _mm256_loadu_ps((const float *)v + j * hdp + d);
-    return load8((const uint8_t *)v + j * row_bytes, kv_type, d);
+/* Each row's lanes added (tree8), eight keys at once. */
+AVX2 static void reduce_lanes(const float *lanes, size_t g, float *s) {
+    for (size_t r = 0; r < g; r++)
+        for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 8) {
+            __m256 c[8];
+            for (size_t i = 0; i < 8; i++) c[i] = _mm256_loadu_ps(lanes + (r * KEY_BLOCK + j0 + i) * 8);
+            transpose8(c);
+            const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
+                                             _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])));
+            _mm256_storeu_ps(s + r * KEY_BLOCK + j0, sum);
+        }
 }
 
+#define FOR_EACH_G(CALL) \
+    switch (g) {          \
+    case 1: CALL(1); break; \
+    case 2: CALL(2); break; \
+    case 3: CALL(3); break; \
+    default: CALL(4); break; \
+    }
+
+/* scores_plain's scores for n rows (head_dim a multiple of 8), ROWS rows at a time. */
+AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb,
+                             size_t nk, size_t head_dim, float *lanes, float *s, const uint8_t *pf_a,
+                             const uint8_t *pf_b, size_t pf_bytes) {
+    for (size_t r0 = 0; r0 < n; r0 += ROWS) {
+        const size_t g = n - r0 < ROWS ? n - r0 : ROWS, pf = r0 ? 0 : pf_bytes;  /* the first pass prefetches */
+        const float *qr = q + r0 * hdp;
+#define SCORE(G)                                                                                  \
+    (kv_type == SQ_F16 ? score_block(qr, hdp, k, rb, nk, head_dim, lanes, pf_a, pf_b, pf, SQ_F16, G) \
+                       : score_block(qr, hdp, k, rb, nk, head_dim, lanes, pf_a, pf_b, pf, SQ_Q8_0, G))
+        FOR_EACH_G(SCORE)
+#undef SCORE
+        reduce_lanes(lanes, g, s + r0 * KEY_BLOCK);
+    }
+}
+
+/* Outputs d..d+8W-1 of G rows: weigh_plain's chains, one per output, in order of j. */
+AVX2 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const void *v, size_t row_bytes, size_t hdp,
+                                          float *o, size_t d, const int SRC, const int G, const int W) {
+    __m256 acc[ROWS][8];
+#pragma GCC unroll 4
+    for (int r = 0; r < G; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < W; i++) acc[r][i] = _mm256_loadu_ps(o + r * hdp + d + 8 * i);
+    for (size_t j = 0; j < most; j++) {
+        __m256 w[ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < G; r++) w[r] = _mm256_broadcast_ss(s + r * KEY_BLOCK + j);
+#pragma GCC unroll 8
+        for (int i = 0; i < W; i++) {
+            const __m256 x = value8(v, SRC, row_bytes, hdp, j, d + 8 * i);
+#pragma GCC unroll 4
+            for (int r = 0; r < G; r++) acc[r][i] = _mm256_fmadd_ps(w[r], x, acc[r][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < G; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < W; i++) _mm256_storeu_ps(o + r * hdp + d + 8 * i, acc[r][i]);
+}
+
+AVX2 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const void *v, size_t row_bytes,
+                                          size_t width, size_t hdp, float *o, const int SRC, const int G) {
+    const int W = OUTS_AT_ONCE(G);
+    size_t d = 0;
+    for (; d + 8 * (size_t)W <= width; d += 8 * (size_t)W) weigh_outs(s, most, v, row_bytes, hdp, o, d, SRC, G, W);
+    for (; d < width; d += 8) weigh_outs(s, most, v, row_bytes, hdp, o, d, SRC, G, 1);
+}
+
+/* o[r] += sum_j s[r][j] v[j] for n rows over the block's first `most` keys, the values
+ * widened (row_bytes 0) or read straight from the cache. */
 AVX2 static void weigh_avx2(const float *s, size_t n, size_t most, const void *v, int kv_type, size_t row_bytes,
                             size_t width, size_t hdp, float *o) {
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
-        size_t row[ROWS];
-        for (size_t i = 0; i < ROWS; i++) row[i] = r0 + (i < g ? i : 0);
-        const float *s0 = s + row[0] * KEY_BLOCK, *s1 = s + row[1] * KEY_BLOCK;
-        const float *s2 = s + row[2] * KEY_BLOCK, *s3 = s + row[3] * KEY_BLOCK;
-        for (size_t d = 0; d < width; d += 16) {
-            const int two = d + 8 < width;  /* the last 8 of a width that is not a multiple of 16 */
-            float *o0 = o + row[0] * hdp + d, *o1 = o + row[1] * hdp + d, *o2 = o + row[2] * hdp + d;
-            float *o3 = o + row[3] * hdp + d;
-            __m256 a0 = _mm256_loadu_ps(o0), b0 = _mm256_loadu_ps(o1), c0 = _mm256_loadu_ps(o2), e0 = _mm256_loadu_ps(o3);
-            __m256 a1 = two ? _mm256_loadu_ps(o0 + 8) : a0, b1 = two ? _mm256_loadu_ps(o1 + 8) : b0;
-            __m256 c1 = two ? _mm256_loadu_ps(o2 + 8) : c0, e1 = two ? _mm256_loadu_ps(o3 + 8) : e0;
-            for (size_t j = 0; j < most; j++) {
-                const __m256 x = value8(v, kv_type, row_bytes, hdp, j, d);
-                const __m256 y = two ? value8(v, kv_type, row_bytes, hdp, j, d + 8) : x;
-                __m256 w = _mm256_broadcast_ss(s0 + j);
-                a0 = _mm256_fmadd_ps(w, x, a0), a1 = _mm256_fmadd_ps(w, y, a1);
-                w = _mm256_broadcast_ss(s1 + j);
-                b0 = _mm256_fmadd_ps(w, x, b0), b1 = _mm256_fmadd_ps(w, y, b1);
-                w = _mm256_broadcast_ss(s2 + j);
-                c0 = _mm256_fmadd_ps(w, x, c0), c1 = _mm256_fmadd_ps(w, y, c1);
-                w = _mm256_broadcast_ss(s3 + j);
-                e0 = _mm256_fmadd_ps(w, x, e0), e1 = _mm256_fmadd_ps(w, y, e1);
-            }
-            const __m256 out[ROWS][2] = {{a0, a1}, {b0, b1}, {c0, c1}, {e0, e1}};
-            for (size_t i = 0; i < g; i++) {
-                _mm256_storeu_ps(o + (r0 + i) * hdp + d, out[i][0]);
-                if (two) _mm256_storeu_ps(o + (r0 + i) * hdp + d + 8, out[i][1]);
-            }
-        }
+        const float *sr = s + r0 * KEY_BLOCK;
+        float *orow = o + r0 * hdp;
+#define WEIGH(G)                                                                      \
+    (!row_bytes ? weigh_rows(sr, most, v, 0, width, hdp, orow, WIDE, G)               \
+     : kv_type == SQ_F16 ? weigh_rows(sr, most, v, row_bytes, width, hdp, orow, SQ_F16, G) \
+                         : weigh_rows(sr, most, v, row_bytes, width, hdp, orow, SQ_Q8_0, G))
+        FOR_EACH_G(WEIGH)
+#undef WEIGH
     }
 }
 
@@ -429,21 +502,27 @@ static int use_simd(void) {
 }
 
 /* Rows r0..n_rows-1 of a task (tokens from t0) through the key block of nk keys at key
- * b0 (k: its first key's row): scores, each row's online softmax, weighted values. The
- * values are widened once when more than ROWS rows share them, else read in place. */
+ * b0 (k: its first key's row; `end`: one past the task's last key): scores, each row's
+ * online softmax, weighted values. The values are widened once when more than ROWS rows
+ * share them, else read in place. */
 static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, const uint8_t *vh, size_t b0, size_t nk,
-                       size_t r0, size_t n_rows, int t0, int simd) {
+                       size_t end, size_t r0, size_t n_rows, int t0, int simd) {
     const sq_config *c = job->c;
     const size_t hd = (size_t)c->head_dim, hdp = padded(c->head_dim), group = (size_t)(c->n_heads / c->n_kv_heads);
     const size_t rb = sq_kv_row_bytes(job->kv_type, c->head_dim), n = n_rows - r0;
     float *q = sc->q + r0 * hdp, *s = sc->s + r0 * KEY_BLOCK, *o = sc->o + r0 * hdp;
     size_t most = 0;
 #ifndef HAVE_FLASH_AVX2
-    (void)simd; /* no SIMD path to choose in this build */
+    (void)simd, (void)end; /* no SIMD path to choose, nor prefetches to bound, in this build */
 #else
     const int fast = simd && hd % 8 == 0;
-    if (fast)
-        scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s);
+    if (fast) {
+        /* This block's values (read next) and the next block's keys asked of memory while
+         * the keys are scored: left to the hardware prefetchers, decode waits on memory
+         * for half its time. */
+        const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
+        scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
+    }
     else
 #endif
         scores_plain(q, n, hdp, k, job->kv_type, rb, nk, hd, s);
@@ -507,7 +586,7 @@ static void run_rows(const flash_job *job, scratch *sc, int h, int t0, int t1, l
             /* rows are in position order: those that see this block are the last ones */
             size_t r0 = 0;
             while (r0 < n_rows && (size_t)job->n_past + (size_t)t0 + r0 / group < b0) r0++;
-            block_step(job, sc, kh + b0 * rb, vh, b0, nk, r0, n_rows, t0, simd);
+            block_step(job, sc, kh + b0 * rb, vh, b0, nk, last_key + 1, r0, n_rows, t0, simd);
         }
         for (size_t r = 0; r < n_rows; r++) {
             if (sc->m[r] == -INFINITY) continue;  /* the whole chunk is past this row */

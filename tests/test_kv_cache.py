@@ -63,6 +63,25 @@ def test_compact_attention_matches_float64_across_block_and_chunk_edges(kind, n_
     np.testing.assert_allclose(out, reference_attention(q, kr, vr, n_past), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_each_query_group_size_gives_the_plain_codes_bits(kind, group):
+    """The SIMD kernels take a KV head's query rows four at a time and the rest as a
+    group of one to three: every group size, against the plain code, bit for bit."""
+    rng = np.random.default_rng(group)
+    n_kv, n_past = 2, 300
+    q = rng.standard_normal((n_kv * group, 64), dtype=np.float32) * 2
+    k, v = (rng.standard_normal((n_kv, n_past, 64), dtype=np.float32) for _ in range(2))
+    kc, vc = (k.astype(np.float16), v.astype(np.float16)) if kind == "f16" else (quantize_q8_0(k), quantize_q8_0(v))
+    simd = attention(q, kc, vc, n_past)
+    was = lib.sq_set_simd(0)
+    try:
+        plain = attention(q, kc, vc, n_past)
+    finally:
+        lib.sq_set_simd(was)
+    assert np.array_equal(simd.view(np.uint32), plain.view(np.uint32))
+
+
 def test_q8_0_attention_takes_the_engines_cache_rows(reference_dir):
     """kernel.attention reads a q8_0 engine's own cache as the forward pass wrote it."""
     eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=64, threads=1, kv_dtype="q8_0")
