@@ -2,9 +2,8 @@
  *
  * Per layer: RMSNorm -> q/k/v -> RoPE (skipped on NoPE layers) -> KV cache write ->
  * causal GQA attention -> output projection + residual -> RMSNorm -> SwiGLU FFN +
- * residual. Mat-vecs and attention run on the pool, and so do the elementwise steps of
- * a prompt's batch (a token apiece, so a token's bits do not depend on who computes it);
- * a decode step's elementwise steps run on the calling thread.
+ * residual. Mat-vecs and attention run on the pool; the cheap elementwise steps run on
+ * the calling thread.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -234,64 +233,6 @@ static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* The elementwise steps of one layer, each over a range of the batch's tokens. */
-enum { SPLIT_TOKENS = 8 };  /* fewer tokens than this: on the calling thread */
-
-typedef struct {
-    const sq_config *c;
-    const sq_layer *L;
-    sq_state *s;
-    uint8_t *kl, *vl;  /* this layer's caches */
-    int kv_type, n_past, n_tok;
-    int residual;      /* norm_tokens: add xn into x first */
-    const float *norm; /* norm_tokens: the RMSNorm weights */
-} layer_steps;
-
-/* x += xn (when `residual`), then xn = RMSNorm(x). */
-static void norm_tokens(void *p, int lo, int hi) {
-    const layer_steps *st = p;
-    const int dim = st->c->dim;
-    for (int t = lo; t < hi; t++) {
-        float *x = st->s->x + (int64_t)t * dim, *xn = st->s->xn + (int64_t)t * dim;
-        if (st->residual) add_into(x, xn, dim);
-        rmsnorm(xn, x, st->norm, dim, st->c->rms_eps);
-    }
-}
-
-/* RoPE on q and k (not on NoPE layers), then k and v into the cache at the token's position. */
-static void rope_and_cache(void *p, int lo, int hi) {
-    const layer_steps *st = p;
-    const sq_config *c = st->c;
-    const int hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
-    const size_t rb = sq_kv_row_bytes(st->kv_type, hd);
-    for (int t = lo; t < hi; t++) {
-        int pos = st->n_past + t;
-        float *qt = st->s->q + (int64_t)t * qd, *kt = st->s->k + (int64_t)t * kvd, *vt = st->s->v + (int64_t)t * kvd;
-        if (st->L->use_rope) {
-            const float *cs = st->s->rope_cs + (int64_t)t * hd;
-            rope(qt, c->n_heads, hd, cs);
-            rope(kt, c->n_kv_heads, hd, cs);
-        }
-        for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t off = ((size_t)h * c->n_ctx + pos) * rb;
-            store_kv(st->kl + off, st->kv_type, kt + (int64_t)h * hd, hd);
-            store_kv(st->vl + off, st->kv_type, vt + (int64_t)h * hd, hd);
-        }
-    }
-}
-
-static void swiglu_tokens(void *p, int lo, int hi) {
-    const layer_steps *st = p;
-    const int64_t n = st->c->hidden_dim;
-    swiglu(st->s->gate + lo * n, st->s->up + lo * n, (hi - lo) * n);
-}
-
-static void residual_tokens(void *p, int lo, int hi) {
-    const layer_steps *st = p;
-    const int64_t dim = st->c->dim;
-    add_into(st->s->x + lo * dim, st->s->xn + lo * dim, (hi - lo) * dim);
-}
-
 static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, uint8_t *k_cache,
                           uint8_t *v_cache, int kv_type, int n_tok, int n_past) {
     const sq_config *c = &m->cfg;
@@ -299,13 +240,27 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
     int dim = c->dim, hd = c->head_dim;
     int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     size_t rb = sq_kv_row_bytes(kv_type, hd), layer_bytes = (size_t)c->n_kv_heads * c->n_ctx * rb;
-    uint8_t *kl = k_cache + (size_t)l * layer_bytes, *vl = v_cache + (size_t)l * layer_bytes;
-    layer_steps st = {c, L, s, kl, vl, kv_type, n_past, n_tok, 0, L->attn_norm.data};
 
-    sq_pool_for(pool, n_tok, SPLIT_TOKENS, norm_tokens, &st);
+    for (int t = 0; t < n_tok; t++)
+        rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->attn_norm.data, dim, c->rms_eps);
     sq_matmul_set qkv = {3, {&L->wq, &L->wk, &L->wv}, {s->q, s->k, s->v}, {qd, kvd, kvd}};
     sq_matmul(pool, &qkv, s->xn, n_tok, s->xq);
-    sq_pool_for(pool, n_tok, SPLIT_TOKENS, rope_and_cache, &st);
+
+    uint8_t *kl = k_cache + (size_t)l * layer_bytes, *vl = v_cache + (size_t)l * layer_bytes;
+    for (int t = 0; t < n_tok; t++) {
+        int pos = n_past + t;
+        float *qt = s->q + (int64_t)t * qd, *kt = s->k + (int64_t)t * kvd, *vt = s->v + (int64_t)t * kvd;
+        if (L->use_rope) {
+            const float *cs = s->rope_cs + (int64_t)t * hd;
+            rope(qt, c->n_heads, hd, cs);
+            rope(kt, c->n_kv_heads, hd, cs);
+        }
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t off = ((size_t)h * c->n_ctx + pos) * rb;
+            store_kv(kl + off, kv_type, kt + (int64_t)h * hd, hd);
+            store_kv(vl + off, kv_type, vt + (int64_t)h * hd, hd);
+        }
+    }
     if (kv_type == SQ_F32) {
         attention_job aj = {c, s->q, (const float *)kl, (const float *)vl, n_tok, n_past, s->scores, s->att};
         sq_pool_run(pool, attention_worker, &aj);
@@ -315,14 +270,16 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
 
     sq_matmul_set o = {1, {&L->wo}, {s->xn}, {dim}};
     sq_matmul(pool, &o, s->att, n_tok, s->xq);
-    st.residual = 1, st.norm = L->ffn_norm.data;
-    sq_pool_for(pool, n_tok, SPLIT_TOKENS, norm_tokens, &st);
+    add_into(s->x, s->xn, (int64_t)n_tok * dim);
+
+    for (int t = 0; t < n_tok; t++)
+        rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->ffn_norm.data, dim, c->rms_eps);
     sq_matmul_set gu = {2, {&L->ffn_gate, &L->ffn_up}, {s->gate, s->up}, {c->hidden_dim, c->hidden_dim}};
     sq_matmul(pool, &gu, s->xn, n_tok, s->xq);
-    sq_pool_for(pool, n_tok, SPLIT_TOKENS, swiglu_tokens, &st);
+    swiglu(s->gate, s->up, (int64_t)n_tok * c->hidden_dim);
     sq_matmul_set down = {1, {&L->ffn_down}, {s->xn}, {dim}};
     sq_matmul(pool, &down, s->gate, n_tok, s->xq);
-    sq_pool_for(pool, n_tok, SPLIT_TOKENS, residual_tokens, &st);
+    add_into(s->x, s->xn, (int64_t)n_tok * dim);
 }
 
 /* One chunk of at most max_batch tokens; logits rows for the tokens in [first_out, n_tok). */

@@ -45,22 +45,7 @@ static void matmul_worker(void *p, int ith, int nth) {
     }
 }
 
-typedef struct {
-    int vec_type;
-    const float *x;      /* [n_tokens][cols] */
-    int64_t cols;
-    uint8_t *xq;         /* [n_tokens][row_bytes] */
-    int64_t row_bytes;
-} convert_job;
-
-static void convert_rows(void *p, int lo, int hi) {
-    const convert_job *job = p;
-    for (int t = lo; t < hi; t++)
-        sq_quantize_row(job->vec_type, job->x + t * job->cols, job->xq + t * job->row_bytes, job->cols);
-}
-
-/* All matrices of the set share one vec-dot type: x is converted once for all (a
- * prompt's rows on the pool, a token apiece). */
+/* All matrices of the set share one vec-dot type: x is converted once for all. */
 static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq) {
     int64_t cols = set->w[0]->cols;
     int vec_type = sq_vec_dot_type(set->w[0]->type);
@@ -69,8 +54,8 @@ static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_t
     if (vec_type != SQ_F32) {
         job.xq = xq;
         job.xq_row_bytes = cols / sq_block_elems(vec_type) * sq_block_bytes(vec_type);
-        convert_job cj = {vec_type, x, cols, xq, job.xq_row_bytes};
-        sq_pool_for(pool, n_tokens, 8, convert_rows, &cj);
+        for (int t = 0; t < n_tokens; t++)
+            sq_quantize_row(vec_type, x + t * cols, (uint8_t *)xq + t * job.xq_row_bytes, cols);
     }
     sq_pool_run(pool, matmul_worker, &job);
 }

@@ -9,7 +9,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <stdint.h>
 #include <stdlib.h>
 
 #include "pool.h"
@@ -130,28 +129,6 @@ void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx) {
         else
             sched_yield();
     }
-}
-
-typedef struct {
-    sq_range_fn fn;
-    void *ctx;
-    int n;
-} range_job;
-
-static void range_worker(void *p, int ith, int nth) {
-    const range_job *job = p;
-    const int lo = (int)((int64_t)job->n * ith / nth), hi = (int)((int64_t)job->n * (ith + 1) / nth);
-    if (lo < hi) job->fn(job->ctx, lo, hi);
-}
-
-void sq_pool_for(sq_pool *pool, int n, int min_split, sq_range_fn fn, void *ctx) {
-    if (n <= 0) return;
-    if (!pool || pool->n_threads == 1 || n < min_split) {
-        fn(ctx, 0, n);
-        return;
-    }
-    range_job job = {fn, ctx, n};
-    sq_pool_run(pool, range_worker, &job);
 }
 
 void sq_pool_free(sq_pool *pool) {

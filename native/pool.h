@@ -10,9 +10,4 @@ typedef void (*sq_job_fn)(void *ctx, int ith, int nth);
 /* Runs fn on all threads (the caller is thread 0) and returns when every call has. */
 void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx);
 
-/* fn(ctx, lo, hi) over [0, n) in one contiguous range per thread, or over all of it on
- * the calling thread when n < min_split (a hand-off costs more than a few items' work). */
-typedef void (*sq_range_fn)(void *ctx, int lo, int hi);
-void sq_pool_for(sq_pool *pool, int n, int min_split, sq_range_fn fn, void *ctx);
-
 #endif
