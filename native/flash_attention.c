@@ -20,8 +20,9 @@
  * softmax, then the weighted V rows (each output one fma chain over the keys, in order),
  * from values widened once into scratch when many rows share them (prefill), straight
  * from the cache when few do (decode). The AVX2 version runs those chains in registers,
- * four rows and two keys at once; the plain version runs the same chains one value at a
- * time, and both give the same bits (exp_le0 and the lane trees of max and sum included).
+ * up to four rows and eight keys or outputs at once, and asks memory for the next keys
+ * and values ahead of use; the plain version runs the same chains one value at a time,
+ * and both give the same bits (exp_le0 and the lane trees of max and sum included).
  */
 #include <math.h>
 #include <stddef.h>
