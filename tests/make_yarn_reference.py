@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType as V
 
-from llm_smolq.gguf_mutations import with_metadata
+from llm_smolq.dev.gguf_mutations import with_metadata
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE.parent.parent / "shared" / "reference" / "tiny-smollm3-Q8_0.gguf"

@@ -9,7 +9,7 @@ from gguf import GGUFReader
 
 def test_bench_reports_speed_memory_and_bandwidth(reference_dir):
     model = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
-    cmd = [sys.executable, "-m", "llm_smolq.bench", str(model), "--threads", "2", "--prefill", "16",
+    cmd = [sys.executable, "-m", "llm_smolq.dev.bench", str(model), "--threads", "2", "--prefill", "16",
            "--decode", "4", "--repeat", "2", "--json", "--schema"]
     report = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
     ours = report["engines"]["llm-smolq"]

@@ -1,11 +1,11 @@
-"""A bounded batch of the GGUF fuzzer (llm_smolq.fuzz_gguf): every mutated file is refused
+"""A bounded batch of the GGUF fuzzer (llm_smolq.dev.fuzz_gguf): every mutated file is refused
 with a GGUFError that says what is wrong, or loads, runs and tokenizes. Nothing may crash,
-hang, or raise anything else. The long run is `python -m llm_smolq.fuzz_gguf --cases 100000`."""
+hang, or raise anything else. The long run is `python -m llm_smolq.dev.fuzz_gguf --cases 100000`."""
 
 import textwrap
 
-from llm_smolq.fuzz_gguf import make_fixtures, run
-from llm_smolq.gguf_mutations import MUTATIONS
+from llm_smolq.dev.fuzz_gguf import make_fixtures, run
+from llm_smolq.dev.gguf_mutations import MUTATIONS
 
 SEED = 20251129
 CASES = 3000

@@ -284,7 +284,7 @@ def test_header_reader_agrees_with_gguf_reader(reference_dir, name):
     ]
 
 
-# -- found by fuzzing (python -m llm_smolq.fuzz_gguf): one test per class of bug ----------
+# -- found by fuzzing (python -m llm_smolq.dev.fuzz_gguf): one test per class of bug -------
 
 def field_value(reader, key):
     """Where metadata `key`'s (scalar) value sits in the file."""
@@ -293,7 +293,7 @@ def field_value(reader, key):
 
 def rewritten(tmp_path, source, edit, name="edited.gguf"):
     """`source` taken apart, changed by edit(layout), and written back as a valid GGUF."""
-    from llm_smolq.gguf_mutations import parse, serialize
+    from llm_smolq.dev.gguf_mutations import parse, serialize
 
     layout = parse(source.read_bytes())
     edit(layout)
@@ -330,7 +330,7 @@ def test_sizes_and_constants_the_kernel_cannot_hold(tiny, tmp_path, key, value, 
 
 
 def test_head_width_whose_product_overflows_a_c_int(tiny, tmp_path):
-    from llm_smolq.gguf_mutations import KV
+    from llm_smolq.dev.gguf_mutations import KV
     from gguf import GGUFValueType
 
     path, _ = tiny

@@ -141,7 +141,7 @@ def test_smollm3_template_follow_up_reuses_at_least_the_first_prompt(thinking, u
 
 
 def test_the_follow_up_benchmark_runs_warm_and_cold_in_new_processes(tiny):
-    cmd = [sys.executable, "-m", "llm_smolq.bench", str(tiny), "--follow-up", "300", "--threads", "2",
+    cmd = [sys.executable, "-m", "llm_smolq.dev.bench", str(tiny), "--follow-up", "300", "--threads", "2",
            "--repeat", "1", "--json"]
     report = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
     first, warm, cold = report["first_turn"], report["warm"], report["cold"]

@@ -11,10 +11,10 @@ from gguf import LlamaFileType
 from gguf.quants import dequantize
 
 import llm_smolq
-from llm_smolq import synth
+from llm_smolq.dev import synth
 from llm_smolq.gguf_file import read_header, type_name
 from llm_smolq.model_file import open_model
-from llm_smolq.synth import PRESETS, TYPES, Preset, main, make_vocab, plan_tensors, write_synthetic
+from llm_smolq.dev.synth import PRESETS, TYPES, Preset, main, make_vocab, plan_tensors, write_synthetic
 
 PLAIN = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS")

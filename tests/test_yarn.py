@@ -10,7 +10,7 @@ from gguf import GGUFValueType as V
 
 import llm_smolq
 from llm_smolq import GGUFError
-from llm_smolq.gguf_mutations import with_metadata
+from llm_smolq.dev.gguf_mutations import with_metadata
 from make_yarn_reference import CONTEXT, FACTOR, N_CTX, yarn_files
 
 DATA = Path(__file__).resolve().parent / "data" / "yarn-tiny-Q8_0.npz"

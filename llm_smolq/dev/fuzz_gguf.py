@@ -1,16 +1,16 @@
 """Fuzz the GGUF loader: seeded mutations of small valid models, each loaded and run in a
 child process, so that a crash or a hang is caught and named by its case.
 
-    python -m llm_smolq.fuzz_gguf --cases 100000 --seed 1 [--jobs 2] [--fixture F.gguf ...]
-    python -m llm_smolq.fuzz_gguf --seed 1 --case 4711      # replay one case, in-process
+    python -m llm_smolq.dev.fuzz_gguf --cases 100000 --seed 1 [--jobs 2] [--fixture F.gguf ...]
+    python -m llm_smolq.dev.fuzz_gguf --seed 1 --case 4711      # replay one case, in-process
 
 A case is a pure function of (seed, case number, fixture list). The fixtures are small
-synthetic models (llm_smolq.synth) in several tensor types, plus any --fixture files. Each
-case mutates one of them (llm_smolq.gguf_mutations: header counts, string and array
-lengths, value types, metadata values, tensor dimensions, types and offsets, alignment,
-truncation at a region boundary, inserted or deleted bytes, flipped bytes, corrupted
-weights, re-cut attention heads), loads the result, runs a forward pass and, if the file
-gets that far, tokenizes.
+synthetic models (llm_smolq.dev.synth) in several tensor types, plus any --fixture files.
+Each case mutates one of them (llm_smolq.dev.gguf_mutations: header counts, string and
+array lengths, value types, metadata values, tensor dimensions, types and offsets,
+alignment, truncation at a region boundary, inserted or deleted bytes, flipped bytes,
+corrupted weights, re-cut attention heads), loads the result, runs a forward pass and, if
+the file gets that far, tokenizes.
 
 A case passes when the file is refused with a GGUFError whose message says what is wrong,
 or when it loads, every weight matrix the kernel will read lies inside the file by the
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .errors import GGUFError
+from ..errors import GGUFError
 from .gguf_mutations import Layout, make_case, parse
 
-DEFAULT_TARGET = "llm_smolq.fuzz_gguf:exercise"
+DEFAULT_TARGET = "llm_smolq.dev.fuzz_gguf:exercise"
 N_CTX = 16
 MAX_MESSAGE = 1000  # characters, besides the file's path
 WORKER_MEMORY = 8 << 30  # address space per worker process
@@ -98,8 +98,8 @@ def exercise(path: str) -> str:
     the file got; raises GGUFError if it was refused at load, anything else on a failure."""
     import numpy as np
 
-    from .engine import Engine
-    from .model_file import open_model
+    from ..engine import Engine
+    from ..model_file import open_model
 
     model = open_model(path)
     # As the plugin does: the context capped at the model's own.
@@ -131,7 +131,7 @@ def check_kernel_view(eng: Any) -> None:
     """What C will be handed, checked on its own terms: each matrix has the rows and
     columns the forward pass reads and writes (norms are F32), and every byte the kernel
     reads of it, by the kernel's own block sizes, lies inside the file."""
-    from ._kernel import ffi, lib
+    from .._kernel import ffi, lib
 
     m, c = eng._c_model, eng._c_model.cfg
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
@@ -297,7 +297,7 @@ def run(seed: int, cases: int, fixture_paths: Sequence[str | os.PathLike[str]], 
     crash or a hang of that case, and a new worker carries on after it."""
     work = Path(workdir or tempfile.mkdtemp(prefix="gguf-fuzz-", dir=_fast_tmp()))
     work.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "llm_smolq.fuzz_gguf", "--worker", "--seed", str(seed), "--target", target]
+    cmd = [sys.executable, "-m", "llm_smolq.dev.fuzz_gguf", "--worker", "--seed", str(seed), "--target", target]
     for p in fixture_paths:
         cmd += ["--fixture", os.fspath(p)]
     if save_failures is not None:
@@ -370,7 +370,7 @@ def run(seed: int, cases: int, fixture_paths: Sequence[str | os.PathLike[str]], 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llm_smolq.fuzz_gguf", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m llm_smolq.dev.fuzz_gguf", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cases", type=int, default=1000)
     ap.add_argument("--start", type=int, default=0, help="first case number")

@@ -1,4 +1,4 @@
-"""Seeded mutations of a valid GGUF file, for fuzzing the loader (llm_smolq.fuzz_gguf).
+"""Seeded mutations of a valid GGUF file, for fuzzing the loader (llm_smolq.dev.fuzz_gguf).
 
 `parse` takes a well-formed little-endian GGUF apart: its metadata with their value types,
 its tensor infos, the byte position and role of every number in the header, and the
@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 from gguf.constants import GGML_QUANT_SIZES
 
-from .gguf_file import SCALAR_CODES
+from ..gguf_file import SCALAR_CODES
 
 V = GGUFValueType
 

@@ -1,9 +1,9 @@
 """Benchmark: prefill and decode speed, load time and peak memory on one GGUF file.
 
-    python -m llm_smolq.bench MODEL.gguf [--threads N] [--prefill 256] [--decode 128]
-                              [--repeat 5] [--json] [--vs-llama-cpp] [--schema]
-                              [--depth N] [--kv-cache f16|q8_0|f32]
-    python -m llm_smolq.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
+    python -m llm_smolq.dev.bench MODEL.gguf [--threads N] [--prefill 256] [--decode 128]
+                                  [--repeat 5] [--json] [--vs-llama-cpp] [--schema]
+                                  [--depth N] [--kv-cache f16|q8_0|f32]
+    python -m llm_smolq.dev.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
 
 With --depth N the prompt is N random ids fed in batches of 512 (prefill tok/s is their
 average), and decode is timed at that depth; --vs-llama-cpp then runs llama.cpp twice,
@@ -78,7 +78,7 @@ def constraint_ms_per_token(engine) -> float:
     per model, are not counted)."""
     import numpy as np
 
-    from .constrained import Constraint
+    from ..constrained import Constraint
 
     logits = np.zeros(engine.config.vocab_size, np.float32)
     Constraint.for_json_schema(engine.tokenizer, CONSTRAINED_SCHEMA)  # the one-off vocabulary index
@@ -123,7 +123,7 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
 
 
 def _child(engine: str, args) -> dict:
-    cmd = [sys.executable, "-m", "llm_smolq.bench", args.model, "--child", engine, "--threads", str(args.threads),
+    cmd = [sys.executable, "-m", "llm_smolq.dev.bench", args.model, "--child", engine, "--threads", str(args.threads),
            "--prefill", str(args.prefill), "--decode", str(args.decode)] + (["--schema"] if args.schema else []) + (
            ["--depth", str(args.depth)] if args.depth else []) + (["--kv-cache", args.kv_cache] if args.kv_cache else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -135,7 +135,7 @@ def _child(engine: str, args) -> dict:
 def weight_bytes_per_token(path: str) -> int:
     """Bytes of weights one decode step reads: every mat-vec matrix once (with tied
     embeddings the output projection reads all of token_embd; the lookup, one row)."""
-    from .model_file import open_model
+    from ..model_file import open_model
 
     model = open_model(path)
     skip = set() if model.config.tied_embeddings else {"token_embd.weight"}
@@ -166,7 +166,7 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m llm_smolq.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_smolq.dev.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="path to a GGUF file")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--prefill", type=int, default=256, help="prompt tokens (default 256)")

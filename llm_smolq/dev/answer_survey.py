@@ -2,9 +2,9 @@
 runs at the default options (or others), through llm's Python API as a user meets them.
 It is how the README's examples were chosen, and how repeat_penalty's effect was measured:
 
-    python -m llm_smolq.answer_survey smollm2-q --seeds 5
-    python -m llm_smolq.answer_survey smollm2-q --seeds 5 --repeat-penalty 1.2 "What is the capital of France?"
-    python -m llm_smolq.answer_survey smollm2-q --seeds 10 --system "Answer in one sentence." "What is a rainbow?"
+    python -m llm_smolq.dev.answer_survey smollm2-q --seeds 5
+    python -m llm_smolq.dev.answer_survey smollm2-q --seeds 5 --repeat-penalty 1.2 "What is the capital of France?"
+    python -m llm_smolq.dev.answer_survey smollm2-q --seeds 10 --system "Answer in one sentence." "What is a rainbow?"
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def survey(model_id: str, prompts: list[str], seeds: int, options: dict, system:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m llm_smolq.answer_survey", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_smolq.dev.answer_survey", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="an llm model id, e.g. smollm2-q")
     parser.add_argument("prompts", nargs="*", help="prompts to try (default: a built-in dozen)")
     parser.add_argument("--seeds", type=int, default=5)

@@ -1,7 +1,7 @@
 """Time to first token of a conversation's follow-up in a new process, with the prompt
 cache and cold.
 
-    python -m llm_smolq.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 3] [--json]
+    python -m llm_smolq.dev.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 3] [--json]
 
 A first child process answers a first turn whose prompt is a long document (sized so that
 the follow-up's whole conversation is about --follow-up tokens) and saves its KV state in
@@ -38,7 +38,7 @@ def document(n_sentences: int) -> str:
 
 def _prompt_ids(engine, template, messages: list[dict]) -> list[int]:
     """What the plugin sends for these messages: the chat template's text, tokenized."""
-    from .generation import prompt_ids
+    from ..generation import prompt_ids
 
     extra = {"enable_thinking": True} if engine.config.arch == "smollm3" else {}
     return prompt_ids(engine, template.render(messages, add_generation_prompt=True, **extra))
@@ -60,10 +60,10 @@ def _first_messages(engine, template, budget: int) -> list[dict]:
 
 def first_turn(model: str, threads: int, n_tokens: int, work: Path) -> dict:
     """Answer the first turn, save its state, and write the follow-up's messages."""
-    from .chat_template import chat_template_from_metadata
-    from .engine import load
-    from .generation import Completion, ReasoningSplitter, SamplingParams, generate
-    from .prompt_cache import PromptCache
+    from ..chat_template import chat_template_from_metadata
+    from ..engine import load
+    from ..generation import Completion, ReasoningSplitter, SamplingParams, generate
+    from ..prompt_cache import PromptCache
 
     engine = load(model, n_ctx=n_tokens + 512, threads=threads)
     template = chat_template_from_metadata(engine.model.metadata)
@@ -89,10 +89,10 @@ def first_turn(model: str, threads: int, n_tokens: int, work: Path) -> dict:
 
 
 def follow_up(model: str, threads: int, n_tokens: int, work: Path, warm: bool) -> dict:
-    from .chat_template import chat_template_from_metadata
-    from .engine import load
-    from .generation import prefill
-    from .prompt_cache import CacheActivity, PromptCache
+    from ..chat_template import chat_template_from_metadata
+    from ..engine import load
+    from ..generation import prefill
+    from ..prompt_cache import CacheActivity, PromptCache
 
     started = time.perf_counter()
     engine = load(model, n_ctx=n_tokens + 512, threads=threads)
@@ -116,7 +116,7 @@ def follow_up(model: str, threads: int, n_tokens: int, work: Path, warm: bool) -
 
 
 def _child(phase: str, model: str, threads: int, n_tokens: int, work: Path) -> dict:
-    cmd = [sys.executable, "-m", "llm_smolq.follow_up_bench", phase, model, str(threads), str(n_tokens), str(work)]
+    cmd = [sys.executable, "-m", "llm_smolq.dev.follow_up_bench", phase, model, str(threads), str(n_tokens), str(work)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the {phase} run failed:\n{done.stderr.strip()}")

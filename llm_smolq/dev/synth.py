@@ -1,6 +1,6 @@
 """Synthetic GGUF models: the real shapes of a SmolLM preset, random weights of one type.
 
-    python -m llm_smolq.synth OUT.gguf --preset smollm3-3b --type Q4_K_M [--seed N] [--llama-mix]
+    python -m llm_smolq.dev.synth OUT.gguf --preset smollm3-3b --type Q4_K_M [--seed N] [--llama-mix]
 
 The file carries everything both this engine and llama.cpp need to load it (architecture
 metadata, a byte-level BPE tokenizer, ``general.file_type``), so the same file can be
@@ -485,7 +485,7 @@ def _summary(plan: Sequence[TensorPlan]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m llm_smolq.synth",
+        prog="python -m llm_smolq.dev.synth",
         description="Write a GGUF with a SmolLM preset's real shapes and valid random weights of one type, "
                     "loadable by llm-smolq and by llama.cpp.",
     )
