@@ -300,9 +300,8 @@ AVX2 static ALWAYS_INLINE __m256 load8(const uint8_t *row, int kv_type, size_t d
  * the one before it in its chain, and two start per cycle) in at most 13 registers. */
 enum { WIDE = -1 };
 
-/* Keys scored together by G rows, values summed together (8 each) by G rows. */
-#define KEYS_AT_ONCE(G) ((G) == 1 ? 8 : (G) == 2 ? 4 : (G) == 3 ? 3 : 2)
-#define OUTS_AT_ONCE(G) KEYS_AT_ONCE(G)
+/* Keys scored, or groups of 8 outputs summed, together by G rows: G times this chains. */
+#define AT_ONCE(G) ((G) == 1 ? 8 : (G) == 2 ? 4 : (G) == 3 ? 3 : 2)
 
 /* Eight values from element d of a value row j: widened floats (hdp apart) or a cache row. */
 AVX2 static ALWAYS_INLINE __m256 value8(const void *v, const int SRC, size_t row_bytes, size_t hdp, size_t j,
@@ -342,7 +341,7 @@ AVX2 static ALWAYS_INLINE void score_keys(const float *q, size_t hdp, const uint
 AVX2 static ALWAYS_INLINE void score_block(const float *q, size_t hdp, const uint8_t *k, size_t rb, size_t nk,
                                            size_t head_dim, float *lanes, const uint8_t *pf_a, const uint8_t *pf_b,
                                            size_t pf_bytes, const int KV, const int G) {
-    const int KP = KEYS_AT_ONCE(G);
+    const int KP = AT_ONCE(G);
     for (size_t j = 0; j < KEY_BLOCK; j += KP) {
         const size_t end = (j + KP) * pf_bytes / KEY_BLOCK;
         for (size_t at = j * pf_bytes / KEY_BLOCK & ~(size_t)63; at < end && at < pf_bytes; at += 64) {
@@ -427,7 +426,7 @@ AVX2 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const voi
 
 AVX2 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const void *v, size_t row_bytes,
                                           size_t width, size_t hdp, float *o, const int SRC, const int G) {
-    const int W = OUTS_AT_ONCE(G);
+    const int W = AT_ONCE(G);
     size_t d = 0;
     for (; d + 8 * (size_t)W <= width; d += 8 * (size_t)W) weigh_outs(s, most, v, row_bytes, hdp, o, d, SRC, G, W);
     for (; d < width; d += 8) weigh_outs(s, most, v, row_bytes, hdp, o, d, SRC, G, 1);
