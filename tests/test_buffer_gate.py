@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from numpy.lib.stride_tricks import as_strided
 
 from llm_smolq import DeviceError, LayoutError
-from llm_smolq import buffer_gate as gate
+from llm_smolq.engine import buffer_gate as gate
 from llm_smolq._kernel import ffi
 from llm_smolq.kernel import attention
 

@@ -14,8 +14,9 @@ import huggingface_hub.file_download
 import pytest
 from click.testing import CliRunner
 
-from llm_smolq import catalog, pypi_models
-from llm_smolq.commands import register_commands
+from llm_smolq.store import catalog
+from llm_smolq.store import pypi_models
+from llm_smolq.plugin.commands import register_commands
 
 from fake_hub import FakeHub
 
@@ -354,7 +355,7 @@ def test_resolve_registered_file_that_went_away(store, tiny, tmp_path):
 
 def test_listing_parses_no_gguf(store, tiny, monkeypatch):
     catalog.register(tiny)
-    from llm_smolq import model_file
+    from llm_smolq.model import model_file
 
     def forbidden(path):
         raise AssertionError("list_models must not open GGUF files")

@@ -21,8 +21,8 @@ import jinja2.ext
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from llm_smolq import chat_template
-from llm_smolq.chat_template import (
+from llm_smolq.chat import template as chat_template
+from llm_smolq.chat.template import (
     CHATML_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,
@@ -314,7 +314,7 @@ RUNAWAYS = {
 
 
 class _Clock:
-    """Stands in for the `time` module llm_smolq.chat_template reads: reading n of
+    """Stands in for the `time` module llm_smolq.chat.template reads: reading n of
     monotonic() (counting from 0) returns n * tick. After `runaway_after` readings it jumps
     to infinity, so that a render whose work limits failed ends at once on the deadline
     (which the test then reports as the wrong limit) instead of running for hours."""

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from llm.cli import cli
 
 import llm_smolq
-from llm_smolq.engine import MAX_BATCH
-from llm_smolq.generation import Completion, SamplingParams, generate
+from llm_smolq.engine.engine import MAX_BATCH
+from llm_smolq.decode.generate import Completion, SamplingParams, generate
 from test_plugin import last_logs
 
 N_CTX = 64
@@ -114,10 +114,10 @@ class CountingKernel:
 
 @pytest.fixture
 def kernel(monkeypatch):
-    import llm_smolq.engine
+    import llm_smolq.engine.engine
 
-    counting = CountingKernel(llm_smolq.engine.lib)
-    monkeypatch.setattr(llm_smolq.engine, "lib", counting)
+    counting = CountingKernel(llm_smolq.engine.engine.lib)
+    monkeypatch.setattr(llm_smolq.engine.engine, "lib", counting)
     return counting
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import llm_smolq
-from llm_smolq.kv_types import KV_TYPES
+from llm_smolq.engine.kv_types import KV_TYPES
 
 FLOATS = ["F32", "F16", "BF16"]
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]

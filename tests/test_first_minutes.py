@@ -11,8 +11,10 @@ import pytest
 from click.testing import CliRunner
 from llm.cli import cli
 
-from llm_smolq import catalog, plugin, prompt_cache
-from llm_smolq.generation import RepetitionGuard
+from llm_smolq import plugin
+from llm_smolq.store import catalog
+from llm_smolq.store import prompt_cache
+from llm_smolq.decode.generate import RepetitionGuard
 
 GREEDY = ["-o", "temperature", "0"]
 
@@ -191,9 +193,9 @@ def test_a_looping_answer_ends_with_finish_reason_repetition(user_dir):
 
 
 def interrupt_after(monkeypatch, chunks: int):
-    import llm_smolq.generation
+    import llm_smolq.decode.generate
 
-    real = llm_smolq.generation.generate
+    real = llm_smolq.decode.generate.generate
 
     def interrupted(*args, **kwargs):
         for i, chunk in enumerate(real(*args, **kwargs)):
@@ -201,7 +203,7 @@ def interrupt_after(monkeypatch, chunks: int):
                 raise KeyboardInterrupt
             yield chunk
 
-    monkeypatch.setattr(llm_smolq.generation, "generate", interrupted)
+    monkeypatch.setattr(llm_smolq.decode.generate, "generate", interrupted)
 
 
 # (a one-shot prompt's exit status 130: test_plugin.py's Ctrl-C tests)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from llm_smolq.generation import ReasoningSplitter, TextStream
+from llm_smolq.decode.generate import ReasoningSplitter, TextStream
 
 
 def test_text_stream_joins_split_utf8_and_holds_back_stop_prefixes():

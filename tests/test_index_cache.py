@@ -6,12 +6,12 @@ import struct
 
 import pytest
 
-from llm_smolq import index_cache
-from llm_smolq import tokenizer as tokenizer_module
-from llm_smolq.engine import Engine
-from llm_smolq.gguf_file import read_header
-from llm_smolq.model_file import open_model
-from llm_smolq.tokenizer import GGUFTokenizer
+from llm_smolq.store import header_cache as index_cache
+from llm_smolq.model import tokenizer as tokenizer_module
+from llm_smolq.engine.engine import Engine
+from llm_smolq.model.gguf_file import read_header
+from llm_smolq.model.model_file import open_model
+from llm_smolq.model.tokenizer import GGUFTokenizer
 
 TINY = "tiny-smollm3-Q8_0.gguf"
 ROPE_KEY = b"smollm3.rope.freq_base"

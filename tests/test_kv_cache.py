@@ -9,7 +9,7 @@ import llm_smolq
 from llm_smolq import LayoutError, Q8_0_BLOCK
 from llm_smolq._kernel import lib
 from llm_smolq.kernel import attention
-from llm_smolq.kv_types import DEFAULT_KV_TYPE, KV_TYPES
+from llm_smolq.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 
 KV = ["f16", "f32", "q8_0"]
 

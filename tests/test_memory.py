@@ -10,9 +10,10 @@ import pytest
 from gguf import GGUFReader
 
 import llm_smolq
-from llm_smolq import GGUFError, ResourceError, memory
-from llm_smolq.engine import MAX_BATCH
-from llm_smolq.kv_types import KV_TYPES
+from llm_smolq import GGUFError, ResourceError
+from llm_smolq.model import memory
+from llm_smolq.engine.engine import MAX_BATCH
+from llm_smolq.engine.kv_types import KV_TYPES
 
 TINY = "tiny-smollm3-Q8_0.gguf"
 F32 = 4  # bytes

@@ -271,7 +271,7 @@ def test_missing_metadata_key(tiny, tmp_path):
 
 @pytest.mark.parametrize("name", ["tiny-smollm3-Q4_K_M.gguf", "tiny-smollm3-chat-Q8_0.gguf", "tok-llama-bpe.gguf"])
 def test_header_reader_agrees_with_gguf_reader(reference_dir, name):
-    from llm_smolq.gguf_file import read_header
+    from llm_smolq.model.gguf_file import read_header
 
     ours = read_header(reference_dir / name)
     theirs = GGUFReader(reference_dir / name)

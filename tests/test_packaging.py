@@ -133,7 +133,7 @@ def test_the_new_venv_compiled_the_kernel_and_holds_only_the_package(installed):
     assert re.search(r"Created wheel for llm-smolq: filename=llm_smolq-0\.1\.0-cp310-abi3-linux_\w+\.whl",
                      installed.pip_output), installed.pip_output
     files = probe["files"]
-    assert "llm_smolq/_kernel.abi3.so" in files and "llm_smolq/plugin.py" in files
+    assert "llm_smolq/_kernel.abi3.so" in files and "llm_smolq/plugin/__init__.py" in files
     tops = {f.split("/")[0] for f in files}
     assert tops == {"llm_smolq", "llm_smolq-0.1.0.dist-info"}, tops
     assert not [f for f in files if {"tests", "build", "native", "cffi_build"} & set(f.split("/"))]

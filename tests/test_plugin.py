@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from llm.cli import cli
 
 from llm_smolq import plugin
-from llm_smolq.chat_template import chat_template_from_gguf
+from llm_smolq.chat.template import chat_template_from_gguf
 
 QUICK = ["-o", "max_tokens", "6", "-o", "temperature", "0"]
 
@@ -158,7 +158,7 @@ def test_smollm3_template_and_thinking_switch(user_dir, reference_dir, thinking)
 def test_smollm3_reasoning_streams_as_reasoning_events(user_dir, reference_dir, monkeypatch):
     """A random-weight model never writes <think>; stand in for its text generator and
     check that llm receives the thought as reasoning and the rest as the answer."""
-    import llm_smolq.generation
+    import llm_smolq.decode.generate
 
     def scripted(engine, prompt_ids, params, max_tokens, stops, completion, constraint=None, progress=None, guard=None):
         completion.prompt_tokens = len(prompt_ids)
@@ -166,7 +166,7 @@ def test_smollm3_reasoning_streams_as_reasoning_events(user_dir, reference_dir, 
         completion.finish_reason = "stop"
         yield from ["<th", "ink>\nLet me see", ". 2+2=4</thi", "nk>\n\nIt is ", "4."]
 
-    monkeypatch.setattr(llm_smolq.generation, "generate", scripted)
+    monkeypatch.setattr(llm_smolq.decode.generate, "generate", scripted)
     assert run("smolq", "register", str(reference_dir / "tiny-smollm3-chat-Q8_0.gguf"), "--alias", "tiny3").exit_code == 0
     response = llm.get_model("tiny3").prompt("What is 2+2?")
     assert response.text() == "It is 4."
@@ -175,9 +175,9 @@ def test_smollm3_reasoning_streams_as_reasoning_events(user_dir, reference_dir, 
 
 
 def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypatch, france_ids):
-    import llm_smolq.generation
+    import llm_smolq.decode.generate
 
-    real = llm_smolq.generation.generate
+    real = llm_smolq.decode.generate.generate
 
     def interrupted(*args, **kwargs):
         for i, chunk in enumerate(real(*args, **kwargs)):
@@ -185,13 +185,13 @@ def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypa
                 raise KeyboardInterrupt
             yield chunk
 
-    monkeypatch.setattr(llm_smolq.generation, "generate", interrupted)
+    monkeypatch.setattr(llm_smolq.decode.generate, "generate", interrupted)
     result = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "20", "What is the capital of France?")
     assert result.exit_code == 130 and result.stdout.strip()  # as a script expects of Ctrl-C
     row = last_logs(user_dir)[0]
     assert json.loads(row["response_json"])["finish_reason"] == "interrupted"
     assert row["output_tokens"] >= 3
-    monkeypatch.setattr(llm_smolq.generation, "generate", real)
+    monkeypatch.setattr(llm_smolq.decode.generate, "generate", real)
     again = run("-m", "smollm2-q", *QUICK, "What is the capital of France?").stdout
     fresh = llm_smolq.load(model_path(user_dir), n_ctx=256, threads=1)
     ids = plugin._loaded[str(model_path(user_dir))].engine.tokens[:len(france_ids)]
@@ -257,9 +257,9 @@ def test_concurrent_async_prompts_get_their_own_answers(user_dir):
 
 
 def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_dir, monkeypatch, france_ids):
-    import llm_smolq.engine
+    import llm_smolq.engine.engine
 
-    real = llm_smolq.engine.lib
+    real = llm_smolq.engine.engine.lib
 
     class InterruptedPrefill:  # Ctrl-C arriving while the prompt's batch runs
         def __getattr__(self, name):
@@ -274,7 +274,7 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
     engine = plugin._loaded[str(model_path(user_dir))].engine
     prompt_ids = engine.tokens[:len(france_ids)]
     run("-m", "smollm2-q", *QUICK, "Something else first, to be truncated.")
-    monkeypatch.setattr(llm_smolq.engine, "lib", InterruptedPrefill())
+    monkeypatch.setattr(llm_smolq.engine.engine, "lib", InterruptedPrefill())
     result = run("-m", "smollm2-q", *QUICK, question)
     assert result.exit_code == 130 and not result.stdout.strip()
     row = last_logs(user_dir)[0]
@@ -283,12 +283,12 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
     # The cache keeps the prefix the two prompts share; the interrupted batch is not counted.
     assert plugin._loaded[str(model_path(user_dir))].engine is engine
     assert 0 < engine.n_past < len(france_ids) and engine.tokens == prompt_ids[:engine.n_past]
-    monkeypatch.setattr(llm_smolq.engine, "lib", real)
+    monkeypatch.setattr(llm_smolq.engine.engine, "lib", real)
     assert run("-m", "smollm2-q", *QUICK, question).stdout == expected
 
 
 def test_a_context_too_large_for_memory_is_refused_with_the_n_ctx_that_fits(user_dir, monkeypatch):
-    from llm_smolq import memory
+    from llm_smolq.model import memory
 
     # SmolLM2's 8,192 positions take 189 MB as halves, 100 MB as Q8_0 blocks
     monkeypatch.setattr(memory, "available_memory", lambda: (150 * 2**20, "a test figure"))
@@ -339,6 +339,6 @@ def test_llm_start_and_a_plain_prompt_import_only_what_they_use(user_dir):
     assert done.returncode == 0, done.stderr
     start, after = (set(names) for names in json.loads(done.stdout.splitlines()[-1]))
     assert "llm_smolq.plugin" in start
-    assert not {"llm_smolq._kernel", "llm_smolq.engine", "gguf", "jinja2", "tokenizers", "llguidance"} & start
+    assert not {"llm_smolq._kernel", "llm_smolq.engine.engine", "gguf", "jinja2", "tokenizers", "llguidance"} & start
     assert {"llm_smolq._kernel", "gguf", "tokenizers"} <= after  # the prompt did run through the engine
     assert "llguidance" not in after

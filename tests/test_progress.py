@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from llm.cli import cli
 
 import llm_smolq
-from llm_smolq.engine import MAX_BATCH
-from llm_smolq.progress import PrefillProgress
+from llm_smolq.engine.engine import MAX_BATCH
+from llm_smolq.plugin.progress import PrefillProgress
 
 
 class Terminal(io.StringIO):
@@ -65,7 +65,7 @@ def long_prompt(word):  # three batches of SmolLM2's prompt, none of it in the K
 
 def test_llm_on_a_pipe_prints_only_the_answer(user_dir, monkeypatch):
     """CliRunner's stderr is no terminal: a prompt of many batches makes no progress line."""
-    from llm_smolq import progress
+    from llm_smolq.plugin import progress
 
     made = []
     real = progress.PrefillProgress.for_terminal.__func__
@@ -81,7 +81,7 @@ def test_llm_on_a_pipe_prints_only_the_answer(user_dir, monkeypatch):
 def test_on_a_terminal_the_line_goes_to_stderr_not_into_the_answer(user_dir, monkeypatch):
     import llm
 
-    from llm_smolq import progress
+    from llm_smolq.plugin import progress
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import llm_smolq
-from llm_smolq import plugin, prompt_cache
-from llm_smolq.kv_types import KV_TYPES
-from llm_smolq.prompt_cache import PromptCache, block_bytes, parse_size, read_block, read_head
+from llm_smolq import plugin
+from llm_smolq.store import prompt_cache
+from llm_smolq.engine.kv_types import KV_TYPES
+from llm_smolq.store.prompt_cache import PromptCache, block_bytes, parse_size, read_block, read_head
 from test_plugin import QUICK, last_logs, run
 
 BLOCK = 16  # small blocks, so short prompts make chains of several
@@ -306,7 +307,7 @@ WRITER = textwrap.dedent("""
     import sys
     import numpy as np
     import llm_smolq
-    from llm_smolq.prompt_cache import PromptCache
+    from llm_smolq.store.prompt_cache import PromptCache
 
     model, directory, budget, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     cache = PromptCache(directory, max_bytes=budget, block_tokens=16)

@@ -27,7 +27,7 @@ from llm.cli import cli
 
 import llm_smolq
 from llm_smolq import plugin
-from llm_smolq.generation import Sampler, SamplingParams
+from llm_smolq.decode.generate import Sampler, SamplingParams
 
 DRAWS = 20_000
 ALPHA = 1e-3  # a fit is accepted above this p-value and rejected below it

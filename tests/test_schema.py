@@ -14,8 +14,8 @@ from pydantic import BaseModel, Field
 
 import llm_smolq
 from llm_smolq import plugin
-from llm_smolq.constrained import Constraint, ConstraintError, close_objects, tool_call_grammar
-from llm_smolq.generation import Completion, SamplingParams, generate
+from llm_smolq.decode.constrained import Constraint, ConstraintError, close_objects, tool_call_grammar
+from llm_smolq.decode.generate import Completion, SamplingParams, generate
 from test_plugin import last_logs, run
 
 TINY = "tiny-smollm3-chat-Q8_0.gguf"

@@ -12,8 +12,8 @@ from gguf.quants import dequantize
 
 import llm_smolq
 from llm_smolq.dev import synth
-from llm_smolq.gguf_file import read_header, type_name
-from llm_smolq.model_file import open_model
+from llm_smolq.model.gguf_file import read_header, type_name
+from llm_smolq.model.model_file import open_model
 from llm_smolq.dev.synth import PRESETS, TYPES, Preset, main, make_vocab, plan_tensors, write_synthetic
 
 PLAIN = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import llm_smolq
-from llm_smolq import engine as engine_module
-from llm_smolq.engine import MAX_BATCH, Engine
-from llm_smolq.generation import Completion, SamplingParams, generate
-from llm_smolq.model_file import open_model
+from llm_smolq.engine import engine as engine_module
+from llm_smolq.engine.engine import MAX_BATCH, Engine
+from llm_smolq.decode.generate import Completion, SamplingParams, generate
+from llm_smolq.model.model_file import open_model
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(0, 1024, 2 * MAX_BATCH + 88)]  # three batches

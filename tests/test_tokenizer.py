@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llm_smolq.errors import GGUFError
-from llm_smolq.tokenizer import (
+from llm_smolq.model.tokenizer import (
     GGUFTokenizer,
     read_tokenizer_metadata,
 )

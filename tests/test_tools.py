@@ -16,10 +16,11 @@ from llm.parts import Message, ReasoningPart, TextPart, ToolCallPart, ToolResult
 from llm.tools import llm_version
 
 import llm_smolq
-import llm_smolq.generation
-from llm_smolq import plugin, turn
-from llm_smolq.chat_template import ChatTemplate, chat_template_from_gguf
-from llm_smolq.tool_calls import (
+import llm_smolq.decode.generate
+from llm_smolq import plugin
+from llm_smolq.plugin import turn
+from llm_smolq.chat.template import ChatTemplate, chat_template_from_gguf
+from llm_smolq.chat.tool_calls import (
     ParsedCall,
     ToolCallParser,
     format_tool_call,
@@ -210,7 +211,7 @@ def script(monkeypatch, tiny3):
         def __call__(self, logits, recent):
             return next(self.ids)
 
-    monkeypatch.setattr(llm_smolq.generation, "Sampler", Scripted)
+    monkeypatch.setattr(llm_smolq.decode.generate, "Sampler", Scripted)
     return answers
 
 
@@ -345,19 +346,19 @@ def lead_then_sample(monkeypatch, tiny3):
     it samples freely from its own logits, as masked by the plugin's constraint. The tiny
     model's weights are random: whatever call it writes is valid only by the constraint."""
     engine = llm_smolq.load(tiny3, n_ctx=64, threads=1)
-    real = llm_smolq.generation.Sampler
+    real = llm_smolq.decode.generate.Sampler
     leads: list[str] = []
 
     class LeadThenSample:
         def __init__(self, params):
             self.forced = iter(engine.tokenize(leads.pop(0)) if leads else [])
-            self.free = real(llm_smolq.generation.SamplingParams(temperature=1.0, seed=params.seed))
+            self.free = real(llm_smolq.decode.generate.SamplingParams(temperature=1.0, seed=params.seed))
 
         def __call__(self, logits, recent):
             token = next(self.forced, None)
             return token if token is not None else self.free(logits, recent)
 
-    monkeypatch.setattr(llm_smolq.generation, "Sampler", LeadThenSample)
+    monkeypatch.setattr(llm_smolq.decode.generate, "Sampler", LeadThenSample)
     return leads
 
 
@@ -395,7 +396,7 @@ def test_a_freely_written_call_runs_through_the_chain(tiny3, lead_then_sample):
 
 
 def test_reasoning_is_not_constrained_and_the_answer_is(reference_dir):
-    from llm_smolq.tool_calls import ToolCallGuard
+    from llm_smolq.chat.tool_calls import ToolCallGuard
 
     engine = llm_smolq.load(reference_dir / TINY3, n_ctx=16, threads=1)
     guard = ToolCallGuard(engine.tokenizer, [llm.Tool.function(add)])

@@ -78,7 +78,7 @@ def constraint_ms_per_token(engine) -> float:
     per model, are not counted)."""
     import numpy as np
 
-    from ..constrained import Constraint
+    from llm_smolq.decode.constrained import Constraint
 
     logits = np.zeros(engine.config.vocab_size, np.float32)
     Constraint.for_json_schema(engine.tokenizer, CONSTRAINED_SCHEMA)  # the one-off vocabulary index
@@ -135,7 +135,7 @@ def _child(engine: str, args) -> dict:
 def weight_bytes_per_token(path: str) -> int:
     """Bytes of weights one decode step reads: every mat-vec matrix once (with tied
     embeddings the output projection reads all of token_embd; the lookup, one row)."""
-    from ..model_file import open_model
+    from llm_smolq.model.model_file import open_model
 
     model = open_model(path)
     skip = set() if model.config.tied_embeddings else {"token_embd.weight"}

@@ -38,7 +38,7 @@ def document(n_sentences: int) -> str:
 
 def _prompt_ids(engine, template, messages: list[dict]) -> list[int]:
     """What the plugin sends for these messages: the chat template's text, tokenized."""
-    from ..generation import prompt_ids
+    from llm_smolq.decode.generate import prompt_ids
 
     extra = {"enable_thinking": True} if engine.config.arch == "smollm3" else {}
     return prompt_ids(engine, template.render(messages, add_generation_prompt=True, **extra))
@@ -60,10 +60,10 @@ def _first_messages(engine, template, budget: int) -> list[dict]:
 
 def first_turn(model: str, threads: int, n_tokens: int, work: Path) -> dict:
     """Answer the first turn, save its state, and write the follow-up's messages."""
-    from ..chat_template import chat_template_from_metadata
-    from ..engine import load
-    from ..generation import Completion, ReasoningSplitter, SamplingParams, generate
-    from ..prompt_cache import PromptCache
+    from llm_smolq.chat.template import chat_template_from_metadata
+    from llm_smolq.engine.engine import load
+    from llm_smolq.decode.generate import Completion, ReasoningSplitter, SamplingParams, generate
+    from llm_smolq.store.prompt_cache import PromptCache
 
     engine = load(model, n_ctx=n_tokens + 512, threads=threads)
     template = chat_template_from_metadata(engine.model.metadata)
@@ -89,10 +89,10 @@ def first_turn(model: str, threads: int, n_tokens: int, work: Path) -> dict:
 
 
 def follow_up(model: str, threads: int, n_tokens: int, work: Path, warm: bool) -> dict:
-    from ..chat_template import chat_template_from_metadata
-    from ..engine import load
-    from ..generation import prefill
-    from ..prompt_cache import CacheActivity, PromptCache
+    from llm_smolq.chat.template import chat_template_from_metadata
+    from llm_smolq.engine.engine import load
+    from llm_smolq.decode.generate import prefill
+    from llm_smolq.store.prompt_cache import CacheActivity, PromptCache
 
     started = time.perf_counter()
     engine = load(model, n_ctx=n_tokens + 512, threads=threads)

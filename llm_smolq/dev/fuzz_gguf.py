@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import GGUFError
+from llm_smolq.errors import GGUFError
 from .gguf_mutations import Layout, make_case, parse
 
 DEFAULT_TARGET = "llm_smolq.dev.fuzz_gguf:exercise"
@@ -98,8 +98,8 @@ def exercise(path: str) -> str:
     the file got; raises GGUFError if it was refused at load, anything else on a failure."""
     import numpy as np
 
-    from ..engine import Engine
-    from ..model_file import open_model
+    from llm_smolq.engine.engine import Engine
+    from llm_smolq.model.model_file import open_model
 
     model = open_model(path)
     # As the plugin does: the context capped at the model's own.
@@ -131,7 +131,7 @@ def check_kernel_view(eng: Any) -> None:
     """What C will be handed, checked on its own terms: each matrix has the rows and
     columns the forward pass reads and writes (norms are F32), and every byte the kernel
     reads of it, by the kernel's own block sizes, lies inside the file."""
-    from .._kernel import ffi, lib
+    from llm_smolq._kernel import ffi, lib
 
     m, c = eng._c_model, eng._c_model.cfg
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 from gguf.constants import GGML_QUANT_SIZES
 
-from ..gguf_file import SCALAR_CODES
+from llm_smolq.model.gguf_file import SCALAR_CODES
 
 V = GGUFValueType
 

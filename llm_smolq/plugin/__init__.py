@@ -16,12 +16,12 @@ import llm
 from llm.parts import StreamEvent
 from pydantic import Field, field_validator
 
-from . import catalog
+from llm_smolq.store import catalog
 
 if TYPE_CHECKING:  # the kernel, gguf and jinja2 load on first use, not on every `llm` start
-    from .chat_template import ChatTemplate
-    from .engine import Engine
-    from .turn import Command
+    from llm_smolq.chat.template import ChatTemplate
+    from llm_smolq.engine.engine import Engine
+    from llm_smolq.plugin.turn import Command
 
 DEFAULT_MAX_TOKENS = 1024
 
@@ -36,7 +36,7 @@ def register_models(register):
 
 @llm.hookimpl
 def register_commands(cli):
-    from .commands import register_commands as add_commands
+    from llm_smolq.plugin.commands import register_commands as add_commands
 
     add_commands(cli)
     _finish_after_prompt(cli)
@@ -120,7 +120,7 @@ class SmolQOptions(llm.Options):
     @field_validator("kv_cache")
     @classmethod
     def _known_kv_cache(cls, value):
-        from .kv_types import KV_TYPES
+        from llm_smolq.engine.kv_types import KV_TYPES
 
         if value is not None and value not in KV_TYPES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_TYPES)}")
@@ -196,10 +196,10 @@ _loaded_lock = threading.Lock()
 def load_model(path: Path, want: EngineOptions) -> Loaded:
     """The model at path with an engine as `want` asks (n_ctx None: the whole window, as
     far as memory holds it), reusing the loaded one when it was made the same way."""
-    from .chat_template import chat_template_from_metadata
-    from .engine import Engine
-    from .kv_types import DEFAULT_KV_TYPE
-    from .model_file import open_model
+    from llm_smolq.chat.template import chat_template_from_metadata
+    from llm_smolq.engine.engine import Engine
+    from llm_smolq.engine.kv_types import DEFAULT_KV_TYPE
+    from llm_smolq.model.model_file import open_model
 
     key = str(path.resolve())
     with _loaded_lock:
@@ -226,14 +226,14 @@ class _SmolQ:
 
     def __init__(self, model_id: str, tools: bool = False, thinking: bool = False):
         self.model_id = model_id
-        self.supports_tools = tools  # its template has a tool format: see tool_calls.py
+        self.supports_tools = tools  # its template has a tool format: see chat/tool_calls.py
         self.Options = ThinkingOptions if thinking else SmolQOptions
 
     def __str__(self) -> str:
         return f"SmolQ: {self.model_id}"
 
     def run(self, prompt: llm.Prompt, response, command: Command) -> Iterator[Union[str, StreamEvent]]:
-        from .turn import answer
+        from llm_smolq.plugin.turn import answer
 
         opts = prompt.options
         try:
@@ -246,14 +246,14 @@ class _SmolQ:
 
 class SmolQModel(_SmolQ, llm.Model):
     def execute(self, prompt, stream, response, conversation):
-        from .turn import Command
+        from llm_smolq.plugin.turn import Command
 
         yield from self.run(prompt, response, Command.current())
 
 
 class AsyncSmolQModel(_SmolQ, llm.AsyncModel):
     async def execute(self, prompt, stream, response, conversation) -> AsyncIterator:
-        from .turn import Command
+        from llm_smolq.plugin.turn import Command
 
         # The kernel releases the GIL, so a worker thread keeps the event loop free; the
         # command is looked up here, on the thread where click keeps it.

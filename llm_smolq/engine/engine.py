@@ -11,14 +11,14 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from . import memory
-from ._kernel import ffi, lib
-from .buffer_gate import Dims, check_buffer
-from .errors import GGUFError, LayoutError
-from .kernel_structs import c_config
-from .kv_types import DEFAULT_KV_TYPE, kv_type
-from .model_file import ModelConfig, ModelFile, TensorInfo, open_model
-from .tokenizer import GGUFTokenizer, cached_bpe_files
+from llm_smolq.model import memory
+from llm_smolq._kernel import ffi, lib
+from llm_smolq.engine.buffer_gate import Dims, check_buffer
+from llm_smolq.errors import GGUFError, LayoutError
+from llm_smolq.engine.structs import c_config
+from llm_smolq.engine.kv_types import DEFAULT_KV_TYPE, kv_type
+from llm_smolq.model.model_file import ModelConfig, ModelFile, TensorInfo, open_model
+from llm_smolq.model.tokenizer import GGUFTokenizer, cached_bpe_files
 
 MAX_BATCH = 256  # tokens per kernel pass during prefill
 

@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from .atomic_file import replaced_atomically
-from .gguf_file import GGUFHeader, RawTensor, header_digest, read_header
+from llm_smolq.store.atomic_file import replaced_atomically
+from llm_smolq.model.gguf_file import GGUFHeader, RawTensor, header_digest, read_header
 
 MAGIC = b"SMOLQIX1"  # bump the digit when the stored layout changes
 _CHECK = 16  # bytes of blake2b over the payload, after the magic

@@ -18,7 +18,7 @@ from typing import Any
 
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
-from .errors import GGUFError, brief
+from llm_smolq.errors import GGUFError, brief
 
 MAX_DIMS = 4  # ggml tensors have at most four dimensions
 MAX_ARRAY_DEPTH = 4

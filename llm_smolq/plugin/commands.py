@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from . import catalog
+from llm_smolq.store import catalog
 
 
 def register_commands(cli: click.Group) -> None:
@@ -98,8 +98,8 @@ def register_commands(cli: click.Group) -> None:
     @click.argument("path_or_model_id")
     def info(path_or_model_id: str):
         "Describe a GGUF model file: architecture, shapes, tensor types"
-        from .errors import GGUFError
-        from .model_file import open_model
+        from llm_smolq.errors import GGUFError
+        from llm_smolq.model.model_file import open_model
 
         path = Path(path_or_model_id).expanduser()
         if path.is_dir():
@@ -157,7 +157,7 @@ def register_cache_commands(smolq: click.Group) -> None:
         "Where the cache is, its budget, and what it holds per model file"
         import time
 
-        from . import prompt_cache
+        from llm_smolq.store import prompt_cache
 
         directory = prompt_cache.cache_dir()
         try:
@@ -200,7 +200,7 @@ def register_cache_commands(smolq: click.Group) -> None:
         "Delete every saved state"
         from filelock import Timeout
 
-        from . import prompt_cache
+        from llm_smolq.store import prompt_cache
 
         try:
             files, size = prompt_cache.PromptCache(prompt_cache.cache_dir()).clear()

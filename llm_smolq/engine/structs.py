@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._kernel import ffi
-from .model_file import ModelConfig
+from llm_smolq._kernel import ffi
+from llm_smolq.model.model_file import ModelConfig
 
 
 def c_config(c: ModelConfig, n_ctx: int) -> Any:

@@ -695,6 +695,6 @@ def chat_template_from_metadata(metadata: Mapping[str, Any], name: str | None = 
 
 def chat_template_from_gguf(path: str | os.PathLike[str], name: str | None = None, **options: Any) -> ChatTemplate:
     """chat_template_from_metadata for a GGUF file, reading only its key/value header."""
-    from .tokenizer import read_tokenizer_metadata  # the fast header walk (GGUFReader takes seconds)
+    from llm_smolq.model.tokenizer import read_tokenizer_metadata  # the fast header walk (GGUFReader takes seconds)
 
     return chat_template_from_metadata(read_tokenizer_metadata(path), name, **options)

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from .errors import GGUFError, brief
+from llm_smolq.errors import GGUFError, brief
 
 # GGUF token types (tokenizer.ggml.token_type).
 TOKEN_NORMAL = 1
@@ -303,7 +303,7 @@ def cached_bpe_files(digest: str, tokens: Any, merges: Any) -> tuple[Path, Path]
     tokens and merges came from: (vocabulary, merges), or None if the cache is off, the
     contents cannot be files, or the metadata is malformed (from_metadata then says how).
     The contents are worked out only when a file is missing or damaged."""
-    from .index_cache import cached_file
+    from llm_smolq.store.header_cache import cached_file
 
     @functools.cache
     def contents() -> tuple[bytes, bytes]:
@@ -335,6 +335,6 @@ def _array_of(meta: Mapping[str, Any], key: str, kind: type, what: str) -> list[
 
 def read_tokenizer_metadata(path: str | Path) -> dict[str, Any]:
     """The ``tokenizer.*`` metadata of a GGUF file as plain Python values."""
-    from .gguf_file import read_header
+    from llm_smolq.model.gguf_file import read_header
 
     return {k: v for k, v in read_header(path).metadata.items() if k.startswith("tokenizer.")}

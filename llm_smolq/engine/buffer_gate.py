@@ -39,8 +39,8 @@ from typing import Any, Iterable, Sequence, Union
 
 import numpy as np
 
-from ._kernel import ffi
-from .errors import DeviceError, LayoutError
+from llm_smolq._kernel import ffi
+from llm_smolq.errors import DeviceError, LayoutError
 
 try:  # numpy >= 2.0
     from numpy.lib.array_utils import byte_bounds

@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 from filelock import FileLock, Timeout
 
-from .atomic_file import TEMP_PREFIX, replaced_atomically
-from .kv_types import KV_TYPES
+from llm_smolq.store.atomic_file import TEMP_PREFIX, replaced_atomically
+from llm_smolq.engine.kv_types import KV_TYPES
 
 if TYPE_CHECKING:
-    from .engine import Engine
-    from .model_file import ModelFile
+    from llm_smolq.engine.engine import Engine
+    from llm_smolq.model.model_file import ModelFile
 
 DIR_NAME = "smolq-prompt-cache"
 SIZE_ENV = "SMOLQ_PROMPT_CACHE_SIZE"
@@ -145,7 +145,7 @@ def kernel_fingerprint() -> dict:
     """The compiled kernel and the code path it picked: another build may round differently."""
     global _kernel_fingerprint
     if _kernel_fingerprint is None:
-        from . import _kernel
+        from llm_smolq import _kernel
 
         with open(_kernel.__file__, "rb") as f:
             digest = hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
