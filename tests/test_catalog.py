@@ -14,6 +14,7 @@ import huggingface_hub.file_download
 import pytest
 from click.testing import CliRunner
 
+from llm_smolq.errors import CatalogError, DownloadError, ModelNotFound, UnknownModel, UnknownQuant
 from llm_smolq.store import catalog
 from llm_smolq.store import pypi_models
 from llm_smolq.plugin.commands import register_commands
@@ -86,7 +87,7 @@ def test_dropped_connection_resumes_in_the_same_call(hub, tiny):
 
 def test_interrupted_download_resumes_on_the_next_call(hub, store, tiny):
     hub.drop_at, hub.drops = DROP_AT, 100  # more than http_get's retries: the call gives up
-    with pytest.raises(catalog.DownloadError) as failed:
+    with pytest.raises(DownloadError) as failed:
         catalog.download("smollm3-q", progress=False)
     message = str(failed.value)
     assert "stopped at 1.0 MB of 2.8 MB" in message, message
@@ -111,7 +112,7 @@ def test_corrupt_download_is_deleted(hub, store):
     assert "the corrupt download was deleted: run `llm smolq download smollm3-q` again" in result.output
     assert "Traceback" not in result.output
     assert list(store.iterdir()) == []
-    with pytest.raises(catalog.ModelNotFound):
+    with pytest.raises(ModelNotFound):
         catalog.resolve("smollm3-q")
 
 
@@ -159,7 +160,7 @@ def test_no_room_is_refused_before_downloading(hub, store, tiny, monkeypatch):
 def test_disk_full_midway_keeps_the_partial_file_to_resume(hub, store, tiny, monkeypatch):
     room, size = 1_000_000, tiny.stat().st_size
     part = store / "SmolLM3-Q4_K_M.gguf.part"
-    with monkeypatch.context() as patch, pytest.raises(catalog.DownloadError) as failed:
+    with monkeypatch.context() as patch, pytest.raises(DownloadError) as failed:
         patch.setattr(catalog, "open", lambda path, mode: FullDisk(path, mode, room), raising=False)
         catalog.download("smollm3-q", progress=False)
     assert str(failed.value) == (
@@ -172,7 +173,7 @@ def test_disk_full_midway_keeps_the_partial_file_to_resume(hub, store, tiny, mon
 
     # The check before the next try counts what is already there.
     monkeypatch.setattr(catalog.shutil, "disk_usage", disk_with(size - room - 1))
-    with pytest.raises(catalog.DownloadError, match=r"needs 1.8 MB in .* \(1.0 MB of it already downloaded\)"):
+    with pytest.raises(DownloadError, match=r"needs 1.8 MB in .* \(1.0 MB of it already downloaded\)"):
         catalog.download("smollm3-q", progress=False)
     monkeypatch.setattr(catalog.shutil, "disk_usage", disk_with(size - room))
     hub.requests.clear()
@@ -205,13 +206,13 @@ def test_other_quant_gets_its_own_id(hub, store, tiny):
 def test_file_missing_on_the_hub(hub):
     del hub.files[(REPO, "SmolLM3-Q4_K_M.gguf")]
     hub.add(REPO, "README.md", b"hi")
-    with pytest.raises(catalog.DownloadError, match=r"answered 404 \(.*EntryNotFound.*\) for SmolLM3-Q4_K_M.gguf"):
+    with pytest.raises(DownloadError, match=r"answered 404 \(.*EntryNotFound.*\) for SmolLM3-Q4_K_M.gguf"):
         catalog.download("smollm3-q", progress=False)
 
 
 def test_hub_unreachable(store, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
-    with pytest.raises(catalog.DownloadError, match=r"cannot reach http://127.0.0.1:9 .*: check the connection"):
+    with pytest.raises(DownloadError, match=r"cannot reach http://127.0.0.1:9 .*: check the connection"):
         catalog.download("smollm3-q", progress=False)
 
 
@@ -224,9 +225,9 @@ def test_unknown_model_and_quant(store):
     assert "smollm3-q has no quant 'Q3_K_S': choose one of Q4_K_M, Q8_0, F16" in result.output
     result = smolq("download", "smollm2-q", "--quant", "Q8_0")
     assert result.exit_code == 2 and "choose one of Q4_1" in result.output
-    with pytest.raises(catalog.UnknownModel):
+    with pytest.raises(UnknownModel):
         catalog.download("llama-9000")
-    with pytest.raises(catalog.UnknownQuant):
+    with pytest.raises(UnknownQuant):
         catalog.download("smollm3-q", quant="Q3_K_S")
     assert not store.exists() or list(store.iterdir()) == []
 
@@ -299,9 +300,9 @@ def test_register_again_updates(store, tiny, tmp_path):
 
 def test_alias_clashes(store, tiny, reference_dir):
     catalog.register(tiny, alias="tiny")
-    with pytest.raises(catalog.CatalogError, match="alias 'smollm3-q' is a built-in model id"):
+    with pytest.raises(CatalogError, match="alias 'smollm3-q' is a built-in model id"):
         catalog.register(reference_dir / "tiny-smollm3-F32.gguf", alias="smollm3-q")
-    with pytest.raises(catalog.CatalogError, match="alias 'tiny' already names smolq/tiny-smollm3-q8_0"):
+    with pytest.raises(CatalogError, match="alias 'tiny' already names smolq/tiny-smollm3-q8_0"):
         catalog.register(reference_dir / "tiny-smollm3-F32.gguf", alias="tiny")
 
 
@@ -328,15 +329,15 @@ def test_unregister(store, tiny):
 
 
 def test_resolve_missing_model_says_how_to_get_it(store):
-    with pytest.raises(catalog.ModelNotFound) as missing:
+    with pytest.raises(ModelNotFound) as missing:
         catalog.resolve("smollm3-q")
     assert str(missing.value) == "smollm3-q is not downloaded (1.9 GB): run `llm smolq download smollm3-q`"
-    with pytest.raises(catalog.ModelNotFound) as missing:
+    with pytest.raises(ModelNotFound) as missing:
         catalog.resolve("smollm3-q-f16")
     assert str(missing.value) == (
         "smollm3-q-f16 is not downloaded (~6.2 GB): run `llm smolq download smollm3-q --quant F16`"
     )
-    with pytest.raises(catalog.ModelNotFound, match="unknown model 'nope'"):
+    with pytest.raises(ModelNotFound, match="unknown model 'nope'"):
         catalog.resolve("nope")
 
 
@@ -347,7 +348,7 @@ def test_resolve_registered_file_that_went_away(store, tiny, tmp_path):
     copy.unlink()
     (record,) = [r for r in catalog.list_models() if r.id == "smolq/gone-q8_0"]
     assert not record.present and record.size is None
-    with pytest.raises(catalog.ModelNotFound) as missing:
+    with pytest.raises(ModelNotFound) as missing:
         catalog.resolve("smolq/gone-q8_0")
     assert "register it again with `llm smolq register NEW_PATH`" in str(missing.value)
     assert "\n" not in str(missing.value)
@@ -369,7 +370,7 @@ def test_broken_registry_does_not_break_listing(store, tiny):
     store.mkdir(parents=True)
     (store / "models.json").write_text("{not json")
     assert [r.id for r in catalog.list_models()] == BUILT_IN
-    with pytest.raises(catalog.CatalogError, match="models.json is unreadable .*: fix it or delete it"):
+    with pytest.raises(CatalogError, match="models.json is unreadable .*: fix it or delete it"):
         catalog.register(tiny)
 
 
@@ -412,7 +413,7 @@ def test_info_errors(store, tmp_path):
 def test_downloaded_file_llm_smolq_cannot_run_is_kept(hub, store):
     hub.files.clear()
     hub.add(REPO, "SmolLM3-Q4_K_M.gguf", b"GGUF but not really\n" * 100)
-    with pytest.raises(catalog.DownloadError, match="the downloaded file is kept, but llm-smolq cannot run it: .*GGUF"):
+    with pytest.raises(DownloadError, match="the downloaded file is kept, but llm-smolq cannot run it: .*GGUF"):
         catalog.download("smollm3-q", progress=False)
     assert (store / "SmolLM3-Q4_K_M.gguf").is_file()
 

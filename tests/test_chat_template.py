@@ -22,10 +22,10 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from llm_smolq.chat import template as chat_template
+from llm_smolq.errors import ChatTemplateError
 from llm_smolq.chat.template import (
     CHATML_TEMPLATE,
     ChatTemplate,
-    ChatTemplateError,
     chat_template_from_gguf,
     chat_template_from_metadata,
 )

@@ -10,7 +10,8 @@ from llm.cli import cli
 
 import llm_smolq
 from llm_smolq.engine.engine import MAX_BATCH
-from llm_smolq.decode.generate import Completion, SamplingParams, generate
+from llm_smolq.decode.generate import Completion, generate
+from llm_smolq.decode.sampling import SamplingParams
 from test_plugin import last_logs
 
 N_CTX = 64

@@ -11,10 +11,11 @@ import pytest
 from click.testing import CliRunner
 from llm.cli import cli
 
-from llm_smolq import plugin
+import llm_smolq.plugin.loaded as loaded_models
 from llm_smolq.store import catalog
 from llm_smolq.store import prompt_cache
 from llm_smolq.decode.generate import RepetitionGuard
+from llm_smolq.plugin.options import SmolQOptions
 
 GREEDY = ["-o", "temperature", "0"]
 
@@ -41,14 +42,14 @@ def tiny3(user_dir, reference_dir):
 
 
 def test_a_json_list_of_stops_is_a_list_and_literal_text_stays_possible():
-    assert plugin.SmolQOptions(stop='["sea", "waves"]').stop == ["sea", "waves"]
-    assert plugin.SmolQOptions(stop='["[1, 2]"]').stop == ["[1, 2]"]  # text that reads as a list
-    assert plugin.SmolQOptions(stop="[not json").stop == "[not json"
-    assert plugin.SmolQOptions(stop="[1, 2]").stop == "[1, 2]"  # a list, but not of strings
-    assert plugin.SmolQOptions(stop=["a", "b"]).stop == ["a", "b"]
+    assert SmolQOptions(stop='["sea", "waves"]').stop == ["sea", "waves"]
+    assert SmolQOptions(stop='["[1, 2]"]').stop == ["[1, 2]"]  # text that reads as a list
+    assert SmolQOptions(stop="[not json").stop == "[not json"
+    assert SmolQOptions(stop="[1, 2]").stop == "[1, 2]"  # a list, but not of strings
+    assert SmolQOptions(stop=["a", "b"]).stop == ["a", "b"]
     with pytest.raises(ValueError, match="must not be empty"):
-        plugin.SmolQOptions(stop='["sea", ""]')
-    assert "JSON list" in plugin.SmolQOptions.model_fields["stop"].description
+        SmolQOptions(stop='["sea", ""]')
+    assert "JSON list" in SmolQOptions.model_fields["stop"].description
 
 
 def test_stop_list_on_the_command_line_stops_at_the_first_of_them(user_dir):
@@ -265,7 +266,7 @@ def test_the_prompt_cache_is_sized_to_the_model_and_announced_once(user_dir, smo
 
 def test_cached_tokens_are_counted_once(user_dir):
     run("-m", "smollm2-q", *GREEDY, "-o", "max_tokens", "4", "Tell me about the sea.")
-    plugin._loaded.clear()  # a new process: the state comes from disk
+    loaded_models.in_memory.clear()  # a new process: the state comes from disk
     run("-m", "smollm2-q", *GREEDY, "-o", "max_tokens", "4", "-c", "And the waves?")
     row = last_log(user_dir)
     cached = json.loads(row["token_details"])["cached"]

@@ -2,7 +2,8 @@
 
 import pytest
 
-from llm_smolq.decode.generate import ReasoningSplitter, TextStream
+from llm_smolq.chat.reasoning import ReasoningSplitter
+from llm_smolq.decode.generate import TextStream
 
 
 def test_text_stream_joins_split_utf8_and_holds_back_stop_prefixes():

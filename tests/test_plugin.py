@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from llm.cli import cli
 
-from llm_smolq import plugin
+import llm_smolq.plugin.loaded as loaded_models
 from llm_smolq.chat.template import chat_template_from_gguf
 
 QUICK = ["-o", "max_tokens", "6", "-o", "temperature", "0"]
@@ -69,7 +69,7 @@ def test_input_tokens_equal_the_chat_references_prompt_ids(user_dir, reference_d
         response = model.prompt(messages=messages, max_tokens=1, temperature=0)
         response.text()
         assert response.input_tokens == len(case["prompt_ids"]), case["messages"]
-        engine = plugin._loaded[str(model_path(user_dir))].engine
+        engine = loaded_models.in_memory[str(model_path(user_dir))].engine
         assert engine.tokens[: len(case["prompt_ids"])] == case["prompt_ids"]
 
 
@@ -92,9 +92,9 @@ def test_chat_reuses_the_kv_cache_between_turns(user_dir):
 def test_get_model_twice_loads_the_weights_once(user_dir):
     a, b = llm.get_model("smollm2-q"), llm.get_model("smollm2-q")
     a.prompt("One", max_tokens=2, temperature=0).text()
-    engine = plugin._loaded[str(model_path(user_dir))].engine
+    engine = loaded_models.in_memory[str(model_path(user_dir))].engine
     b.prompt("Two", max_tokens=2, temperature=0).text()
-    assert plugin._loaded[str(model_path(user_dir))].engine is engine
+    assert loaded_models.in_memory[str(model_path(user_dir))].engine is engine
 
 
 def test_async_model(user_dir):
@@ -151,7 +151,7 @@ def test_smollm3_template_and_thinking_switch(user_dir, reference_dir, thinking)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     rendered = template.render(messages, add_generation_prompt=True, enable_thinking=thinking)
     assert ("/no_think" in rendered) is not thinking
-    engine = plugin._loaded[str(path.resolve())].engine
+    engine = loaded_models.in_memory[str(path.resolve())].engine
     assert last_logs(user_dir)[0]["input_tokens"] == len(engine.tokenize(rendered, special=True))
 
 
@@ -194,7 +194,7 @@ def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypa
     monkeypatch.setattr(llm_smolq.decode.generate, "generate", real)
     again = run("-m", "smollm2-q", *QUICK, "What is the capital of France?").stdout
     fresh = llm_smolq.load(model_path(user_dir), n_ctx=256, threads=1)
-    ids = plugin._loaded[str(model_path(user_dir))].engine.tokens[:len(france_ids)]
+    ids = loaded_models.in_memory[str(model_path(user_dir))].engine.tokens[:len(france_ids)]
     expected = fresh.detokenize([int(fresh.eval(ids).argmax())])
     assert again.startswith(expected)
 
@@ -202,10 +202,10 @@ def test_ctrl_c_keeps_what_was_produced_and_the_engine_usable(user_dir, monkeypa
 def test_the_default_context_is_the_whole_window_and_the_engine_kept(user_dir):
     model = llm.get_model("smollm2-q")
     model.prompt("One", max_tokens=1, temperature=0).text()
-    engine = plugin._loaded[str(model_path(user_dir))].engine
+    engine = loaded_models.in_memory[str(model_path(user_dir))].engine
     assert engine.n_ctx == engine.config.context_length == 8192
     model.prompt("Two", max_tokens=1, temperature=0).text()
-    assert plugin._loaded[str(model_path(user_dir))].engine is engine
+    assert loaded_models.in_memory[str(model_path(user_dir))].engine is engine
 
 
 def test_a_context_past_the_window_is_refused_with_the_way_to_extend_it(user_dir):
@@ -215,7 +215,7 @@ def test_a_context_past_the_window_is_refused_with_the_way_to_extend_it(user_dir
     assert "-o rope_scaling yarn" in result.output
     result = run("-m", "smollm2-q", "-o", "n_ctx", "16384", "-o", "rope_scaling", "yarn", *QUICK, "hi")
     assert result.exit_code == 0 and result.output.strip()
-    engine = plugin._loaded[str(model_path(user_dir))].engine
+    engine = loaded_models.in_memory[str(model_path(user_dir))].engine
     assert engine.n_ctx == 16384 and engine.config.rope_scaling.factor == 2.0
 
 
@@ -224,7 +224,7 @@ def test_two_threads_prompting_one_model_get_their_own_answers(user_dir):
     thread's greedy answer is the one it gets alone."""
     questions = ["What is the capital of France?", "Name three colours."]
     alone = [llm.get_model("smollm2-q").prompt(q, max_tokens=8, temperature=0).text() for q in questions]
-    loaded = plugin._loaded[str(model_path(user_dir))]
+    loaded = loaded_models.in_memory[str(model_path(user_dir))]
     start = threading.Barrier(2)
     got = [[], []]
 
@@ -241,7 +241,7 @@ def test_two_threads_prompting_one_model_get_their_own_answers(user_dir):
         t.join()
     assert got == [[alone[0]] * 2, [alone[1]] * 2]
     assert alone[0] != alone[1] and all(a.strip() for a in alone)
-    assert plugin._loaded[str(model_path(user_dir))] is loaded  # one engine served both threads
+    assert loaded_models.in_memory[str(model_path(user_dir))] is loaded  # one engine served both threads
 
 
 def test_concurrent_async_prompts_get_their_own_answers(user_dir):
@@ -271,7 +271,7 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
 
     question = "What is the capital of France?"
     expected = run("-m", "smollm2-q", *QUICK, question).stdout
-    engine = plugin._loaded[str(model_path(user_dir))].engine
+    engine = loaded_models.in_memory[str(model_path(user_dir))].engine
     prompt_ids = engine.tokens[:len(france_ids)]
     run("-m", "smollm2-q", *QUICK, "Something else first, to be truncated.")
     monkeypatch.setattr(llm_smolq.engine.engine, "lib", InterruptedPrefill())
@@ -281,7 +281,7 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
     assert json.loads(row["response_json"])["finish_reason"] == "interrupted"
     assert row["input_tokens"] == len(france_ids) and row["output_tokens"] == 0
     # The cache keeps the prefix the two prompts share; the interrupted batch is not counted.
-    assert plugin._loaded[str(model_path(user_dir))].engine is engine
+    assert loaded_models.in_memory[str(model_path(user_dir))].engine is engine
     assert 0 < engine.n_past < len(france_ids) and engine.tokens == prompt_ids[:engine.n_past]
     monkeypatch.setattr(llm_smolq.engine.engine, "lib", real)
     assert run("-m", "smollm2-q", *QUICK, question).stdout == expected
@@ -292,7 +292,7 @@ def test_a_context_too_large_for_memory_is_refused_with_the_n_ctx_that_fits(user
 
     # SmolLM2's 8,192 positions take 189 MB as halves, 100 MB as Q8_0 blocks
     monkeypatch.setattr(memory, "available_memory", lambda: (150 * 2**20, "a test figure"))
-    monkeypatch.setattr(plugin, "_loaded", {})  # an engine another test left must not stand in
+    monkeypatch.setattr(loaded_models, "in_memory", {})  # an engine another test left must not stand in
     result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "n_ctx", "8192", *QUICK, "hi"])
     assert result.exit_code == 1
     assert "n_ctx=8192 needs" in result.output and "-o n_ctx " in result.output and "a test figure" in result.output
@@ -315,7 +315,7 @@ def test_a_broken_vocabulary_is_refused_at_load(user_dir, reference_dir, tmp_pat
     assert run("smolq", "register", str(bad), "--alias", "badvocab").exit_code == 0
     with pytest.raises(llm.ModelError, match="bos_token_id = 5000 is not a token id"):
         llm.get_model("badvocab").prompt("hi", max_tokens=1).text()
-    assert str(bad.resolve()) not in plugin._loaded  # not kept for the next prompt to fail on
+    assert str(bad.resolve()) not in loaded_models.in_memory  # not kept for the next prompt to fail on
 
 
 def test_llm_start_and_a_plain_prompt_import_only_what_they_use(user_dir):

@@ -13,8 +13,8 @@ import llm
 import numpy as np
 import pytest
 
+import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
-from llm_smolq import plugin
 from llm_smolq.store import prompt_cache
 from llm_smolq.engine.kv_types import KV_TYPES
 from llm_smolq.store.prompt_cache import PromptCache, block_bytes, parse_size, read_block, read_head
@@ -108,7 +108,7 @@ def test_llm_continue_in_a_new_process_prefills_only_the_new_turn(user_dir, monk
     first_row = last_logs(user_dir)[0]
     assert json.loads(first_row["response_json"])["prompt_cache"]["written_tokens"] > first_row["input_tokens"]
 
-    monkeypatch.setattr(plugin, "_loaded", {})  # a new process: no engine, nothing in memory
+    monkeypatch.setattr(loaded_models, "in_memory", {})  # a new process: no engine, nothing in memory
     follow = run("-c", *QUICK, "And one in Italy?")
     assert follow.exit_code == 0, follow.output
     row = last_logs(user_dir)[0]
@@ -119,7 +119,7 @@ def test_llm_continue_in_a_new_process_prefills_only_the_new_turn(user_dir, monk
 
     # The same conversation kept in one process, the KV cache in memory and the disk not
     # used: the same reuse and, greedy, the same answer.
-    monkeypatch.setattr(plugin, "_loaded", {})
+    monkeypatch.setattr(loaded_models, "in_memory", {})
     conversation = llm.get_model("smollm2-q").conversation()
     options = {"max_tokens": 6, "temperature": 0, "prompt_cache": False}
     conversation.prompt("Name a large city in France.", system="Answer briefly.", **options).text()
@@ -134,7 +134,7 @@ def test_smollm3_template_follow_up_reuses_at_least_the_first_prompt(thinking, u
     options = [*QUICK, "-o", "thinking", thinking]
     assert run("-m", "tiny3", *options, "Hi there").exit_code == 0
     first_tokens = last_logs(user_dir)[0]["input_tokens"]
-    monkeypatch.setattr(plugin, "_loaded", {})
+    monkeypatch.setattr(loaded_models, "in_memory", {})
     assert run("-c", *options, "And then?").exit_code == 0
     row = last_logs(user_dir)[0]
     cached = json.loads(row["token_details"])["cached"]

@@ -25,9 +25,9 @@ import scipy.stats
 from click.testing import CliRunner
 from llm.cli import cli
 
+import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
-from llm_smolq import plugin
-from llm_smolq.decode.generate import Sampler, SamplingParams
+from llm_smolq.decode.sampling import Sampler, SamplingParams
 
 DRAWS = 20_000
 ALPHA = 1e-3  # a fit is accepted above this p-value and rejected below it
@@ -323,7 +323,7 @@ def model_path(user_dir):
 def prompt_ids(path, prompt: str) -> tuple[int, ...]:
     """The ids llm evaluates for the prompt: the KV cache after a one-token answer."""
     llm_says("-o", "temperature", "0", "-o", "max_tokens", "1", prompt)
-    return tuple(plugin._loaded[str(path)].engine.tokens)
+    return tuple(loaded_models.in_memory[str(path)].engine.tokens)
 
 
 @functools.cache

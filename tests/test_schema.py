@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, Field
 
+import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
-from llm_smolq import plugin
 from llm_smolq.decode.constrained import Constraint, ConstraintError, close_objects, tool_call_grammar
-from llm_smolq.decode.generate import Completion, SamplingParams, generate
+from llm_smolq.decode.generate import Completion, generate
+from llm_smolq.decode.sampling import SamplingParams
 from test_plugin import last_logs, run
 
 TINY = "tiny-smollm3-chat-Q8_0.gguf"
@@ -285,7 +286,7 @@ def test_smollm3_with_a_schema_answers_without_thinking(user_dir, reference_dir)
     text = response.text()
     assert_valid(text, schema)
     assert not [e for e in response.stream_events() if e.type == "reasoning"]
-    engine = plugin._loaded[str(path.resolve())].engine
+    engine = loaded_models.in_memory[str(path.resolve())].engine
     prompt = engine.detokenize(engine.tokens)
     assert "Reasoning Mode: /no_think" in prompt and "<think>\n\n</think>" in prompt
     assert "Be brief.\n\nReply with only a JSON value that matches this JSON schema:\n" + json.dumps(schema) in prompt

@@ -19,7 +19,8 @@ import pytest
 import llm_smolq
 from llm_smolq.engine import engine as engine_module
 from llm_smolq.engine.engine import MAX_BATCH, Engine
-from llm_smolq.decode.generate import Completion, SamplingParams, generate
+from llm_smolq.decode.generate import Completion, generate
+from llm_smolq.decode.sampling import SamplingParams
 from llm_smolq.model.model_file import open_model
 
 GREEDY = SamplingParams(temperature=0)

@@ -15,9 +15,10 @@ from llm.cli import cli
 from llm.parts import Message, ReasoningPart, TextPart, ToolCallPart, ToolResultPart
 from llm.tools import llm_version
 
+import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
 import llm_smolq.decode.generate
-from llm_smolq import plugin
+import llm_smolq.decode.sampling
 from llm_smolq.plugin import turn
 from llm_smolq.chat.template import ChatTemplate, chat_template_from_gguf
 from llm_smolq.chat.tool_calls import (
@@ -263,7 +264,7 @@ def test_chain_runs_the_tool_and_sends_its_result_back_as_a_tool_turn(tiny3, scr
     assert renders[1][2].endswith(
         f"{CALL_VERSION}<|im_end|>\n<|im_start|>user\n{version}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n")
     # ...and is what reached the engine, reusing the cache up to the end of the call.
-    engine = plugin._loaded[str(tiny3.resolve())].engine
+    engine = loaded_models.in_memory[str(tiny3.resolve())].engine
     prompt_ids = engine.tokenize(renders[1][2], special=True)
     assert second.input_tokens == len(prompt_ids) and engine.tokens[: len(prompt_ids)] == prompt_ids
     assert second.token_details["cached"] >= first.input_tokens + first.output_tokens
@@ -352,7 +353,7 @@ def lead_then_sample(monkeypatch, tiny3):
     class LeadThenSample:
         def __init__(self, params):
             self.forced = iter(engine.tokenize(leads.pop(0)) if leads else [])
-            self.free = real(llm_smolq.decode.generate.SamplingParams(temperature=1.0, seed=params.seed))
+            self.free = real(llm_smolq.decode.sampling.SamplingParams(temperature=1.0, seed=params.seed))
 
         def __call__(self, logits, recent):
             token = next(self.forced, None)

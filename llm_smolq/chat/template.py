@@ -61,10 +61,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
 from jinja2.visitor import NodeTransformer
 
+from llm_smolq.errors import ChatTemplateError
+
 __all__ = [
     "CHATML_TEMPLATE",
     "ChatTemplate",
-    "ChatTemplateError",
     "chat_template_from_gguf",
     "chat_template_from_metadata",
 ]
@@ -84,19 +85,6 @@ MAX_TEMPLATE_CHARS = 256 * 1024
 MAX_INT_BITS = 1 << 16
 #: Text produced anywhere during a render may be this many times `max_output_chars`.
 EMITTED_FACTOR = 4
-
-
-class ChatTemplateError(ValueError):
-    """A chat template that cannot be compiled or rendered, or that broke a safety rule.
-
-    `template_message` holds the text a template passed to `raise_exception` (None for
-    other failures); `lineno` the template line, when known.
-    """
-
-    def __init__(self, message: str, *, template_message: str | None = None, lineno: int | None = None):
-        super().__init__(message)
-        self.template_message = template_message
-        self.lineno = lineno
 
 
 # ───── budget: the per-render counters every checkpoint consults ─────

@@ -26,7 +26,8 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 import llm
 from llm.parts import StreamEvent, TextPart, ToolCallPart, ToolResultPart
 
-from llm_smolq.decode.generate import ReasoningSplitter, _partial_suffix
+from llm_smolq.chat.reasoning import ReasoningSplitter
+from llm_smolq.decode.generate import partial_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 #: The template variable SmolLM3 reads its tool list from.
@@ -223,7 +224,7 @@ class ToolCallParser:
             self._buf, self._in_call, self._scan = self._buf[at + len(OPEN):], True, _JsonScan()
             return True
         # Hold a partial open tag, and the whitespace before it, until the next piece.
-        keep = _partial_suffix(self._buf, OPEN)
+        keep = partial_suffix(self._buf, OPEN)
         release = len(self._buf[: len(self._buf) - keep].rstrip(_WHITESPACE))
         text, self._buf = self._buf[:release], self._buf[release:]
         if text:

@@ -23,8 +23,7 @@ import llguidance
 import numpy as np
 
 from llm_smolq.errors import ConstraintError
-from llm_smolq.decode.generate import end_of_turn_ids
-from llm_smolq.model.tokenizer import GGUFTokenizer
+from llm_smolq.model.tokenizer import GGUFTokenizer, end_of_turn_ids
 
 # One compact layout for JSON: ", " and ": " between items and no other whitespace. With
 # free whitespace a model can pad forever (a random-weight one does) without breaking the

@@ -1,4 +1,5 @@
-"""Turning logits into text: sampling, stop rules, KV-cache prefix reuse, streaming."""
+"""The generate loop: the prompt evaluated (reusing the KV cache's common prefix), tokens
+sampled one by one under the stop rules and any constraint, text streamed out."""
 
 from __future__ import annotations
 
@@ -10,60 +11,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
+from llm_smolq.decode.sampling import Sampler, SamplingParams
+from llm_smolq.defaults import REPEAT_WINDOW
+from llm_smolq.model.tokenizer import end_of_turn_ids
+
 if TYPE_CHECKING:
     from llm_smolq.decode.constrained import Constraint
     from llm_smolq.engine.engine import Engine
-    from llm_smolq.model.tokenizer import GGUFTokenizer
-
-# Control tokens that end an assistant turn in the SmolLM chat formats.
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
-REPEAT_WINDOW = 64  # tokens the repeat penalty looks back over, as llama.cpp's default
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 0  # 0: no top-k cut
-    min_p: float = 0.0
-    repeat_penalty: float = 1.0
-    seed: int | None = None
-
-
-class Sampler:
-    """llama.cpp's default chain in order: repeat penalty, top-k, top-p, min-p,
-    temperature, then a draw. Temperature 0 is plain argmax: greedy and deterministic."""
-
-    def __init__(self, params: SamplingParams):
-        self.params = params
-        self.rng = np.random.default_rng(params.seed)
-
-    def __call__(self, logits: np.ndarray, recent: Sequence[int]) -> int:
-        p = self.params
-        logits = logits.astype(np.float64)
-        if p.repeat_penalty != 1.0 and recent:
-            ids = np.unique(np.asarray(recent[-REPEAT_WINDOW:]))
-            seen = logits[ids]
-            logits[ids] = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
-        if p.temperature <= 0:
-            return int(np.argmax(logits))
-        order = np.argsort(-logits, kind="stable")
-        if p.top_k > 0:
-            order = order[: p.top_k]
-        probs = _softmax(logits[order])
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
-            order, probs = order[:keep], probs[:keep]
-        if p.min_p > 0.0:
-            keep = probs >= p.min_p * probs[0]
-            order = order[keep]
-        probs = _softmax(logits[order] / p.temperature)
-        return int(order[self.rng.choice(len(order), p=probs)])
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
 
 
 @dataclass
@@ -171,14 +125,10 @@ class TextStream:
 
     def _safe_length(self) -> int:
         """Length of pending text that cannot be the start of a stop string."""
-        keep = max((_partial_suffix(self._pending, stop) for stop in self._stops), default=0)
+        keep = max((partial_suffix(self._pending, stop) for stop in self._stops), default=0)
         return len(self._pending) - keep
 
 
-def end_of_turn_ids(tok: GGUFTokenizer) -> set[int]:
-    """The tokens an answer ends at (a constrained answer's grammar ends there too)."""
-    ids = {tok.token_id(t) for t in END_OF_TURN} | {tok.eos_id}
-    return {i for i in ids if i is not None}
 
 
 def generate(
@@ -243,62 +193,7 @@ def generate(
         done.decode_seconds = time.perf_counter() - started
 
 
-class ReasoningSplitter:
-    """Separates SmolLM3's `<think>…</think>` preamble from the answer in a text stream.
-    push() returns (kind, text) pieces, kind "reasoning" or "text"."""
-
-    OPEN, CLOSE = "<think>", "</think>"
-
-    def __init__(self) -> None:
-        self._state = "start"  # start -> thinking -> answer, or start -> answer
-        self._buf = ""
-        self._fresh = True  # nothing of the reasoning emitted yet
-
-    def push(self, text: str) -> list[tuple[str, str]]:
-        self._buf += text
-        out: list[tuple[str, str]] = []
-        if self._state == "start":
-            head = self._buf.lstrip()
-            if head.startswith(self.OPEN):
-                self._buf, self._state = head[len(self.OPEN):], "thinking"
-            elif self.OPEN.startswith(head):
-                return out  # not enough text yet to tell
-            else:
-                self._state = "answer"
-        if self._state == "thinking":
-            if self._fresh:  # the template's newline after <think> is not reasoning
-                self._buf = self._buf.lstrip("\n")
-                if not self._buf:
-                    return out
-                self._fresh = False
-            at = self._buf.find(self.CLOSE)
-            if at < 0:
-                keep = _partial_suffix(self._buf, self.CLOSE)
-                if len(self._buf) > keep:
-                    out.append(("reasoning", self._buf[: len(self._buf) - keep]))
-                    self._buf = self._buf[len(self._buf) - keep:]
-                return out
-            if at:
-                out.append(("reasoning", self._buf[:at]))
-            self._buf, self._state = self._buf[at + len(self.CLOSE):], "after_think"
-        if self._state == "after_think":
-            self._buf = self._buf.lstrip()
-            if not self._buf:
-                return out
-            self._state = "answer"
-        if self._state == "answer" and self._buf:
-            out.append(("text", self._buf))
-            self._buf = ""
-        return out
-
-    def flush(self) -> list[tuple[str, str]]:
-        kind = "reasoning" if self._state == "thinking" else "text"
-        out = [(kind, self._buf)] if self._buf else []
-        self._buf = ""
-        return out
-
-
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper start of `marker`."""
     for k in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:k]):

@@ -62,7 +62,9 @@ def first_turn(model: str, threads: int, n_tokens: int, work: Path) -> dict:
     """Answer the first turn, save its state, and write the follow-up's messages."""
     from llm_smolq.chat.template import chat_template_from_metadata
     from llm_smolq.engine.engine import load
-    from llm_smolq.decode.generate import Completion, ReasoningSplitter, SamplingParams, generate
+    from llm_smolq.chat.reasoning import ReasoningSplitter
+    from llm_smolq.decode.generate import Completion, generate
+    from llm_smolq.decode.sampling import SamplingParams
     from llm_smolq.store.prompt_cache import PromptCache
 
     engine = load(model, n_ctx=n_tokens + 512, threads=threads)

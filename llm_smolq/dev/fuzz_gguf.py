@@ -133,17 +133,20 @@ def check_kernel_view(eng: Any) -> None:
     reads of it, by the kernel's own block sizes, lies inside the file."""
     from llm_smolq._kernel import ffi, lib
 
-    m, c = eng._c_model, eng._c_model.cfg
+    from llm_smolq.model.model_file import LAYER_TENSORS
+
+    m, c = eng.c_model, eng.c_model.cfg
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    shapes = {"token_embd": (c.vocab_size, c.dim), "output": (c.vocab_size, c.dim), "output_norm": (1, c.dim),
-              "attn_norm": (1, c.dim), "ffn_norm": (1, c.dim), "wq": (q, c.dim), "wk": (kv, c.dim),
-              "wv": (kv, c.dim), "wo": (c.dim, q), "ffn_gate": (c.hidden_dim, c.dim),
-              "ffn_up": (c.hidden_dim, c.dim), "ffn_down": (c.dim, c.hidden_dim)}
+
+    def kernel_shape(gguf_shape: tuple[int, ...]) -> tuple[int, int]:  # [rows][cols], a norm one row
+        return (gguf_shape[1], gguf_shape[0]) if len(gguf_shape) == 2 else (1, gguf_shape[0])
+
+    shapes = {"token_embd": (c.vocab_size, c.dim), "output": (c.vocab_size, c.dim), "output_norm": (1, c.dim)}
+    shapes |= {t.field: kernel_shape(t.shape(c.dim, q, kv, c.hidden_dim)) for t in LAYER_TENSORS}
     tensors = [(name, name, getattr(m, name)) for name in ("token_embd", "output_norm", "output")]
     for i in range(c.n_layers):
-        tensors += [(f"layer {i} {name}", name, getattr(m.layers[i], name)) for name in
-                    ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
-    base, size = int(ffi.cast("uintptr_t", eng._weights)), len(eng.model.data)
+        tensors += [(f"layer {i} {t.field}", t.field, getattr(m.layers[i], t.field)) for t in LAYER_TENSORS]
+    base, size = int(ffi.cast("uintptr_t", eng.weights)), len(eng.model.data)
     for name, role, t in tensors:
         if (t.rows, t.cols) != shapes[role] or (role.endswith("norm") and t.type != lib.SQ_F32):
             raise FuzzFailure(f"{name}: {t.rows} x {t.cols} of type {t.type} reached the kernel, "

@@ -33,12 +33,14 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
+
+from llm_smolq.model.model_file import LAYER_TENSORS
 
 __all__ = [
     "PRESETS", "TYPES", "Preset", "TensorPlan", "plan_tensors", "llama_tensor_type", "fallback_type", "make_vocab",
@@ -212,19 +214,6 @@ class TensorPlan:
         return self.rows * self.row_bytes
 
 
-_LAYER_SHAPES: tuple[tuple[str, Callable[[Preset], tuple[int, ...]]], ...] = (  # sorted by name
-    ("attn_k", lambda p: (p.dim, p.n_kv_heads * p.head_dim)),
-    ("attn_norm", lambda p: (p.dim,)),
-    ("attn_output", lambda p: (p.n_heads * p.head_dim, p.dim)),
-    ("attn_q", lambda p: (p.dim, p.n_heads * p.head_dim)),
-    ("attn_v", lambda p: (p.dim, p.n_kv_heads * p.head_dim)),
-    ("ffn_down", lambda p: (p.ffn, p.dim)),
-    ("ffn_gate", lambda p: (p.dim, p.ffn)),
-    ("ffn_norm", lambda p: (p.dim,)),
-    ("ffn_up", lambda p: (p.dim, p.ffn)),
-)
-
-
 def _type_spec(type_name: str) -> _TypeSpec:
     spec = _TYPE_SPECS.get(type_name)
     if spec is None:
@@ -257,9 +246,9 @@ def plan_tensors(preset: str | Preset, type_name: str, llama_mix: bool = False) 
     plan = [TensorPlan("output_norm.weight", (p.dim,), QT.F32)]
     plan.append(TensorPlan("token_embd.weight", (p.dim, p.vocab), choose("token_embd", -1, (p.dim, p.vocab))))
     for i in range(p.n_layers):
-        for role, shape_of in _LAYER_SHAPES:
-            shape = shape_of(p)
-            plan.append(TensorPlan(f"blk.{i}.{role}.weight", shape, choose(role, i, shape)))
+        for tensor in sorted(LAYER_TENSORS, key=lambda t: t.name):  # the quantizer's order: by name
+            shape = tensor.shape(p.dim, p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim, p.ffn)
+            plan.append(TensorPlan(f"blk.{i}.{tensor.name}.weight", shape, choose(tensor.name, i, shape)))
     return plan
 
 

@@ -17,7 +17,7 @@ from llm_smolq.engine.buffer_gate import Dims, check_buffer
 from llm_smolq.errors import GGUFError, LayoutError
 from llm_smolq.engine.structs import c_config
 from llm_smolq.engine.kv_types import DEFAULT_KV_TYPE, kv_type
-from llm_smolq.model.model_file import ModelConfig, ModelFile, TensorInfo, open_model
+from llm_smolq.model.model_file import LAYER_TENSORS, ModelConfig, ModelFile, TensorInfo, open_model
 from llm_smolq.model.tokenizer import GGUFTokenizer, cached_bpe_files
 
 MAX_BATCH = 256  # tokens per kernel pass during prefill
@@ -129,17 +129,17 @@ class Engine:
         self._tokens: list[int] = []  # the ids whose keys and values are in the cache
         self._lock = threading.Lock()
 
-        self._weights = ffi.from_buffer("uint8_t[]", model.data)
-        self._c_model, self._c_layers = self._build_c_model(n_ctx)
+        self.weights = ffi.from_buffer("uint8_t[]", model.data)  # the mapped file, as the kernel reads it
+        self.c_model, self._c_layers = self._build_c_model(n_ctx)  # sq_model: views into weights
         self._pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
-        self._state = ffi.gc(lib.sq_state_new(ffi.addressof(self._c_model.cfg), MAX_BATCH), lib.sq_state_free)
+        self._state = ffi.gc(lib.sq_state_new(ffi.addressof(self.c_model.cfg), MAX_BATCH), lib.sq_state_free)
         if self._pool == ffi.NULL or self._state == ffi.NULL:
             raise MemoryError("could not allocate the kernel's thread pool or activation buffers")
 
     # -- the C view of the model -------------------------------------------------------
     def _tensor(self, info: TensorInfo):
         return {
-            "data": self._weights + info.offset,
+            "data": self.weights + info.offset,
             "type": int(info.type),
             "rows": info.rows,
             "cols": info.shape[0],
@@ -149,11 +149,9 @@ class Engine:
     def _build_c_model(self, n_ctx: int):
         cfg, t = self.config, self.model.tensors
         layers = ffi.new("sq_layer[]", cfg.n_layers)
-        names = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
-                 "ffn_norm": "ffn_norm", "ffn_gate": "ffn_gate", "ffn_up": "ffn_up", "ffn_down": "ffn_down"}
         for i in range(cfg.n_layers):
-            for field, gguf_name in names.items():
-                setattr(layers[i], field, self._tensor(t[f"blk.{i}.{gguf_name}.weight"]))
+            for tensor in LAYER_TENSORS:
+                setattr(layers[i], tensor.field, self._tensor(t[f"blk.{i}.{tensor.name}.weight"]))
             layers[i].use_rope = i not in cfg.nope_layers
         m = ffi.new("sq_model *")
         m.cfg = c_config(cfg, n_ctx)[0]
@@ -278,7 +276,7 @@ class Engine:
                 batch = tokens[start:start + MAX_BATCH]
                 rows = logits[start:start + len(batch)] if all_logits else logits
                 rc = lib.sq_forward(
-                    self._c_model, self._state, self._pool,
+                    self.c_model, self._state, self._pool,
                     self._k.ptr, self._v.ptr,
                     self._kv_type, ffi.from_buffer("int32_t[]", batch), len(batch), n_past + start,
                     ffi.from_buffer("float[]", rows, require_writable=True), bool(all_logits),

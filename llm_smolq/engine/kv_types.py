@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as GGML
 
+from llm_smolq import defaults
+
 #: One Q8_0 block as numpy sees it: field "d" the scale, "qs" the 32 codes.
 Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", (32,))],
                       metadata={"name": "Q8_0 blocks (llm_smolq.Q8_0_BLOCK)", "expr": "llm_smolq.Q8_0_BLOCK"})
@@ -45,7 +47,7 @@ KV_TYPES = {
     "f32": KVType("f32", np.dtype(np.float32), 1, int(GGML.F32), 4),
     "q8_0": KVType("q8_0", Q8_0_BLOCK, 32, int(GGML.Q8_0), 2),
 }
-DEFAULT_KV_TYPE = "f16"
+DEFAULT_KV_TYPE = defaults.KV_CACHE
 _BY_DTYPE = {t.dtype: t for t in KV_TYPES.values()}
 
 

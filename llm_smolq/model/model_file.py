@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -32,9 +32,32 @@ C_INT_MAX = 2**31 - 1  # sizes reach the kernel as C int
 MAX_HEADS = 1 << 16  # the kernel counts (token, head) tasks of a batch in an int
 _F32_MIN_NORMAL, _F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # floats reach it as float
 
+
+
+@dataclass(frozen=True)
+class LayerTensor:
+    """A weight every layer has: its GGUF name (blk.N.<name>.weight), the sq_layer field
+    the kernel reads it as (smolq.h), and its GGUF shape, contiguous dimension first, from
+    the model's sizes: shape(dim, q, kv, ffn) with q = n_heads * head_dim and
+    kv = n_kv_heads * head_dim. A norm (one dimension) is F32."""
+
+    name: str
+    field: str
+    shape: Callable[[int, int, int, int], tuple[int, ...]]
+
+
+#: The one list of a layer's tensors: the file check, the engine's kernel structs, the
+#: synthetic-model writer and the fuzzer's kernel-view check all read it.
 LAYER_TENSORS = (
-    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+    LayerTensor("attn_norm", "attn_norm", lambda dim, q, kv, ffn: (dim,)),
+    LayerTensor("attn_q", "wq", lambda dim, q, kv, ffn: (dim, q)),
+    LayerTensor("attn_k", "wk", lambda dim, q, kv, ffn: (dim, kv)),
+    LayerTensor("attn_v", "wv", lambda dim, q, kv, ffn: (dim, kv)),
+    LayerTensor("attn_output", "wo", lambda dim, q, kv, ffn: (q, dim)),
+    LayerTensor("ffn_norm", "ffn_norm", lambda dim, q, kv, ffn: (dim,)),
+    LayerTensor("ffn_gate", "ffn_gate", lambda dim, q, kv, ffn: (dim, ffn)),
+    LayerTensor("ffn_up", "ffn_up", lambda dim, q, kv, ffn: (dim, ffn)),
+    LayerTensor("ffn_down", "ffn_down", lambda dim, q, kv, ffn: (ffn, dim)),
 )
 
 
@@ -250,11 +273,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
     if not c.tied_embeddings:
         shapes["output.weight"] = (c.dim, c.vocab_size)
-    per_layer = {
-        "attn_norm": (c.dim,), "attn_q": (c.dim, q), "attn_k": (c.dim, kv), "attn_v": (c.dim, kv),
-        "attn_output": (q, c.dim), "ffn_norm": (c.dim,), "ffn_gate": (c.dim, c.hidden_dim),
-        "ffn_up": (c.dim, c.hidden_dim), "ffn_down": (c.hidden_dim, c.dim),
-    }
+    per_layer = {t.name: t.shape(c.dim, q, kv, c.hidden_dim) for t in LAYER_TENSORS}
     for layer in range(c.n_layers):
         for name, shape in per_layer.items():
             shapes[f"blk.{layer}.{name}.weight"] = shape

@@ -32,6 +32,9 @@ TOKEN_BYTE = 6
 
 SUPPORTED_MODELS = ("gpt2",)
 
+# Control tokens that end an assistant turn in the SmolLM chat formats.
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>")
+
 # The split rules llama.cpp applies for each pre-type name. Each entry is a list of
 # patterns applied one after the other; every pattern keeps its matches as separate
 # pieces ("isolated") and leaves the text between matches as pieces too.
@@ -338,3 +341,8 @@ def read_tokenizer_metadata(path: str | Path) -> dict[str, Any]:
     from llm_smolq.model.gguf_file import read_header
 
     return {k: v for k, v in read_header(path).metadata.items() if k.startswith("tokenizer.")}
+
+def end_of_turn_ids(tok: GGUFTokenizer) -> set[int]:
+    """The tokens an answer ends at (a constrained answer's grammar ends there too)."""
+    ids = {tok.token_id(t) for t in END_OF_TURN} | {tok.eos_id}
+    return {i for i in ids if i is not None}

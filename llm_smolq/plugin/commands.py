@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from llm_smolq.errors import CatalogError, ModelNotFound, UnknownModel, UnknownQuant
 from llm_smolq.store import catalog
 
 
@@ -30,11 +31,11 @@ def register_commands(cli: click.Group) -> None:
         """
         try:
             path = catalog.expected_path(model, quant)
-        except catalog.UnknownModel:
+        except UnknownModel:
             raise click.BadParameter(
                 f"unknown model {model!r}; choose one of: {', '.join(_known_choices())}", param_hint="MODEL"
             )
-        except catalog.UnknownQuant as exc:
+        except UnknownQuant as exc:
             raise click.BadParameter(str(exc), param_hint="'--quant'")
         if path.is_file():
             click.echo(f"Already downloaded: {path}", err=True)
@@ -48,7 +49,7 @@ def register_commands(cli: click.Group) -> None:
             )
         try:
             path = catalog.download(model, quant, progress=not no_progress)
-        except catalog.CatalogError as exc:
+        except CatalogError as exc:
             raise click.ClickException(str(exc))
         click.echo(path)
 
@@ -62,7 +63,7 @@ def register_commands(cli: click.Group) -> None:
         """
         try:
             model_id = catalog.register(path, alias=alias)
-        except catalog.CatalogError as exc:
+        except CatalogError as exc:
             raise click.ClickException(str(exc))
         click.echo(f"Registered {model_id}: {catalog.resolve(model_id)}")
         click.echo(f"Try: llm -m {alias or model_id} 'Say hi'")
@@ -73,7 +74,7 @@ def register_commands(cli: click.Group) -> None:
         "Forget a registered model; its file is not touched"
         try:
             path = catalog.unregister(model_id)
-        except catalog.CatalogError as exc:
+        except CatalogError as exc:
             raise click.ClickException(str(exc))
         click.echo(f"Unregistered {model_id} ({path})")
 
@@ -107,12 +108,12 @@ def register_commands(cli: click.Group) -> None:
         if not path.is_file():
             try:
                 path = catalog.resolve(path_or_model_id)
-            except catalog.UnknownModel:
+            except UnknownModel:
                 if _looks_like_a_path(path_or_model_id):
                     raise click.ClickException(f"no such file: {path}")
                 raise click.ClickException(
                     f"{path_or_model_id!r} is neither a file nor a model id: see `llm smolq models`")
-            except catalog.ModelNotFound as exc:
+            except ModelNotFound as exc:
                 raise click.ClickException(str(exc))
         try:
             model = open_model(path)

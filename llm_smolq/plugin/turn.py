@@ -5,20 +5,21 @@ back as llm's text, reasoning and tool-call events, and its usage recorded."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Union
 
-import click
 import llm
 from llm.parts import StreamEvent
 
 from llm_smolq.decode import generate as generation
 from llm_smolq.store.catalog import format_size
-from llm_smolq.chat.template import ChatTemplateError
-from llm_smolq.errors import ConstraintError
-from llm_smolq.decode.generate import Completion, ReasoningSplitter, RepetitionGuard, SamplingParams, prompt_ids
-from llm_smolq.plugin import AFTER_PROMPT, DEFAULT_MAX_TOKENS, AfterPrompt, Loaded
+from llm_smolq.errors import ChatTemplateError, ConstraintError
+from llm_smolq.chat.reasoning import ReasoningSplitter
+from llm_smolq.decode.generate import Completion, RepetitionGuard, prompt_ids
+from llm_smolq import defaults
+from llm_smolq.plugin.command import Command
+from llm_smolq.plugin.loaded import Loaded
+from llm_smolq.plugin.options import pick, sampling_params, stop_strings
 from llm_smolq.plugin.progress import PrefillProgress
 from llm_smolq.store.prompt_cache import CacheActivity, PromptCache
 from llm_smolq.chat.tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
@@ -26,38 +27,6 @@ from llm_smolq.chat.tool_calls import ToolCallGuard, ToolCallParser, message_con
 if TYPE_CHECKING:  # llguidance loads only for a prompt with a schema or tools
     from llm_smolq.decode.constrained import Constraint
     from llm_smolq.engine.engine import Engine
-
-
-@dataclass(frozen=True)
-class Command:
-    """The llm command an answer runs under (ctx None: the Python API). Notices about the
-    answer go to its stderr, never into the answer; the API reads finish_reason instead."""
-
-    ctx: click.Context | None
-
-    @classmethod
-    def current(cls) -> Command:
-        return cls(click.get_current_context(silent=True))
-
-    @property
-    def _after(self) -> AfterPrompt | None:
-        return self.ctx.meta.get(AFTER_PROMPT) if self.ctx is not None else None
-
-    def tell(self, line: str) -> None:
-        """One line on stderr: after the answer's line for a one-shot prompt; in `llm
-        chat`, on a line of its own right away; elsewhere (another program's click
-        command using the Python API) nothing."""
-        if self._after is not None:
-            self._after.notices.append(line)
-        elif self.ctx is not None and self.ctx.info_name == "chat":
-            sys.stdout.flush()
-            click.echo(f"\nllm-smolq: {line}", err=True)
-
-    def exit_when_done(self, code: int) -> None:
-        """A one-shot `llm prompt` exits with `code` once llm has logged the answer and
-        the notices are out (`llm chat` goes on to the next prompt)."""
-        if self._after is not None:
-            self._after.exit_code = code
 
 
 def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Path, command: Command | None = None
@@ -73,7 +42,7 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
                              "leave out -o thinking")
     constraint = schema_constraint(engine, schema) if schema is not None else None
     # With a schema the answer is the JSON alone: no <think> part before it.
-    thinking = (asked_thinking is not False and schema is None) if smollm3 else None
+    thinking = (pick(asked_thinking, defaults.THINKING) and schema is None) if smollm3 else None
     ids = conversation_ids(loaded, prompt, model_id, tools, thinking)
     disk = configured_prompt_cache(opts)
     disk_activity = CacheActivity()
@@ -97,9 +66,9 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
             if disk:
                 disk.restore(engine, ids, disk_activity)
             try:
-                guard = RepetitionGuard() if opts.repeat_guard is not False else None
-                for chunk in generation.generate(engine, ids, sampling_params(opts, smollm3),
-                                                 opts.max_tokens or DEFAULT_MAX_TOKENS, stop_strings(opts), done,
+                guard = RepetitionGuard() if pick(opts.repeat_guard, defaults.REPEAT_GUARD) else None
+                for chunk in generation.generate(engine, ids, sampling_params(opts, engine.config.arch),
+                                                 opts.max_tokens or defaults.MAX_TOKENS, stop_strings(opts), done,
                                                  constraint, progress=PrefillProgress.for_terminal(sys.stderr),
                                                  guard=guard):
                     yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
@@ -206,24 +175,8 @@ def with_schema_instruction(messages: list[dict[str, str]], schema: dict) -> lis
     return [{"role": "system", "content": instruction}, *messages]
 
 
-def sampling_params(opts, smollm3: bool) -> SamplingParams:
-    """The options given, else each model card's recommendation."""
-    return SamplingParams(
-        temperature=_pick(opts.temperature, 0.6 if smollm3 else 0.2),
-        top_p=_pick(opts.top_p, 0.95 if smollm3 else 0.9),
-        top_k=_pick(opts.top_k, 0),
-        min_p=_pick(opts.min_p, 0.0),
-        repeat_penalty=_pick(opts.repeat_penalty, 1.0),
-        seed=opts.seed,
-    )
-
-
-def stop_strings(opts) -> list[str]:
-    return [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
-
-
 def configured_prompt_cache(opts) -> PromptCache | None:
-    if opts.prompt_cache is False:
+    if not pick(opts.prompt_cache, defaults.PROMPT_CACHE):
         return None
     try:
         return PromptCache.configured()
@@ -245,5 +198,3 @@ def record(response, done: Completion, path: Path, disk: CacheActivity | None, c
         response.response_json["tool_call_errors"] = calls.errors
 
 
-def _pick(value, default):
-    return default if value is None else value

@@ -35,6 +35,7 @@ import llm
 
 from llm_smolq.store import pypi_models
 from llm_smolq.store.atomic_file import replaced_atomically
+from llm_smolq.errors import CatalogError, DownloadError, ModelNotFound, UnknownModel, UnknownQuant
 
 REGISTRY_FILE = "models.json"
 QUANT_PATTERN = re.compile(
@@ -42,26 +43,6 @@ QUANT_PATTERN = re.compile(
 )
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # a full disk, or a full quota
-
-
-class CatalogError(Exception):
-    """Something the catalog cannot do; the message is one line and says how to fix it."""
-
-
-class ModelNotFound(CatalogError, llm.ModelError):
-    """The model id is unknown, or its file is not on disk."""
-
-
-class UnknownModel(ModelNotFound):
-    pass
-
-
-class UnknownQuant(CatalogError):
-    pass
-
-
-class DownloadError(CatalogError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -265,7 +246,8 @@ def register(path: str | os.PathLike[str], alias: str | None = None) -> str:
 
 def capabilities(metadata: dict) -> dict[str, bool]:
     """What a GGUF's chat template can do: call tools, switch thinking on and off."""
-    from llm_smolq.chat.template import ChatTemplateError, chat_template_from_metadata
+    from llm_smolq.chat.template import chat_template_from_metadata
+    from llm_smolq.errors import ChatTemplateError
     from llm_smolq.chat.tool_calls import TEMPLATE_VARIABLE
 
     try:

