@@ -13,7 +13,7 @@ from llm.cli import cli
 
 import llm_smolq.plugin.loaded as loaded_models
 from llm_smolq.store import catalog
-from llm_smolq.store import prompt_cache
+from llm_smolq.store import paths, prompt_cache
 from llm_smolq.decode.generate import RepetitionGuard
 from llm_smolq.plugin.options import SmolQOptions
 
@@ -254,7 +254,7 @@ def test_the_prompt_cache_is_sized_to_the_model_and_announced_once(user_dir, smo
     monkeypatch.delenv(prompt_cache.SIZE_ENV, raising=False)
     first = run("-m", "smollm2-q", *GREEDY, "-o", "max_tokens", "4", "Hello")
     budget = catalog.format_size(2 * smollm2_gguf.stat().st_size)
-    directory = prompt_cache.cache_dir()
+    directory = paths.prompt_cache_dir()
     (line,) = [line for line in first.stderr.splitlines() if "prompt states" in line]
     assert line == (f"llm-smolq: saving prompt states in {directory} so `llm -c` is fast (up to {budget} for "
                     "this model; -o prompt_cache false or SMOLQ_PROMPT_CACHE_SIZE=0 turns it off)")

@@ -15,7 +15,7 @@ import pytest
 
 import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
-from llm_smolq.store import prompt_cache
+from llm_smolq.store import paths, prompt_cache
 from llm_smolq.engine.kv_types import KV_TYPES
 from llm_smolq.store.prompt_cache import PromptCache, block_bytes, parse_size, read_block, read_head
 from test_plugin import QUICK, last_logs, run
@@ -347,7 +347,7 @@ def test_two_processes_writing_reading_and_evicting_at_once(tiny, tmp_path):
 
 
 def test_the_option_and_the_environment_turn_it_off(user_dir, monkeypatch):
-    directory = user_dir / prompt_cache.DIR_NAME
+    directory = user_dir / paths.PROMPT_CACHE_DIR
     assert run("-m", "smollm2-q", *QUICK, "-o", "prompt_cache", "false", "Hello").exit_code == 0
     assert not blocks(directory) and "prompt_cache" not in json.loads(last_logs(user_dir)[0]["response_json"])
 
@@ -368,7 +368,7 @@ def test_cache_info_and_clear_commands(user_dir, monkeypatch):
     assert run("-m", "smollm2-q", *QUICK, "What is the capital of France?").exit_code == 0
     info = run("smolq", "cache", "info")
     assert info.exit_code == 0
-    assert str(user_dir / prompt_cache.DIR_NAME) in info.output and "2x each model's file size" in info.output
+    assert str(user_dir / paths.PROMPT_CACHE_DIR) in info.output and "2x each model's file size" in info.output
     assert "SmolLM2-135M-Instruct.Q4_1.gguf: 1 block, 42 positions" in info.output  # 37 + 5 evaluated
 
     monkeypatch.setenv("SMOLQ_PROMPT_CACHE_SIZE", "500MB")

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         args.prefill = args.depth
 
     if args.follow_up:
-        from . import follow_up_bench
+        from llm_smolq.dev import follow_up_bench
 
         report = follow_up_bench.measure(args.model, args.threads, args.follow_up, args.repeat)
         print(json.dumps(report, indent=2) if args.json else follow_up_bench.format_report(report))

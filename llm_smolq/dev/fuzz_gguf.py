@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from llm_smolq.errors import GGUFError
-from .gguf_mutations import Layout, make_case, parse
+from llm_smolq.dev.gguf_mutations import Layout, make_case, parse
 
 DEFAULT_TARGET = "llm_smolq.dev.fuzz_gguf:exercise"
 N_CTX = 16
@@ -65,7 +65,7 @@ FIXTURES = (
 
 def make_fixtures(directory: str | os.PathLike[str]) -> list[Path]:
     """Write the synthetic fixtures into `directory` (kept if already there)."""
-    from .synth import Preset, write_synthetic
+    from llm_smolq.dev.synth import Preset, write_synthetic
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     out = []

@@ -41,6 +41,7 @@ from gguf import GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
 
 from llm_smolq.model.model_file import LAYER_TENSORS
+from llm_smolq.model.tokenizer import bytes_to_unicode
 
 __all__ = [
     "PRESETS", "TYPES", "Preset", "TensorPlan", "plan_tensors", "llama_tensor_type", "fallback_type", "make_vocab",
@@ -340,17 +341,6 @@ CHAT_TEMPLATE = (
 )
 
 
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2's byte -> printable character table, the alphabet of byte-level BPE."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, n = {b: chr(b) for b in printable}, 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + n)
-            n += 1
-    return [table[b] for b in range(256)]
-
-
 def make_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
     """tokens, token types and merges: the specials, the 256 byte tokens, then fillers.
 
@@ -358,7 +348,8 @@ def make_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
     letters and digits; each has the merge that builds it from two tokens before it, so
     every merge is valid and every token reachable.
     """
-    byte_tokens = _bytes_to_unicode()
+    byte_chars = bytes_to_unicode()
+    byte_tokens = [byte_chars[b] for b in range(256)]
     tokens = [*SPECIAL_TOKENS, *byte_tokens]
     if vocab_size < len(tokens):
         raise ValueError(f"vocab_size {vocab_size} is below the {len(tokens)} special and byte tokens")

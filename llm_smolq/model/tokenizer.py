@@ -57,7 +57,7 @@ _IGNORE_MERGES = {"llama-bpe"}
 _DEFAULT_ADD_BOS = {"llama-bpe"}
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table, the alphabet of byte-level BPE."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
@@ -75,7 +75,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 # str.translate table from a vocabulary character back to its byte (as a latin-1 char),
 # so a token's bytes are token.translate(_UNMAP).encode("latin-1") - one C-level pass.
-_UNMAP = {ord(ch): chr(b) for b, ch in _bytes_to_unicode().items()}
+_UNMAP = {ord(ch): chr(b) for b, ch in bytes_to_unicode().items()}
 
 
 def _normal_token_bytes(text: str) -> bytes:

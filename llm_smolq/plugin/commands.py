@@ -10,6 +10,7 @@ import click
 
 from llm_smolq.errors import CatalogError, ModelNotFound, UnknownModel, UnknownQuant
 from llm_smolq.store import catalog
+from llm_smolq.store.paths import prompt_cache_dir
 
 
 def register_commands(cli: click.Group) -> None:
@@ -160,7 +161,7 @@ def register_cache_commands(smolq: click.Group) -> None:
 
         from llm_smolq.store import prompt_cache
 
-        directory = prompt_cache.cache_dir()
+        directory = prompt_cache_dir()
         try:
             budget = prompt_cache.budget_from_environment()
         except ValueError as exc:
@@ -204,11 +205,11 @@ def register_cache_commands(smolq: click.Group) -> None:
         from llm_smolq.store import prompt_cache
 
         try:
-            files, size = prompt_cache.PromptCache(prompt_cache.cache_dir()).clear()
+            files, size = prompt_cache.PromptCache(prompt_cache_dir()).clear()
         except Timeout:
             raise click.ClickException("another llm process is saving to the prompt cache; try again in a moment")
         click.echo(f"Deleted {files} file{'' if files == 1 else 's'} ({catalog.format_size(size)}) "
-                   f"from {prompt_cache.cache_dir()}")
+                   f"from {prompt_cache_dir()}")
 
 
 def _looks_like_a_path(text: str) -> bool:

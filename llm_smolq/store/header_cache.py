@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from llm_smolq.store.atomic_file import replaced_atomically
+from llm_smolq.store.paths import header_cache_dir
 from llm_smolq.model.gguf_file import GGUFHeader, RawTensor, header_digest, read_header
 
 MAGIC = b"SMOLQIX1"  # bump the digit when the stored layout changes
@@ -30,17 +31,9 @@ _CHECK = 16  # bytes of blake2b over the payload, after the magic
 MAX_ENTRIES = 64  # beyond this the least recently used entries go
 
 
-def cache_dir() -> Path | None:
-    chosen = os.environ.get("SMOLQ_CACHE_DIR")
-    if chosen:
-        return None if chosen.lower() == "off" else Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "llm-smolq"
-
-
 def read_header_cached(path: str) -> GGUFHeader:
     """read_header(path), from the cache when the file's header is unchanged."""
-    root = cache_dir()
+    root = header_cache_dir()
     entry = _header_entry(root, path) if root else None
     if entry is not None:
         cached = _load(entry)
@@ -62,7 +55,7 @@ def cached_file(digest: str, name: str, produce: Callable[[], bytes]) -> Path | 
     """A file holding produce()'s bytes, kept under the header digest they were computed
     from, for readers that want a path (its checksum, in a file beside it, is checked on
     every call). None when the cache is off or cannot be written."""
-    root = cache_dir()
+    root = header_cache_dir()
     if root is None or not digest:
         return None
     path, check = root / f"{digest}.{name}", root / f"{digest}.{name}.b2"

@@ -15,7 +15,7 @@ layout (all folded into the chain's root digest), the block's place in the chain
 size, and a SHA-256 of the whole file. A file that fails is deleted and the prompt is
 prefilled as if it had never been there.
 
-Files live in ``llm.user_dir() / "smolq-prompt-cache"``. Each model's blocks (those of one
+Files live in ``llm.user_dir() / "smolq-prompt-cache"`` (store/paths.py). Each model's blocks (those of one
 chain root: one model file, kernel build and KV layout) are held under a budget, by default
 twice the model file's size (SMOLQ_PROMPT_CACHE_SIZE sets another, 0 turns the cache off),
 by deleting its least recently used blocks, deepest first, so a kept chain keeps its start.
@@ -41,6 +41,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from llm_smolq.store.atomic_file import TEMP_PREFIX, replaced_atomically
+from llm_smolq.store.paths import prompt_cache_dir
 from llm_smolq.errors import BadBlock
 from llm_smolq.engine.kv_types import KV_TYPES
 
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from llm_smolq.engine.engine import Engine
     from llm_smolq.model.model_file import ModelFile
 
-DIR_NAME = "smolq-prompt-cache"
 SIZE_ENV = "SMOLQ_PROMPT_CACHE_SIZE"
 MODEL_MULTIPLE = 2  # the default budget per model: this many times its file's size
 MIN_DEFAULT_BYTES = 64 * 1000**2  # but never less: a tiny model's chats still fit
@@ -68,12 +68,6 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
           "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    import llm
-
-    return llm.user_dir() / DIR_NAME
 
 
 def parse_size(text: str) -> int:
@@ -366,7 +360,7 @@ class PromptCache:
         """The user's cache, or None when SMOLQ_PROMPT_CACHE_SIZE turns it off; a
         malformed value is a ValueError saying how to write it."""
         budget = budget_from_environment()
-        return None if budget == 0 else cls(cache_dir(), budget)
+        return None if budget == 0 else cls(prompt_cache_dir(), budget)
 
     def budget_for(self, engine: Engine) -> int:
         if self.max_bytes is not None:

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from llm_smolq.store import header_cache as index_cache
+from llm_smolq.store import header_cache
 from llm_smolq.model import tokenizer as tokenizer_module
 from llm_smolq.engine.engine import Engine
 from llm_smolq.model.gguf_file import read_header
@@ -38,7 +38,7 @@ def model(tmp_path, reference_dir):
 def no_parsing(monkeypatch):
     def refuse(path):
         raise AssertionError("the header was parsed although the cache holds it")
-    monkeypatch.setattr(index_cache, "read_header", refuse)
+    monkeypatch.setattr(header_cache, "read_header", refuse)
 
 
 def test_a_second_open_reads_the_cache_and_gets_the_same_header(cache, model, monkeypatch):
@@ -84,7 +84,7 @@ def test_a_damaged_entry_is_ignored_and_replaced(cache, model, damage):
         blob[:8] = b"SMOLQIX0"
     entry.write_bytes(bytes(blob))
     assert open_model(model).metadata == expected
-    assert index_cache._load(entry) is not None  # written again, whole
+    assert header_cache._load(entry) is not None  # written again, whole
 
 
 def test_the_tokenizer_from_cached_files_encodes_as_a_freshly_built_one(cache, smollm2_gguf, monkeypatch):
@@ -137,7 +137,7 @@ def test_an_unwritable_cache_is_no_cache_and_no_error(tmp_path, model, monkeypat
 
 
 def test_the_least_recently_used_entries_go_past_the_limit(cache, model, tmp_path, reference_dir, monkeypatch):
-    monkeypatch.setattr(index_cache, "MAX_ENTRIES", 2)
+    monkeypatch.setattr(header_cache, "MAX_ENTRIES", 2)
     copies = []
     for i in range(3):
         copy = tmp_path / f"copy-{i}.gguf"
@@ -150,7 +150,7 @@ def test_the_least_recently_used_entries_go_past_the_limit(cache, model, tmp_pat
     open_model(copies[2])
     entries = sorted(cache.glob("*.header"))
     assert len(entries) == 2
-    assert index_cache._header_entry(cache, str(copies[0])) not in entries
+    assert header_cache._header_entry(cache, str(copies[0])) not in entries
 
 
 def test_tokenizer_files_gone_before_they_are_read_mean_building_instead(tmp_path, model):

@@ -1,0 +1,48 @@
+"""Where llm-smolq keeps things on disk, every location in one place.
+
+- models: ``llm.user_dir() / "smolq"`` (LLM_USER_PATH moves it): downloaded files under
+  their upstream names, and ``models.json``, the registry of files added with `llm smolq add`;
+- prompt cache: ``llm.user_dir() / "smolq-prompt-cache"`` (SMOLQ_PROMPT_CACHE_SIZE sets its
+  budget, 0 turns it off);
+- header cache (parsed GGUF headers, tokenizer files): $SMOLQ_CACHE_DIR, else
+  $XDG_CACHE_HOME/llm-smolq, else ~/.cache/llm-smolq; SMOLQ_CACHE_DIR=off turns it off;
+- llm's own aliases file, read to tell a user alias from ours: ``llm.user_dir() / "aliases.json"``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROMPT_CACHE_DIR = "smolq-prompt-cache"
+
+
+def _llm_user_dir() -> Path:
+    import llm  # llm itself is loaded by then; the engine's users need not load it
+
+    return llm.user_dir()
+
+
+def models_dir() -> Path:
+    return _llm_user_dir() / "smolq"
+
+
+def registry_file() -> Path:
+    return models_dir() / "models.json"
+
+
+def llm_aliases_file() -> Path:
+    return _llm_user_dir() / "aliases.json"
+
+
+def prompt_cache_dir() -> Path:
+    return _llm_user_dir() / PROMPT_CACHE_DIR
+
+
+def header_cache_dir() -> Path | None:
+    """None when SMOLQ_CACHE_DIR=off."""
+    chosen = os.environ.get("SMOLQ_CACHE_DIR")
+    if chosen:
+        return None if chosen.lower() == "off" else Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llm-smolq"
