@@ -17,7 +17,8 @@ import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
 from llm_smolq.store import paths, prompt_cache
 from llm_smolq.engine.kv_types import KV_TYPES
-from llm_smolq.store.prompt_cache import PromptCache, block_bytes, parse_size, read_block, read_head
+from llm_smolq.store.kv_blocks import FORMAT_VERSION, KVLayout, block_bytes, read_block, read_head
+from llm_smolq.store.prompt_cache import PromptCache, parse_size
 from test_plugin import QUICK, last_logs, run
 
 BLOCK = 16  # small blocks, so short prompts make chains of several
@@ -170,7 +171,7 @@ def truncate(n):
 def newer_version(path):
     """A well-formed file of a format this version does not know (digest recomputed)."""
     data = bytearray(path.read_bytes()[:-32])
-    data[8:12] = (prompt_cache.FORMAT_VERSION + 1).to_bytes(4, "little")
+    data[8:12] = (FORMAT_VERSION + 1).to_bytes(4, "little")
     path.write_bytes(bytes(data) + hashlib.sha256(data).digest())
 
 
@@ -251,7 +252,7 @@ def test_a_changed_model_file_or_kv_dtype_finds_nothing(tiny, tmp_path):
 
 
 def test_the_budget_evicts_the_least_recently_used_and_a_chain_loses_its_end_first(tiny, tmp_path):
-    one_block = block_bytes(450, BLOCK, prompt_cache.KVLayout.of(load(tiny, n_ctx=16)))
+    one_block = block_bytes(450, BLOCK, KVLayout.of(load(tiny, n_ctx=16)))
     cache = PromptCache(tmp_path, max_bytes=int(4.5 * one_block), block_tokens=BLOCK)
     a, b, c, d = (random_ids(load(tiny, n_ctx=16), BLOCK, seed=s) for s in (10, 11, 12, 13))
     long = random_ids(load(tiny, n_ctx=16), 3 * BLOCK, seed=14)
@@ -279,7 +280,7 @@ def test_each_model_has_its_own_budget(tiny, tmp_path):
     """One model's saves hold its own blocks to the budget and leave another model's be."""
     other = tmp_path / "other.gguf"
     shutil.copyfile(tiny, other)  # another file: another chain root
-    one_block = block_bytes(450, BLOCK, prompt_cache.KVLayout.of(load(tiny, n_ctx=16)))
+    one_block = block_bytes(450, BLOCK, KVLayout.of(load(tiny, n_ctx=16)))
     cache = PromptCache(tmp_path / "cache", max_bytes=int(2.5 * one_block), block_tokens=BLOCK)
     theirs = random_ids(load(other, n_ctx=16), 2 * BLOCK, seed=20)
     saved_state(other, theirs, cache)
@@ -327,7 +328,7 @@ WRITER = textwrap.dedent("""
 
 
 def test_two_processes_writing_reading_and_evicting_at_once(tiny, tmp_path):
-    layout = prompt_cache.KVLayout.of(load(tiny, n_ctx=16))
+    layout = KVLayout.of(load(tiny, n_ctx=16))
     budget = int(8 * block_bytes(450, BLOCK, layout))  # small enough that both evict all the time
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(tiny), str(tmp_path), str(budget), str(seed)],
