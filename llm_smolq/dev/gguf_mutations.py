@@ -70,6 +70,12 @@ def tensor_bytes(t: TensorEntry) -> int:
 
 
 class _Walker:
+    """Reads a header the way model/gguf_file.py does, but for a fixture, not a user's file:
+    it records the position and role of every number, array items one by one, and keeps
+    each array's item type, so a mutation can hit any field and the file can be written
+    back. The loader's reader bounds every count and reads scalar arrays in one unpack;
+    the value codes (SCALAR_CODES) are shared."""
+
     def __init__(self, data: bytes):
         self.data, self.pos = data, 0
         self.fields: dict[str, list[tuple[int, str]]] = {}
