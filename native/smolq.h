@@ -153,13 +153,18 @@ int64_t sq_state_bytes(const sq_config *cfg, int max_batch, int n_threads);
  * k_cache, v_cache: [n_layers][n_kv_heads][n_ctx][row] where a row is head_dim values of
  * kv_type: SQ_F32 (llama.cpp's exact attention order), SQ_F16 or SQ_Q8_0 (head_dim / 32
  * blocks; both attend in one online-softmax pass); the new positions are written there.
- * logits: [n_tokens][vocab_size] when all_logits, else [vocab_size] for the last token.
+ * flags (sq_forward_flags, or-ed): SQ_ALL_LOGITS gives logits [n_tokens][vocab_size],
+ * else [vocab_size] for the last token. SQ_STEP_ORDER rounds every token's mat-vecs as a
+ * one-token call would (each output sq_vec_dot's value) instead of the batched orders
+ * of sq_vec_dot_batch, so a batch gives the logits of as many one-token steps: drafts
+ * verified in one pass decode exactly as plain decoding does, the weights read once.
  * Returns 0, or a negative sq_error. */
 enum sq_error { SQ_OK = 0, SQ_ERR_ARGS = -1, SQ_ERR_TOKEN = -2, SQ_ERR_CONTEXT = -3 };
+enum sq_forward_flags { SQ_ALL_LOGITS = 1, SQ_STEP_ORDER = 2 };
 int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool,
                void *k_cache, void *v_cache, int kv_type,
                const int32_t *tokens, int n_tokens, int n_past,
-               float *logits, int all_logits);
+               float *logits, int flags);
 
 /* One decode step of grouped-query attention over positions 0..n_keys-1, as sq_forward
  * computes it for a cache of kv_type (SQ_F32, SQ_F16 or SQ_Q8_0).

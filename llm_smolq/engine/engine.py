@@ -254,14 +254,17 @@ class Engine:
 
     # -- running the model ----------------------------------------------------------------
     def eval(self, ids: Iterable[int], all_logits: bool = False,
-             progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+             progress: Callable[[int, int], None] | None = None, step_order: bool = False) -> np.ndarray:
         """Append ids to the KV cache and return float32 logits: [len(ids), vocab] when
         all_logits, else [vocab] for the last position. progress, if given, is called
-        with (ids done, len(ids)) after each batch of the kernel."""
+        with (ids done, len(ids)) after each batch of the kernel. step_order: each row
+        exactly as evaluating the ids one at a time gives it (a prompt's batches round
+        as llama.cpp's do instead); the weights are still read once per batch."""
         tokens = self._check_tokens(ids)
         n, vocab = len(tokens), self.config.vocab_size
         # tokens and logits are made right here, C-contiguous and aligned by numpy.
         logits = np.empty((n, vocab) if all_logits else (vocab,), np.float32)
+        flags = (lib.SQ_ALL_LOGITS if all_logits else 0) | (lib.SQ_STEP_ORDER if step_order else 0)
         with self._lock:
             n_past = len(self._tokens)
             if n_past + n > self.n_ctx:
@@ -279,7 +282,7 @@ class Engine:
                     self.c_model, self._state, self._pool,
                     self._k.ptr, self._v.ptr,
                     self._kv_type, ffi.from_buffer("int32_t[]", batch), len(batch), n_past + start,
-                    ffi.from_buffer("float[]", rows, require_writable=True), bool(all_logits),
+                    ffi.from_buffer("float[]", rows, require_writable=True), flags,
                 )
                 if rc != lib.SQ_OK:
                     raise RuntimeError(f"the kernel refused the batch: {_FORWARD_ERRORS.get(rc, rc)}")
