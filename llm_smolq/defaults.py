@@ -18,6 +18,10 @@ REPEAT_WINDOW = 64     # tokens the repeat penalty looks back over, as llama.cpp
 #: The KV cache's element type (-o kv_cache, load(kv_dtype=...)): halves, as llama.cpp.
 KV_CACHE = "f16"
 
+#: Lookup decoding (-o lookup N): at most this many tokens drafted from the text so far
+#: and checked in one batch; 0 turns it off. The output is the same either way.
+LOOKUP = 8
+
 PROMPT_CACHE = True    # -o prompt_cache: keep prompt states on disk for `llm -c`
 REPEAT_GUARD = True    # -o repeat_guard: end an answer caught in a loop
 THINKING = True        # -o thinking: SmolLM3 reasons in <think> first

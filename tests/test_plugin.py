@@ -160,7 +160,7 @@ def test_smollm3_reasoning_streams_as_reasoning_events(user_dir, reference_dir, 
     check that llm receives the thought as reasoning and the rest as the answer."""
     import llm_smolq.decode.generate
 
-    def scripted(engine, prompt_ids, params, max_tokens, stops, completion, constraint=None, progress=None, guard=None):
+    def scripted(engine, prompt_ids, params, max_tokens, stops, completion, constraint=None, progress=None, guard=None, lookup=0):
         completion.prompt_tokens = len(prompt_ids)
         completion.output_ids = [1, 2, 3]
         completion.finish_reason = "stop"

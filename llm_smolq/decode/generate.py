@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
+from llm_smolq.decode.lookup import NgramDrafter
 from llm_smolq.decode.sampling import Sampler, SamplingParams
 from llm_smolq.defaults import REPEAT_WINDOW
 from llm_smolq.model.tokenizer import end_of_turn_ids
@@ -31,6 +32,8 @@ class Completion:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     repeated_tokens: int = 0  # with finish_reason "repetition": how long the loop ran
+    drafted_tokens: int = 0  # lookup decoding: tokens drafted and checked
+    accepted_tokens: int = 0  # and of those, the ones the answer kept
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -141,6 +144,7 @@ def generate(
     constraint: Constraint | None = None,
     progress: Callable[[int, int], None] | None = None,
     guard: RepetitionGuard | None = None,
+    lookup: int = 0,
 ) -> Iterator[str]:
     """Yield text as it is produced. Stops at an end-of-turn token, a stop string,
     max_tokens, a full context, or (with a `guard`) a loop of repeated text;
@@ -149,7 +153,10 @@ def generate(
     With a `constraint`, only tokens its grammar allows are sampled, and the answer ends
     ("stop") once the grammar is complete and nothing but end-of-turn may follow. Cut
     short by max_tokens, a stop string or the context, the text is an incomplete value.
-    `progress` follows the prefill of what the cache does not hold (see Engine.eval)."""
+    `progress` follows the prefill of what the cache does not hold (see Engine.eval).
+
+    `lookup` > 0: lookup decoding (decode/lookup.py), drafts of up to that many tokens
+    checked in one batch; the output is the same as without it."""
     done = completion if completion is not None else Completion()
     done.prompt_tokens = len(prompt_ids)
     sampler, enders, stream = Sampler(params), end_of_turn_ids(engine.tokenizer), TextStream(stops)
@@ -158,6 +165,11 @@ def generate(
     done.prefill_seconds = time.perf_counter() - started
     started = time.perf_counter()
     recent = list(prompt_ids[-REPEAT_WINDOW:])
+    drafter = NgramDrafter(prompt_ids) if lookup > 0 else None
+    # Drafted tokens in the KV cache past the answer, each with the logits after it, and the
+    # positions plain decoding's cache would hold: every exit trims the cache back to those.
+    ahead: list[tuple[int, np.ndarray]] = []
+    kept = engine.n_past
     try:
         while True:
             if constraint is not None:
@@ -182,14 +194,32 @@ def generate(
             if len(done.output_ids) >= max_tokens:
                 done.finish_reason = "length"
                 break
-            if engine.n_past >= engine.n_ctx:
+            if kept >= engine.n_ctx:
                 done.finish_reason = "context"
                 break
-            logits = engine.eval([token])
+            if drafter is not None:
+                drafter.append(token)
+            if ahead:  # the draft holds while the samples agree with it
+                if token == ahead[0][0]:
+                    done.accepted_tokens += 1
+                    logits, kept = ahead.pop(0)[1], kept + 1
+                    continue
+                ahead.clear()
+                engine.truncate(kept)
+            room = min(lookup, max_tokens - len(done.output_ids) - 1, engine.n_ctx - kept - 1)
+            draft = drafter.draft(room) if drafter is not None else []
+            if not draft:
+                logits, kept = engine.eval([token]), kept + 1
+                continue
+            rows = engine.eval([token, *draft], all_logits=True, step_order=True)
+            done.drafted_tokens += len(draft)
+            logits, ahead, kept = rows[0], list(zip(draft, rows[1:])), kept + 1
         tail = stream.flush()
         if tail:
             yield tail
     finally:
+        if engine.n_past > kept:
+            engine.truncate(kept)
         done.decode_seconds = time.perf_counter() - started
 
 

@@ -50,6 +50,11 @@ class SmolQOptions(llm.Options):
         default=None, description="Keep the prompt's state on disk so `llm -c` skips re-reading it "
                                   f"(default {str(defaults.PROMPT_CACHE).lower()})"
     )
+    lookup: Optional[int] = Field(
+        default=None, ge=0, le=64, description=f"Lookup decoding: draft up to N tokens from the prompt and the "
+                                               f"answer so far and check them in one pass; same output, faster "
+                                               f"where the answer repeats text (0: off; default {defaults.LOOKUP})"
+    )
     repeat_guard: Optional[bool] = Field(
         default=None, description="End an answer that repeats the same span over and over for a few hundred "
                                   f"tokens, finish_reason 'repetition' (default {str(defaults.REPEAT_GUARD).lower()})"

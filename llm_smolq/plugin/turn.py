@@ -70,7 +70,7 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
                 for chunk in generation.generate(engine, ids, sampling_params(opts, engine.config.arch),
                                                  opts.max_tokens or defaults.MAX_TOKENS, stop_strings(opts), done,
                                                  constraint, progress=PrefillProgress.for_terminal(sys.stderr),
-                                                 guard=guard):
+                                                 guard=guard, lookup=pick(opts.lookup, defaults.LOOKUP)):
                     yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
             except KeyboardInterrupt:
                 # Ctrl-C ends the answer: llm logs what was produced, then a one-shot
@@ -186,7 +186,10 @@ def configured_prompt_cache(opts) -> PromptCache | None:
 
 def record(response, done: Completion, path: Path, disk: CacheActivity | None, calls: ToolCallParser | None) -> None:
     """Usage and what llm logs beside the answer, also for an answer cut short."""
-    response.set_usage(input=done.prompt_tokens, output=len(done.output_ids), details={"cached": done.cached_tokens})
+    details = {"cached": done.cached_tokens}
+    if done.drafted_tokens:  # lookup decoding: tokens drafted, and those the answer kept
+        details |= {"drafted": done.drafted_tokens, "accepted": done.accepted_tokens}
+    response.set_usage(input=done.prompt_tokens, output=len(done.output_ids), details=details)
     response.response_json = {
         "finish_reason": done.finish_reason or "error",
         "tokens_per_second": done.tokens_per_second,

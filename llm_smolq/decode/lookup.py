@@ -1,0 +1,65 @@
+"""Lookup decoding: drafts of the next tokens taken from the text so far.
+
+An answer that repeats its prompt (a paragraph to copy, code with one fix) or itself
+holds n-grams that occurred before; the tokens that followed them then are a good guess
+for what follows now. The generate loop evaluates such a draft together with the token
+it has just sampled, in one batch that reads the weights once, and samples each next
+token from those rows exactly as plain decoding would, keeping the draft as long as the
+samples agree with it (decode/generate.py).
+
+Sampling a token and keeping the draft's token only when they are equal is the
+speculative-sampling acceptance rule for a draft that puts all its probability on one
+token: the draft is kept with probability p(token), and otherwise the token comes from
+p without it, renormalized. With the batch rounded as one-token steps (Engine.eval's
+step_order), every row is the logits plain decoding computes, and the sampler draws once
+per token in the same order: the output is the same as plain decoding's, token for token,
+greedy or seeded.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class NgramDrafter:
+    """The tokens that followed the latest earlier occurrence of the text's last n tokens,
+    trying n from `longest` down to `shortest`. Each append is O(longest)."""
+
+    def __init__(self, tokens: Sequence[int] = (), shortest: int = 2, longest: int = 4):
+        if not 1 <= shortest <= longest:
+            raise ValueError("the n-gram lengths must satisfy 1 <= shortest <= longest")
+        self.shortest, self.longest = shortest, longest
+        self.tokens: list[int] = []
+        # for each n: n-gram -> the position of the token that followed its latest occurrence
+        self._follows: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(shortest, longest + 1)}
+        self.extend(tokens)
+
+    def append(self, token: int) -> None:
+        # The n-grams ending at the last token are filed now that their follower is known,
+        # so a lookup never finds the text's own ending.
+        end = len(self.tokens)
+        for n, follows in self._follows.items():
+            if end >= n:
+                follows[tuple(self.tokens[end - n:])] = end
+        self.tokens.append(token)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.append(token)
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to `limit` tokens to try next; [] when the text's ending did not occur before."""
+        if limit <= 0:
+            return []
+        for n in range(self.longest, self.shortest - 1, -1):
+            if len(self.tokens) < n:
+                continue
+            at = self._follows[n].get(tuple(self.tokens[-n:]))
+            if at is not None:
+                draft = self.tokens[at:at + limit]
+                # Running into the end, the text repeats with period len - at: go on with it.
+                period = len(self.tokens) - at
+                while len(draft) < limit:
+                    draft.append(draft[-period])
+                return draft
+        return []
