@@ -10,7 +10,7 @@ from scipy.stats import chi2_contingency
 import llm_smolq
 from llm_smolq.decode.constrained import Constraint
 from llm_smolq.decode.generate import Completion, generate
-from llm_smolq.decode.lookup import NgramDrafter
+from llm_smolq.decode.lookup import DraftPolicy, NgramDrafter
 from llm_smolq.decode.sampling import SamplingParams
 from test_plugin import last_logs, run
 
@@ -49,6 +49,21 @@ def test_no_draft_without_an_earlier_occurrence():
 def test_a_loop_drafts_its_own_continuation():
     d = NgramDrafter([5, 6, 5, 6, 5, 6])
     assert d.draft(4) == [5, 6, 5, 6]
+
+
+def test_the_policy_drafts_longer_as_drafts_are_kept_and_stops_when_they_are_not():
+    policy = DraftPolicy(8, rate=0.6, cost=0.5)
+    assert policy.length(100) == 1  # 0.6 > 0.5, 0.36 < 0.5
+    policy.stepped(0.010)
+    for _ in range(6):
+        policy.checked(4, 4, 0.012)  # every token kept; each cost a fifth of a step
+    assert policy.cost < 0.3 and policy.rate > 0.9
+    assert policy.length(100) == 8 and policy.length(3) == 3 and policy.length(0) == 0
+    for _ in range(10):
+        policy.checked(4, 0, 0.030)  # missed at once, and checking cost half a step per token
+    assert policy.rate < policy.cost
+    lengths = [policy.length(100) for _ in range(40)]
+    assert lengths.count(1) == 2 and set(lengths) == {0, 1}  # only a probe now and then
 
 
 # -- a batch in step order: the logits of as many one-token steps ---------------------------

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from llm_smolq.decode.lookup import NgramDrafter
+from llm_smolq.decode.lookup import DraftPolicy, NgramDrafter
 from llm_smolq.decode.sampling import Sampler, SamplingParams
 from llm_smolq.defaults import REPEAT_WINDOW
 from llm_smolq.model.tokenizer import end_of_turn_ids
@@ -166,6 +166,8 @@ def generate(
     started = time.perf_counter()
     recent = list(prompt_ids[-REPEAT_WINDOW:])
     drafter = NgramDrafter(prompt_ids) if lookup > 0 else None
+    policy = DraftPolicy(lookup) if lookup > 0 else None
+    check: list = []  # the draft being checked: [tokens drafted, kept so far, seconds its batch took]
     # Drafted tokens in the KV cache past the answer, each with the logits after it, and the
     # positions plain decoding's cache would hold: every exit trims the cache back to those.
     ahead: list[tuple[int, np.ndarray]] = []
@@ -202,17 +204,25 @@ def generate(
             if ahead:  # the draft holds while the samples agree with it
                 if token == ahead[0][0]:
                     done.accepted_tokens += 1
+                    check[1] += 1
                     logits, kept = ahead.pop(0)[1], kept + 1
+                    if not ahead:
+                        policy.checked(*check)
                     continue
                 ahead.clear()
                 engine.truncate(kept)
-            room = min(lookup, max_tokens - len(done.output_ids) - 1, engine.n_ctx - kept - 1)
-            draft = drafter.draft(room) if drafter is not None else []
+                policy.checked(*check)
+            room = min(max_tokens - len(done.output_ids) - 1, engine.n_ctx - kept - 1)
+            draft = drafter.draft(policy.length(room)) if drafter is not None else []
+            step = time.perf_counter()
             if not draft:
                 logits, kept = engine.eval([token]), kept + 1
+                if policy is not None:
+                    policy.stepped(time.perf_counter() - step)
                 continue
             rows = engine.eval([token, *draft], all_logits=True, step_order=True)
             done.drafted_tokens += len(draft)
+            check = [len(draft), 0, time.perf_counter() - step]
             logits, ahead, kept = rows[0], list(zip(draft, rows[1:])), kept + 1
         tail = stream.flush()
         if tail:

@@ -63,3 +63,42 @@ class NgramDrafter:
                     draft.append(draft[-period])
                 return draft
         return []
+
+
+class DraftPolicy:
+    """How long a draft is worth making. A drafted token costs `cost` of a one-token step
+    to check (measured as the answer runs: checking is compute, and the batch reads the
+    weights once) and is kept with a probability `rate` (measured too; a draft is kept up
+    to its first miss, so its i-th token counts with rate**i). A draft pays while
+    rate**k > cost: the policy drafts the longest such k, up to `limit`, and nothing
+    when even one token does not pay, except a one-token probe every `probe_every` steps
+    so that an answer which turns to copying is noticed."""
+
+    def __init__(self, limit: int, rate: float = 0.6, cost: float = 0.5, probe_every: int = 16):
+        self.limit, self.rate, self.cost, self.probe_every = limit, rate, cost, probe_every
+        self.step_seconds: float | None = None  # a plain one-token step, as measured here
+        self._since_draft = 0
+
+    def length(self, room: int) -> int:
+        limit = min(self.limit, room)
+        if limit <= 0:
+            return 0
+        k = 0
+        while k < limit and self.rate ** (k + 1) > self.cost:
+            k += 1
+        if k == 0 and self._since_draft >= self.probe_every:
+            k = 1
+        self._since_draft = 0 if k else self._since_draft + 1
+        return k
+
+    def stepped(self, seconds: float) -> None:
+        """A one-token step took `seconds`."""
+        self.step_seconds = seconds if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * seconds
+
+    def checked(self, drafted: int, accepted: int, seconds: float) -> None:
+        """A draft of `drafted` tokens, checked in `seconds`, kept `accepted` of them."""
+        for kept in [1.0] * accepted + [0.0] * (accepted < drafted):  # tokens compared, up to the first miss
+            self.rate += 0.1 * (kept - self.rate)
+        if self.step_seconds:
+            each = max(seconds - self.step_seconds, 0.0) / drafted / self.step_seconds
+            self.cost += 0.25 * (min(each, 2.0) - self.cost)
