@@ -140,6 +140,9 @@ typedef struct sq_pool sq_pool;
 sq_pool *sq_pool_new(int n_threads);
 int sq_pool_threads(const sq_pool *pool);
 void sq_pool_free(sq_pool *pool);
+/* Read bytes at p (8-byte aligned) with every thread of the pool, each its contiguous
+ * share, and return a checksum of them: the read bandwidth decode runs against. */
+uint64_t sq_read_all(sq_pool *pool, const void *p, int64_t bytes);
 
 /* Activation buffers for batches of up to max_batch tokens. */
 typedef struct sq_state sq_state;

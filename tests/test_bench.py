@@ -19,3 +19,32 @@ def test_bench_reports_speed_memory_and_bandwidth(reference_dir):
     # Tied embeddings: a decode step reads every tensor once (token_embd as the output).
     assert report["weight_bytes_per_token"] == sum(t.n_bytes for t in GGUFReader(model).tensors)
     assert report["machine_read_gb_s"] > 0 and ours["decode_gb_s"] > 0
+
+
+def test_bench_bandwidth_reads_the_model_file_with_the_engines_threads(reference_dir):
+    model = reference_dir / "tiny-smollm3-Q8_0.gguf"
+    cmd = [sys.executable, "-m", "llm_smolq.dev.bench", str(model), "--threads", "2", "--prefill", "16",
+           "--decode", "8", "--repeat", "1", "--json", "--bandwidth"]
+    report = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    ours = report["engines"]["llm-smolq"]
+    read, share = ours["file_read_gb_s"]["median"], ours["decode_pct_of_read"]["median"]
+    assert read > 0.1 and share > 0
+    # the share is decode's weight bytes per second over that read rate
+    expected = 100 * report["weight_bytes_per_token"] * ours["decode_tok_s"]["median"] / 1e9 / read
+    assert abs(share - expected) < 0.01 * expected
+
+
+def test_the_kernel_reads_every_byte_it_is_given():
+    """sq_read_all's checksum: the 64-bit words of every whole cache line, plus the bytes
+    after the last one, summed modulo 2**64, whatever the split between threads."""
+    import numpy as np
+
+    from llm_smolq._kernel import ffi, lib
+
+    data = np.random.default_rng(0).integers(0, 256, 64 * 1000 + 13, dtype=np.uint8)
+    whole = data.size // 64 * 64
+    expected = (int(data[:whole].view(np.uint64).sum(dtype=np.uint64)) + int(data[whole:].sum())) % 2**64
+    for threads in (1, 2, 3):
+        pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
+        assert lib.sq_read_all(pool, ffi.from_buffer(data), data.size) == expected
+    assert lib.sq_read_all(pool, ffi.from_buffer(data[1:]), data.size - 1) == 0  # not 8-byte aligned: refused

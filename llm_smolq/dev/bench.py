@@ -2,7 +2,7 @@
 
     python -m llm_smolq.dev.bench MODEL.gguf [--threads N] [--prefill 256] [--decode 128]
                                   [--repeat 5] [--json] [--vs-llama-cpp] [--schema]
-                                  [--depth N] [--kv-cache f16|q8_0|f32]
+                                  [--depth N] [--kv-cache f16|q8_0|f32] [--bandwidth]
     python -m llm_smolq.dev.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
 
 With --depth N the prompt is N random ids fed in batches of 512 (prefill tok/s is their
@@ -16,6 +16,9 @@ machine noise falls on both alike. Figures are medians over repeats, with min-ma
 Decode is memory-bound: the report sets the weight bytes read per token x decode tok/s
 beside this machine's measured read bandwidth. With --schema, each llm-smolq run also
 times what a JSON-schema constraint adds per generated token (mask + matcher update).
+With --bandwidth, each llm-smolq run also times its own threads reading every page of the
+model file (Engine.weight_read_seconds, best of three), right after its decode, and gives
+decode's weight bytes per second as a share of that rate: how close decode is to the wall.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ def constraint_ms_per_token(engine) -> float:
 
 
 def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, schema: bool = False,
-        batch: int | None = None, kv_cache: str | None = None) -> dict:
+        batch: int | None = None, kv_cache: str | None = None, bandwidth: bool = False) -> dict:
     """One cold run: load, prefill n_prefill random ids (in calls of `batch` ids, else
     one), decode n_decode more one by one."""
     started = time.perf_counter()
@@ -115,6 +118,10 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
         "decode_tok_s": n_decode / decode_s,
         "peak_rss_mb": _peak_rss_mb(),
     }
+    if bandwidth and eng is not None:
+        result["file_read_gb_s"] = len(eng.model.data) / eng.weight_read_seconds() / 1e9
+        decode_gb_s = weight_bytes_per_token(path) * result["decode_tok_s"] / 1e9
+        result["decode_pct_of_read"] = 100 * decode_gb_s / result["file_read_gb_s"]
     if schema and eng is not None:
         ms = constraint_ms_per_token(eng)
         result["schema_ms_per_token"] = ms
@@ -125,7 +132,8 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
 def _child(engine: str, args) -> dict:
     cmd = [sys.executable, "-m", "llm_smolq.dev.bench", args.model, "--child", engine, "--threads", str(args.threads),
            "--prefill", str(args.prefill), "--decode", str(args.decode)] + (["--schema"] if args.schema else []) + (
-           ["--depth", str(args.depth)] if args.depth else []) + (["--kv-cache", args.kv_cache] if args.kv_cache else [])
+           ["--depth", str(args.depth)] if args.depth else []) + (["--kv-cache", args.kv_cache] if args.kv_cache else []) + (
+           ["--bandwidth"] if args.bandwidth and engine == "llm-smolq" else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{engine} run failed:\n{done.stderr.strip()}")
@@ -182,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="prefill N ids in batches of 512 and time decode at that depth (replaces --prefill)")
     parser.add_argument("--kv-cache", choices=tuple(_LLAMA_KV_TYPES),
                         help="KV cache type for every engine (default: each engine's own default)")
+    parser.add_argument("--bandwidth", action="store_true",
+                        help="also time llm-smolq's threads reading the model file, and decode as a share of it")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.depth:
@@ -196,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.child:
         print(json.dumps(run(args.child, args.model, args.threads, args.prefill, args.decode, args.schema,
-                             512 if args.depth else None, args.kv_cache)))
+                             512 if args.depth else None, args.kv_cache, args.bandwidth)))
         return
     if args.vs_llama_cpp:
         try:
@@ -257,7 +267,8 @@ def format_report(r: dict) -> str:
     ]
     fmt = {"prefill_tok_s": "prefill tok/s", "decode_tok_s": "decode tok/s", "load_s": "load s",
            "peak_rss_mb": "peak RSS MB", "schema_ms_per_token": "schema constraint ms/token",
-           "schema_pct_of_decode": "constraint % of a decode step"}
+           "schema_pct_of_decode": "constraint % of a decode step",
+           "file_read_gb_s": "its threads read the file at GB/s", "decode_pct_of_read": "decode % of that"}
     for engine, stats in r["engines"].items():
         parts = [f"{label} {stats[k]['median']:.2f} ({stats[k]['min']:.2f}-{stats[k]['max']:.2f})"
                  for k, label in fmt.items() if k in stats]

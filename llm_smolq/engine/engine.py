@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from dataclasses import replace
 from functools import cached_property
 from typing import Callable, Iterable
@@ -251,6 +252,17 @@ class Engine:
             self._k.array[:, :, start:n] = k
             self._v.array[:, :, start:n] = v
             self._tokens.extend(ids[start:])
+
+    def weight_read_seconds(self, repeats: int = 3) -> float:
+        """The fastest of `repeats` reads of the whole model file by the engine's threads,
+        each its share of the pages: what one decode step's weights take at the least."""
+        best = float("inf")
+        with self._lock:
+            for _ in range(repeats):
+                started = time.perf_counter()
+                lib.sq_read_all(self._pool, self.weights, len(self.model.data))
+                best = min(best, time.perf_counter() - started)
+        return best
 
     # -- running the model ----------------------------------------------------------------
     def eval(self, ids: Iterable[int], all_logits: bool = False,
