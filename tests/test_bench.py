@@ -48,3 +48,16 @@ def test_the_kernel_reads_every_byte_it_is_given():
         pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
         assert lib.sq_read_all(pool, ffi.from_buffer(data), data.size) == expected
     assert lib.sq_read_all(pool, ffi.from_buffer(data[1:]), data.size - 1) == 0  # not 8-byte aligned: refused
+
+
+def test_bench_lookup_compares_lookup_with_plain_decoding(smollm2_gguf, monkeypatch):
+    from llm_smolq.dev import lookup_bench
+
+    monkeypatch.setattr(lookup_bench, "ANSWER_TOKENS", 40)
+    report = lookup_bench.measure(str(smollm2_gguf), 2, 8, 1)
+    assert set(report["prompts"]) == set(lookup_bench.PROMPTS)
+    for p in report["prompts"].values():
+        assert p["same_output"] and p["answer_tokens"] > 1
+        assert p["plain_tok_s"]["median"] > 0 and p["lookup_tok_s"]["median"] > 0
+    assert report["prompts"]["repeat a paragraph"]["accepted"] > 0
+    assert "x" in lookup_bench.format_report(report)

@@ -4,6 +4,7 @@
                                   [--repeat 5] [--json] [--vs-llama-cpp] [--schema]
                                   [--depth N] [--kv-cache f16|q8_0|f32] [--bandwidth]
     python -m llm_smolq.dev.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
+    python -m llm_smolq.dev.bench MODEL.gguf --lookup [8] [--threads N] [--repeat 5] [--json]
 
 With --depth N the prompt is N random ids fed in batches of 512 (prefill tok/s is their
 average), and decode is timed at that depth; --vs-llama-cpp then runs llama.cpp twice,
@@ -190,6 +191,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="prefill N ids in batches of 512 and time decode at that depth (replaces --prefill)")
     parser.add_argument("--kv-cache", choices=tuple(_LLAMA_KV_TYPES),
                         help="KV cache type for every engine (default: each engine's own default)")
+    parser.add_argument("--lookup", type=int, nargs="?", const=8, metavar="N",
+                        help="instead: greedy answers with lookup decoding (up to N drafted tokens, default 8) "
+                             "against plain decoding, on prompts that copy and one that does not")
     parser.add_argument("--bandwidth", action="store_true",
                         help="also time llm-smolq's threads reading the model file, and decode as a share of it")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
@@ -202,6 +206,13 @@ def main(argv: list[str] | None = None) -> None:
 
         report = follow_up_bench.measure(args.model, args.threads, args.follow_up, args.repeat)
         print(json.dumps(report, indent=2) if args.json else follow_up_bench.format_report(report))
+        return
+
+    if args.lookup:
+        from llm_smolq.dev import lookup_bench
+
+        report = lookup_bench.measure(args.model, args.threads, args.lookup, args.repeat)
+        print(json.dumps(report, indent=2) if args.json else lookup_bench.format_report(report))
         return
 
     if args.child:
