@@ -25,7 +25,7 @@
 #include <string.h>
 #include "smolq.h"
 #include "attention.h"
-#include "quants.h"
+#include "quants/quants.h"
 #include "exp_ggml.h"
 
 /* V rows are summed this many outputs at a time, so any head_dim works with a fixed

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quants.h"
+#include "quants/quants.h"
 
 static inline uint32_t sq_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float sq_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

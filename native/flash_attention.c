@@ -32,8 +32,8 @@
 #include "attention.h"
 #include "exp_ggml.h"
 #include "pool.h"
-#include "quant_blocks.h"
-#include "quants.h"
+#include "quants/blocks.h"
+#include "quants/quants.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

@@ -12,7 +12,7 @@
 #include "attention.h"
 #include "matmul.h"
 #include "pool.h"
-#include "quants.h"
+#include "quants/quants.h"
 #include "exp_ggml.h"
 
 struct sq_state {

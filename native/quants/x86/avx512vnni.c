@@ -10,7 +10,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
 #define SQ_X86_VNNI 1
-#include "quants_x86_kernels.h"
+#include "quants/x86/vec_dots.h"
 
 #else
 /* ISO C forbids an empty translation unit. */

@@ -41,8 +41,8 @@
 #include <string.h>
 #include <immintrin.h>
 
-#include "quants.h"
-#include "quant_blocks.h"
+#include "quants/quants.h"
+#include "quants/blocks.h"
 
 #if !defined(SQ_X86_VNNI)
 #define TARGET __attribute__((target("avx2,fma,f16c")))

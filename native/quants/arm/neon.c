@@ -29,8 +29,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "quants.h"
-#include "quant_blocks.h"
+#include "quants/quants.h"
+#include "quants/blocks.h"
 
 /* ---------------------------------------------------------------------------
  * Small helpers

@@ -38,8 +38,8 @@
 #include <math.h>
 
 #include "smolq.h"
-#include "quants.h"
-#include "quant_blocks.h"
+#include "quants/quants.h"
+#include "quants/blocks.h"
 
 static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

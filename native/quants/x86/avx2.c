@@ -6,7 +6,7 @@
  */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
-#include "quants_x86_kernels.h"
+#include "quants/x86/vec_dots.h"
 
 /* Four activation rows (stride bytes apart) at once, each rounded exactly as
  * sq_vec_dot_q4_1_avx2 rounds it: the block's codes are unpacked once for the four. */
