@@ -15,10 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "simd.h"
 #include "quants/quants.h"
-
-static inline uint32_t sq_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float sq_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 SQ_TWIN float exp_ggml(float x) {
     const float shift = 0x1.8p23f;

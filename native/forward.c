@@ -14,6 +14,7 @@
 #include "pool.h"
 #include "quants/quants.h"
 #include "exp_ggml.h"
+#include "simd.h"
 
 struct sq_state {
     int max_batch;          /* tokens per chunk */
@@ -207,27 +208,11 @@ static void attention_worker(void *p, int ith, int nth) {
     }
 }
 
-/* gate = SiLU(gate) * up, compiled twice like attention.c: plainly and with FMA. */
-static void swiglu_plain(float *gate, const float *up, int64_t n) {
+/* gate = SiLU(gate) * up, compiled twice (simd.h): plainly and with FMA. */
+SQ_TWIN void swiglu_rows(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
 }
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2,fma")))
-static void swiglu_avx2(float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
-}
-#define HAVE_SWIGLU_AVX2 1
-#endif
-
-static void swiglu(float *gate, const float *up, int64_t n) {
-#ifdef HAVE_SWIGLU_AVX2
-    if (sq_simd_enabled()) {
-        swiglu_avx2(gate, up, n);
-        return;
-    }
-#endif
-    swiglu_plain(gate, up, n);
-}
+SQ_COMPILED_TWICE(static, swiglu, swiglu_rows, (float *gate, const float *up, int64_t n), (gate, up, n))
 
 static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];

@@ -16,6 +16,14 @@ enum sq_type {
     SQ_Q6_K = 14, SQ_Q8_K = 15, SQ_IQ4_NL = 20, SQ_IQ4_XS = 23, SQ_BF16 = 30
 };
 
+/* The GGUF type ids of every type the kernel reads as weights (F32, F16, BF16 and the
+ * quantized types; not Q8_1 or Q8_K, which only hold activations): the first cap of
+ * them go to out (which may be NULL when cap is 0). Returns how many there are. */
+int sq_weight_types(int *out, int cap);
+
+/* The GGUF name of a type the kernel knows ("Q4_K", "IQ4_XS", ...), or NULL. */
+const char *sq_type_name(int type);
+
 /* Block geometry of a type: elements per block and bytes per block; 0 if unknown. */
 int sq_block_elems(int type);
 int sq_block_bytes(int type);

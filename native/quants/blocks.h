@@ -1,13 +1,13 @@
-/* quant_blocks.h: the GGUF block layouts of the quantized types, in one place for
- * quants.c (whose section for each type explains its encoding), the x86 kernels
- * (quants_x86_kernels.h) and the NEON kernels (quants_neon.c).
+/* quants/blocks.h: the GGUF block layouts of the quantized types, and the IQ4 grid, in
+ * one place for the scalar code (quants/scalar.c, whose section for each type explains
+ * its encoding), the batched orders, the x86 kernels and the NEON kernels.
  *
  * Fields are little-endian, as GGUF stores them; "f16" is an IEEE half kept as its
  * 16 bits. None of the structs has padding (the size asserts check it), so an array
  * of them is exactly a row as the file holds it.
  */
-#ifndef SMOLQ_QUANT_BLOCKS_H
-#define SMOLQ_QUANT_BLOCKS_H
+#ifndef SMOLQ_QUANTS_BLOCKS_H
+#define SMOLQ_QUANTS_BLOCKS_H
 
 #include <assert.h>
 #include <stdint.h>
@@ -56,6 +56,19 @@ static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
 /* Q5_1: f16 scale d and offset m, then qh and qs as in Q5_0. */
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
 static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
+
+/* The IQ4 grid: the 16 values an IQ4_NL or IQ4_XS code indexes, non-linear (denser
+ * near zero, where weights cluster). A list, so that it can fill a byte vector as well
+ * as an array; SQ_IQ4_VALUE(i) is value i as a constant expression, for tables built
+ * by the compiler. */
+#define SQ_IQ4_GRID -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+#define SQ_IQ4_VALUE(i) SQ_IQ4_NTH((i), SQ_IQ4_GRID)
+#define SQ_IQ4_NTH(i, ...) SQ_IQ4_PICK(i, __VA_ARGS__)
+#define SQ_IQ4_PICK(i, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)    \
+    ((i) == 0 ? (v0) : (i) == 1 ? (v1) : (i) == 2 ? (v2) : (i) == 3 ? (v3) : (i) == 4 ? (v4) :   \
+     (i) == 5 ? (v5) : (i) == 6 ? (v6) : (i) == 7 ? (v7) : (i) == 8 ? (v8) : (i) == 9 ? (v9) :   \
+     (i) == 10 ? (v10) : (i) == 11 ? (v11) : (i) == 12 ? (v12) : (i) == 13 ? (v13) :            \
+     (i) == 14 ? (v14) : (v15))
 
 /* IQ4_NL: f16 scale d, 32 4-bit indices into the IQ4 grid, in Q4_0's order. */
 typedef struct { uint16_t d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;

@@ -23,14 +23,15 @@
  * that is widened to int32, so unlike AVX2's maddubs nothing here can saturate,
  * whatever the codes.
  */
-#if defined(__aarch64__)
+#include "simd.h"
+
+#ifdef SQ_NEON
 
 #include <arm_neon.h>
 #include <math.h>
 #include <stdint.h>
 
-#include "quants/quants.h"
-#include "quants/blocks.h"
+#include "quants/kernels.h"
 
 /* ---------------------------------------------------------------------------
  * Small helpers
@@ -142,9 +143,7 @@ static inline int8x16_t q5_bit4(const uint8_t *qh) {
 }
 
 /* The 16 IQ4_NL grid values, for a byte table lookup (TBL) of 16 codes at once. */
-static const int8_t iq4_grid[16] = {
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-};
+static const int8_t iq4_grid[16] = { SQ_IQ4_GRID };
 
 static inline void iq4_values(const uint8_t *q, int8x16_t grid, int8x16_t *lo, int8x16_t *hi) {
     int8x16_t ilo, ihi;

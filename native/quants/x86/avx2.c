@@ -4,7 +4,9 @@
  * The batched products are AVX2 only: they serve CPUs with AVX-512 VNNI as well (the
  * same bits on either), and quants.c calls them whichever vec_dot copy is in use.
  */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "simd.h"
+
+#ifdef SQ_X86
 
 #include "quants/x86/vec_dots.h"
 
@@ -31,7 +33,7 @@ TARGET void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t strid
         }
     }
     for (int t = 0; t < 4; t++)
-        out[t] = hsum8(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
+        out[t] = sq_hsum8_avx2(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
 }
 
 /* One token's four span sums of a Q4_K block (64 elements each, exact, as floats) and
@@ -123,25 +125,6 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
     }
 }
 
-/* 8x8 transpose of 32-bit words: v[r] word j -> v[j] word r. */
-static inline TARGET void transpose8_epi32(__m256i v[8]) {
-    __m256i a[8], b[8];
-    for (int k = 0; k < 8; k += 2) {
-        a[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
-        a[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
-    }
-    for (int k = 0; k < 8; k += 4) {
-        b[k] = _mm256_unpacklo_epi64(a[k], a[k + 2]);
-        b[k + 1] = _mm256_unpackhi_epi64(a[k], a[k + 2]);
-        b[k + 2] = _mm256_unpacklo_epi64(a[k + 1], a[k + 3]);
-        b[k + 3] = _mm256_unpackhi_epi64(a[k + 1], a[k + 3]);
-    }
-    for (int k = 0; k < 4; k++) {
-        v[k] = _mm256_permute2x128_si256(b[k], b[k + 4], 0x20);
-        v[k + 4] = _mm256_permute2x128_si256(b[k], b[k + 4], 0x31);
-    }
-}
-
 /* Block i of eight Q4_K rows side by side (see sq_batch_dot8_q4_K_avx2): codes[c][h][j]
  * holds elements 64c + 32h + 4j .. +3 of every row, one row per 32-bit lane; scale[g]
  * each row's scale of group g as two int16; mins[c] each row's (min 2c, min 2c+1). */
@@ -170,7 +153,7 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
         for (int r = 0; r < 8; r++)
             q[r] = _mm256_loadu_si256(
                 (const __m256i *)(((const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
-        transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
+        sq_transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
         for (int j = 0; j < 8; j++) {
             codes[c][0][j] = _mm256_and_si256(q[j], m4);
             codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
@@ -281,7 +264,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
                 const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m2);
                 q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
             }
-            transpose8_epi32(q);
+            sq_transpose8_epi32(q);
             for (int j = 0; j < 8; j++)
                 codes[k][j] = q[j];
         }

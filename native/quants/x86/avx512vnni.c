@@ -7,7 +7,9 @@
  * copy takes those two instructions from SIMDe and runs on any AVX2 CPU: that is how
  * the tests check it on machines without AVX-512.
  */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "simd.h"
+
+#ifdef SQ_X86
 
 #define SQ_X86_VNNI 1
 #include "quants/x86/vec_dots.h"

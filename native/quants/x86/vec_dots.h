@@ -39,13 +39,11 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <immintrin.h>
 
-#include "quants/quants.h"
-#include "quants/blocks.h"
+#include "quants/kernels.h"
 
 #if !defined(SQ_X86_VNNI)
-#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define TARGET SQ_AVX2
 #define KERNEL(fn) sq_##fn##_avx2
 #elif defined(SQ_VNNI_VIA_SIMDE)
 #ifdef __clang__
@@ -65,7 +63,7 @@
 #include <simde/x86/avx512/dpwssd.h>
 #pragma GCC pop_options
 #endif
-#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define TARGET SQ_AVX2
 #define KERNEL(fn) sq_##fn##_avx512vnni
 #else
 #define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -77,24 +75,11 @@ static inline TARGET float h2f(uint16_t h) {
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
-static inline TARGET float hsum8(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
 /* Sum of 4 int32 lanes (exact, so in any order). */
 static inline TARGET int32_t hsum_i32x4(__m128i v) {
     v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
     v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
     return _mm_cvtsi128_si32(v);
-}
-
-static inline TARGET float hsum4(__m128 r) {
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
 }
 
 /* Sum of 8 int32 lanes (exact, so any order will do). */
@@ -184,7 +169,7 @@ TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, c
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 /* Q4_0 and IQ4_NL: one whole-block integer sum, then one fma per block in block
@@ -207,7 +192,7 @@ TARGET float KERNEL(vec_dot_q4_0)(const void *row, const void *xq, int64_t nb, c
 TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_iq4_nl *x = row;
     const block_q8_0 *y = xq;
-    const __m128i grid = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    const __m128i grid = _mm_setr_epi8(SQ_IQ4_GRID);
     const __m256i lut = _mm256_broadcastsi128_si256(grid);
     float acc = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
@@ -242,7 +227,7 @@ TARGET float KERNEL(vec_dot_q4_1)(const void *row, const void *xq, int64_t nb, c
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot_us8(nibbles32(x[i].qs), qy)), acc);
     }
-    return hsum8(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
+    return sq_hsum8_avx2(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
 }
 
 /* Bit 4 of the 32 codes of a Q5_0/Q5_1 block as bytes 0x10 or 0: byte j copies
@@ -271,7 +256,7 @@ TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, c
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 /* As Q4_1 with 5-bit codes; bit-exact with quants.c's vec_dot_q5_1. */
@@ -289,7 +274,7 @@ TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, c
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(qx, qy)), acc);
     }
-    return hsum8(acc) + summs;
+    return sq_hsum8_avx2(acc) + summs;
 }
 
 /* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block, from
@@ -392,7 +377,7 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 /* Q3_K: q = low2 - 4 * (hbit clear) is taken as maddubs(low2, y) - maddubs(4 or 0, y),
@@ -429,7 +414,7 @@ TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, c
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 /* Q5_K: the codes as Q4_K's plus bit 2c (even group) or 2c+1 (odd) of qh[l] as
@@ -471,7 +456,7 @@ TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, c
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc) + summs;
+    return sq_hsum8_avx2(acc) + summs;
 }
 
 /* Q6_K: the codes q (0..63) multiply the activations unsigned, pair sums at most
@@ -516,7 +501,7 @@ TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, c
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 /* IQ4_XS: the grid (quants.c's kvalues_iq4nl) is looked up 16 codes at a time
@@ -524,9 +509,7 @@ TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, c
  * multiplied by its scale s - 32 in the widening madd, and the 8 groups of a
  * super-block summed in int32 before the one FMA; quants.c's vec_dot_iq4_xs
  * forms the same lane sums, so the two agree bit for bit. */
-static const int8_t iq4_grid[16] = {
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-};
+static const int8_t iq4_grid[16] = { SQ_IQ4_GRID };
 
 TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_iq4_xs *x = row;
@@ -546,7 +529,7 @@ TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb,
         const float d = h2f(x[i].d) * y[i].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 #endif
