@@ -32,7 +32,7 @@ INSTALL_HINT = "install the test extra: pip install -e '.[test]' (ziglang, unico
 CFLAGS = ["-O3", "-std=c11", "-fno-wrapv", "-Wall", "-Wextra", "-Werror", "-fno-math-errno"]
 # Target CPUs (zig's -mcpu syntax): baseline ARMv8-A, what a build with no -mcpu flag gets,
 # so the NEON code may use nothing newer; and the same with the dot-product extension,
-# which quants_neon.c uses where the compiler targets it.
+# which quants/arm/neon.c uses where the compiler targets it.
 CPU_BASELINE = "generic"
 CPU_DOTPROD = "generic+dotprod"
 
