@@ -5,16 +5,15 @@
  * K.q with its f32 dot product, a scaled softmax whose exponentials come from its own
  * exp and whose sum is kept in double, then the weighted sum of V rows as a mat-mul
  * whose kernel depends on the batch: the f32 dot product for one token, an 8-lane
- * tiled gemm for several. The outputs feed mat-vecs that quantize them to 8 bits, and
- * a one-ulp difference can flip a code and move every later logit by ~1%, so each of
- * those steps is reproduced here with the same operations in the same order. This is
+ * tiled gemm for several. Each of those steps is reproduced here with the same
+ * operations in the same order (why to the bit: quants/types.h). This is
  * the exact path, kept for the F32 cache; the compact caches (F16, Q8_0) take the
  * single-pass one in flash_attention.c.
  *
  * Per (token, query head) that costs one scores buffer of n_keys floats, and K and V
  * are each read once per query head group, as with a single-pass softmax.
  *
- * The functions are written once (static inline, fmaf) and compiled twice: plainly,
+ * The functions are written once (SQ_TWIN, fmaf) and compiled twice (simd.h): plainly,
  * and with AVX2/FMA enabled so fmaf becomes one instruction and the 8-lane loops
  * vectorize. Both builds compute the same bits; the second is picked at run time.
  */
@@ -35,6 +34,10 @@
 static void fill(float *x, size_t n, float value) {
     for (size_t i = 0; i < n; i++) x[i] = value;
 }
+
+/* ---------------------------------------------------------------------------
+ * The steps, as llama.cpp takes them
+ * ------------------------------------------------------------------------- */
 
 /* llama.cpp's f32 dot product: 4 x 8 lanes of fma over 32-element steps, their
  * reduction (sq_reduce32, simd.h), and any tail (n % 32) added one fma at a time. */
@@ -109,6 +112,10 @@ SQ_TWIN void attend(const float *q, size_t group, const float *k, const float *v
     }
 }
 
+/* ---------------------------------------------------------------------------
+ * One KV head's query heads, on the copy the CPU runs
+ * ------------------------------------------------------------------------- */
+
 SQ_COMPILED_TWICE(static, attend_twice, attend,
                   (const float *q, size_t group, const float *k, const float *v, size_t head_dim, size_t n_keys,
                    int batched, float *scores, float *out),
@@ -124,6 +131,10 @@ void sq_attention_group(const float *q, int group, const float *k, const float *
     }
     attend_twice(q, (size_t)group, k, v, hd, (size_t)n_keys, batched, scores, out);
 }
+
+/* ---------------------------------------------------------------------------
+ * One decode step over a whole cache (sq_attention)
+ * ------------------------------------------------------------------------- */
 
 /* The compact caches: the flash path on the calling thread, its scratch from the heap. */
 static int attention_compact(const float *q, const void *k_cache, const void *v_cache, int kv_type, int n_heads,

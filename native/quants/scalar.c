@@ -157,9 +157,8 @@ static inline float dot_any(const float *a, const float *b, int k) {
  * (int8 operands read straight from the blocks compile to a slower unpack and
  * pmullw sequence instead.) Folding the scales in is exact: |scale * code| is
  * at most 8064 (Q6_K's unsigned codes) and a super-block's sum stays below 2^28.
- * Being integer, the sum is the same in any order; only the float steps around
- * it (scale products, the running sum over blocks, and for some types which
- * elements share a float lane: see NLANE) follow llama.cpp's. */
+ * Being integer, the sum is the same in any order; the float steps around it
+ * follow llama.cpp's (quants/types.h). */
 static inline void widen_i8(const int8_t *restrict q, int16_t *restrict w, int k) {
     for (int j = 0; j < k; j++)
         w[j] = q[j];
@@ -850,7 +849,7 @@ static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *rest
  * rows): per block isum = sum(sc * q * qy) and imin = sum(mn * bsum) (mn * bsum per
  * group of 32, two bsums), then two fmaf chains in block order, isum * (d * dy) and
  * imin * (dmin * dy), subtracted at the end. Its gemm (four activation rows at a
- * time) differs only in taking a term per 64 elements: batch_dot_q4_K. */
+ * time) differs only in taking a term per 64 elements: quants/batch.c. */
 static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
     const block_q4_K *x = row;
     const block_q8_K *y = xq;

@@ -42,9 +42,10 @@
  *    each block adds lane times scale into float lane l with one FMA; the row ends with
  *    sq_hsum8's order (simd.h). Q4_0, IQ4_NL and Q4_K instead follow the repacked 8-row
  *    kernels llama.cpp runs on AVX2 for matrices with a multiple of 8 rows: one whole
- *    block integer, one fmaf chain in block order. Batches of SQ_TILED_MIN_TOKENS and
- *    more take llama.cpp's tiled order for Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS, and its
- *    repacked gemm's for Q4_K (quants/batch.c).
+ *    block integer, one fmaf chain in block order. A batch of tokens takes llama.cpp's
+ *    batch orders (quants/batch.c): its tiled one for Q2_K, Q3_K, Q5_K, Q6_K and
+ *    IQ4_XS from SQ_TILED_MIN_TOKENS tokens on, its repacked gemm's for Q4_K, four
+ *    tokens at a time.
  *
  *  - FMA versus multiply-then-add is part of the order: an FMA rounds once, a multiply
  *    and an add twice. Where llama.cpp fuses (its intrinsics, or its AVX2 build's
@@ -59,7 +60,8 @@
  *  - The activation quantizers reproduce llama.cpp's x86 ones bit for bit (rounding
  *    ties to even, as its AVX code does), and the same holds outside quants/: RMSNorm,
  *    RoPE, SwiGLU's exp and the F32 cache's attention repeat llama.cpp's operations in
- *    its order (forward.c, exp_ggml.h, attention.c).
+ *    its order (forward.c, exp_ggml.h, attention.c). The compact caches' single-pass
+ *    attention (flash_attention.c) keeps one order of its own on every path.
  *
  * (The row decoders and sq_dot_row are another matter: they match gguf's Python
  * decoders, not llama.cpp's vec_dots; see quants/scalar.c.)

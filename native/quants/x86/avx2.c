@@ -1,14 +1,19 @@
-/* quants_avx2.c: AVX2/FMA versions of the hot vec_dot functions of quants.c (the
- * kernels of quants_x86_kernels.h, compiled for AVX2), and the batched products.
+/* quants/x86/avx2.c: the x86 vec_dots (x86/vec_dots.h) compiled for AVX2/FMA/F16C, and
+ * the AVX2 batched products: several activation rows, or several weight rows, at once.
  *
  * The batched products are AVX2 only: they serve CPUs with AVX-512 VNNI as well (the
- * same bits on either), and quants.c calls them whichever vec_dot copy is in use.
+ * same bits on either), and quants/dispatch.c calls them whichever vec_dot copy is in
+ * use. Each has the bits of quants/batch.c's order for its type.
  */
 #include "simd.h"
 
 #ifdef SQ_X86
 
 #include "quants/x86/vec_dots.h"
+
+/* ---------------------------------------------------------------------------
+ * Q4_1: four activation rows at once
+ * ------------------------------------------------------------------------- */
 
 /* Four activation rows (stride bytes apart) at once, each rounded exactly as
  * sq_vec_dot_q4_1_avx2 rounds it: the block's codes are unpacked once for the four. */
@@ -36,6 +41,10 @@ TARGET void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t strid
         out[t] = sq_hsum8_avx2(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
 }
 
+/* ---------------------------------------------------------------------------
+ * Q4_K: the repacked gemm's order (quants/batch.c), for one row and for eight
+ * ------------------------------------------------------------------------- */
+
 /* One token's four span sums of a Q4_K block (64 elements each, exact, as floats) and
  * its four min terms mn[2c] * (bsums[4c] + bsums[4c+1]) + mn[2c+1] * (bsums[4c+2] + bsums[4c+3]). */
 static inline TARGET void q4_K_span_sums(const block_q8_K *a, const __m256i lo[4], const __m256i hi[4],
@@ -55,7 +64,7 @@ static inline TARGET void q4_K_span_sums(const block_q8_K *a, const __m256i lo[4
 }
 
 /* Q4_K times n_tokens activation rows (stride bytes apart) in the order of llama.cpp's
- * repacked gemm, as quants.c's batch_dot_q4_K: per 64 elements (groups 2c and 2c+1) an
+ * repacked gemm, as quants/batch.c's sq_batch_dot_q4_K: per 64 elements (groups 2c and 2c+1) an
  * exact integer sum for the codes and one for the mins, each fma'd into its chain.
  * The codes are split into nibbles once per block for a tile of rows. */
 TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
@@ -224,6 +233,10 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
     }
 }
 
+/* ---------------------------------------------------------------------------
+ * Q6_K: the tiled order (quants/batch.c), for eight rows and for one
+ * ------------------------------------------------------------------------- */
+
 /* Eight Q6_K rows at once in the tiled order of sq_batch_dot_q6_K_avx2, each row with its
  * bits: per block the exact sum s1 = sum(scale * code * a) - 32 * sum(scale * bsums), then
  * y = fma(d * s1, a->d, y). As in sq_batch_dot8_q4_K_avx2, the rows sit in the lanes (4
@@ -301,7 +314,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
 }
 
 /* Q6_K times n_tokens activation rows (stride bytes apart) in llama.cpp's tiled
- * order, as quants.c's batch_dot_k: per block the exact integer
+ * order, as quants/batch.c's sq_batch_dot_k: per block the exact integer
  * s1 = sum(sc * (q - 32) * qy), formed as sum(sc * q * qy) - 32 * sum(sc * bsum), then
  * y = fma(d * s1, dy, y). The 6-bit codes are assembled once per block for all rows. */
 TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,

@@ -1,4 +1,4 @@
-/* quants_avx512vnni.c: the vec_dot kernels of quants_x86_kernels.h compiled for CPUs
+/* quants/x86/avx512vnni.c: the vec_dot kernels of x86/vec_dots.h compiled for CPUs
  * with AVX-512 VNNI, VL and BW (sq_vec_dot_<type>_avx512vnni). They keep to 256-bit
  * registers and give the AVX2 copy's bits; vpdpbusd and vpdpwssd each stand for two
  * integer instructions of the AVX2 copy.

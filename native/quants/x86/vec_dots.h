@@ -1,25 +1,23 @@
-/* quants_x86_kernels.h: the x86-64 vec_dot kernels, written once and compiled twice:
- * by quants_avx2.c for AVX2/FMA/F16C, and by quants_avx512vnni.c for CPUs that also have
+/* quants/x86/vec_dots.h: the x86-64 vec_dot kernels, written once and compiled twice:
+ * by x86/avx2.c for AVX2/FMA/F16C, and by x86/avx512vnni.c for CPUs that also have
  * AVX-512 VNNI (with VL and BW), where two integer steps each become one instruction.
  * Both copies work in 256-bit registers and put the same value in every int32 lane, so
  * their float steps, and their results, are the same bits.
  *
- * quants.c selects a copy at run time (see sq_simd_name / sq_set_simd) from what the CPU
- * has; the build passes no -march flag, so every function here carries a target
- * attribute and nothing here runs unless that check passed.
+ * quants/dispatch.c selects a copy at run time (see sq_simd_name / sq_set_simd) from
+ * what the CPU has; every function here carries a target attribute, and nothing here
+ * runs unless that check passed (simd.h).
  *
  * The shape follows llama.cpp's AVX2 kernels: per block, the codes are multiplied
  * as bytes with maddubs (unsigned x signed, pairs summed to int16), widened with
  * madd (int16 pairs summed to int32, times a group scale where the type has one),
  * converted to float and accumulated with an FMA by the block's combined float
- * scale into 8 float lanes, which a final horizontal sum adds up. The integer part
- * of every block is exact, so these agree with the scalar functions up to float
- * rounding order: the scalar code rounds one block total at a time, these 8 lanes.
- * Every kernel here has a scalar twin in quants.c that repeats its float steps (the
- * same lanes, the same fmas, the same final sum), so the two paths agree bit for bit.
- * The VNNI copy forms the same int32 lanes with vpdpbusd (the 4 byte products of a
- * lane summed straight into int32) where a product has no group scale, and with
- * vpdpwssd (madd and the add after it) where it has one.
+ * scale into 8 float lanes, which a final horizontal sum adds up. Every kernel here
+ * has a scalar twin in quants/scalar.c with the same float steps, so the two paths
+ * agree bit for bit (quants/types.h says why that holds). The VNNI copy forms the
+ * same int32 lanes with vpdpbusd (the 4 byte products of a lane summed straight into
+ * int32) where a product has no group scale, and with vpdpwssd (madd and the add
+ * after it) where it has one.
  *
  * maddubs saturates int16: every use here stays below it. Q4 nibbles (0..15) and
  * Q6_K codes (0..63) times activation codes (-127..127, as the quantizers make
@@ -33,8 +31,8 @@
  * portable versions of them and the VNNI copy targets plain AVX2, so that it runs, and
  * is tested, on any AVX2 CPU.
  */
-#ifndef SMOLQ_QUANTS_X86_KERNELS_H
-#define SMOLQ_QUANTS_X86_KERNELS_H
+#ifndef SMOLQ_QUANTS_X86_VEC_DOTS_H
+#define SMOLQ_QUANTS_X86_VEC_DOTS_H
 
 #include <math.h>
 #include <stdint.h>
@@ -70,7 +68,11 @@
 #define KERNEL(fn) sq_##fn##_avx512vnni
 #endif
 
-/* f16 -> f32 with F16C: exact for every half, as quants.c's conversion is. */
+/* ---------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------- */
+
+/* f16 -> f32 with F16C: exact for every half, as quants/scalar.c's conversion is. */
 static inline TARGET float h2f(uint16_t h) {
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
@@ -159,6 +161,10 @@ static inline TARGET __m256i dot_ss8(__m256i x, __m256i y) {
     return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
+/* ---------------------------------------------------------------------------
+ * 32-element blocks with Q8_0 / Q8_1 activations
+ * ------------------------------------------------------------------------- */
+
 TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q8_0 *x = row, *y = xq;
     __m256 acc = _mm256_setzero_ps();
@@ -243,7 +249,7 @@ static inline TARGET __m256i q5_bit4(const uint8_t *qh) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
 }
 
-/* quants.c's vec_dot_q5_0 does the same lane by lane, so the two agree bit for bit. */
+/* scalar.c's vec_dot_q5_0 does the same lane by lane. */
 TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q5_0 *x = row;
     const block_q8_0 *y = xq;
@@ -259,7 +265,7 @@ TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, c
     return sq_hsum8_avx2(acc);
 }
 
-/* As Q4_1 with 5-bit codes; bit-exact with quants.c's vec_dot_q5_1. */
+/* As Q4_1 with 5-bit codes, as scalar.c's vec_dot_q5_1. */
 TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q5_1 *x = row;
     const block_q8_1 *y = xq;
@@ -277,8 +283,12 @@ TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, c
     return sq_hsum8_avx2(acc) + summs;
 }
 
+/* ---------------------------------------------------------------------------
+ * 256-element blocks with Q8_K activations
+ * ------------------------------------------------------------------------- */
+
 /* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block, from
- * their 12 packed bytes a 32-bit word at a time (quants.c's k_scale_min gives the same
+ * their 12 packed bytes a 32-bit word at a time (scalar.c's k_scale_min gives the same
  * values one pair at a time). Reads 16 bytes from s: the 12 and 4 of the codes after. */
 static inline TARGET __m128i k_scales_mins(const uint8_t *s) {
     const __m128i v = _mm_loadu_si128((const __m128i *)s);
@@ -336,10 +346,8 @@ TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, c
     return _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
 }
 
-/* Q2_K, Q3_K, Q5_K and Q6_K round as llama.cpp's AVX2 kernels do (and as the
- * scalar versions in quants.c, which describe the lanes): each block's integer
- * lanes are those of llama.cpp's, as its float steps are, so results agree bit
- * for bit. Every group of 16 lies in one 128-bit half of a register of 32 codes,
+/* Q2_K, Q3_K, Q5_K and Q6_K keep the integer lanes of llama.cpp's AVX2 kernels (scalar.c
+ * describes them). Every group of 16 lies in one 128-bit half of a register of 32 codes,
  * so its scale is one int16 broadcast over that half. */
 static inline TARGET __m256i scale_halves(int lo, int hi) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)), _mm_set1_epi16((short)hi), 1);
@@ -504,11 +512,10 @@ TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, c
     return sq_hsum8_avx2(acc);
 }
 
-/* IQ4_XS: the grid (quants.c's kvalues_iq4nl) is looked up 16 codes at a time
- * with a byte shuffle, in each 128-bit half. Every group's int16 pair sums are
- * multiplied by its scale s - 32 in the widening madd, and the 8 groups of a
- * super-block summed in int32 before the one FMA; quants.c's vec_dot_iq4_xs
- * forms the same lane sums, so the two agree bit for bit. */
+/* IQ4_XS: the grid (quants/blocks.h) is looked up 16 codes at a time with a byte
+ * shuffle, in each 128-bit half. Every group's int16 pair sums are multiplied by its
+ * scale s - 32 in the widening madd, and the 8 groups of a super-block summed in int32
+ * before the one FMA; scalar.c's vec_dot_iq4_xs forms the same lane sums. */
 static const int8_t iq4_grid[16] = { SQ_IQ4_GRID };
 
 TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
