@@ -3,6 +3,18 @@
  * cffi reads this file as its cdef, so it holds declarations only: no includes, no
  * macros (the builder drops lines starting with '#'). Shapes are written
  * [outer][inner]; the last index is contiguous in memory.
+ *
+ * The kernel's files, each one role:
+ *   forward.c            a batch of tokens through every layer (sq_forward)
+ *   attention.c/.h       attention over an F32 cache, in llama.cpp's order
+ *   flash_attention.c    attention over the F16 and Q8_0 caches, in one pass
+ *   matmul.c/.h          weight matrices times activations, on the pool
+ *   pool.c/.h            the worker threads
+ *   exp_ggml.h           llama.cpp's exp, for softmax and SiLU
+ *   simd.h               SIMD build flags, CPU checks, code compiled twice, horizontal sums
+ *   quants/              the tensor types: the list and why every path gives the same
+ *                        bits (types.h), block layouts, scalar code, batched orders,
+ *                        dispatch, and the x86/ and arm/ kernels (quants/kernels.h)
  */
 #ifndef SMOLQ_H
 #define SMOLQ_H
