@@ -84,9 +84,28 @@ static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
 typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
 static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
 
+/* Group g's scale, sc - 32, from the 12 packed bytes (the packing: scalar.c's Q3_K section). */
+static inline int sq_q3_K_scale(const uint8_t *scales, int g) {
+    const int lo4 = (scales[g % 8] >> (4 * (g / 8))) & 0x0f;
+    const int hi2 = (scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo4 | hi2 << 4) - 32;
+}
+
 /* Q4_K: f16 d (for the scales) and dmin (for the mins), 8 6-bit scale/min pairs in 12 bytes, codes. */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+
+/* Group j's 6-bit scale and min, of Q4_K and Q5_K alike, from the 12 packed bytes s
+ * (the packing: scalar.c's section on scale/min pairs). */
+static inline void sq_k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
 
 /* Q5_K: Q4_K's fields, with bit 4 of every code in qh ahead of the low 4 bits in qs. */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
@@ -99,5 +118,10 @@ static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 /* IQ4_XS: f16 d, 8 6-bit group scales (high 2 bits in scales_h, low 4 in scales_l), grid indices. */
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
 static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
+
+/* Group g's 6-bit scale code s (its scale is d * (s - 32); scalar.c's IQ4_XS section). */
+static inline int sq_iq4_xs_scale(const block_iq4_xs *b, int g) {
+    return ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((b->scales_h >> (2 * g)) & 3) << 4;
+}
 
 #endif

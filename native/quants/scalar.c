@@ -706,9 +706,7 @@ static inline void decode_q3_K(const block_q3_K *restrict b, float *restrict y) 
     const float d = half_to_float(b->d);
     float dl[16];
     for (int g = 0; g < 16; g++) {
-        const int lo4 = (b->scales[g % 8] >> (4 * (g / 8))) & 0x0f;
-        const int hi2 = (b->scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-        dl[g] = d * (float)((lo4 | hi2 << 4) - 32);
+        dl[g] = d * (float)sq_q3_K_scale(b->scales, g);
     }
     /* As in Q2_K, q[] feeds groups g, g+2, g+4, g+6; their high bits are bits
      * 4h..4h+3 of hm[]. q = low2 - 4 + 4 * hbit. */
@@ -732,9 +730,7 @@ ROW_FUNCS(q3_K, QK_K)
 /* The 16 group scales of a Q3_K block, sc - 32, as integers. */
 static inline void scales_q3_K(const block_q3_K *b, int16_t *sc) {
     for (int g = 0; g < 16; g++) {
-        const int lo4 = (b->scales[g % 8] >> (4 * (g / 8))) & 0x0f;
-        const int hi2 = (b->scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-        sc[g] = (int16_t)((lo4 | hi2 << 4) - 32);
+        sc[g] = (int16_t)sq_q3_K_scale(b->scales, g);
     }
 }
 
@@ -780,18 +776,8 @@ static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
  * For j < 4: sc = scales[j] & 63, mn = scales[j + 4] & 63.
  * For j >= 4 the low 4 bits come from the nibbles of scales[j + 4] (low for sc,
  * high for mn) and the top 2 bits from bits 6-7 of scales[j - 4] (sc) and
- * scales[j] (mn).
+ * scales[j] (mn). sq_k_scale_min (quants/blocks.h) unpacks them.
  * ------------------------------------------------------------------------- */
-
-static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4;
-        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
 
 /* ---------------------------------------------------------------------------
  * Q4_K: 256 elements in 8 groups of 32; y = (d * sc) * q - (dmin * mn),
@@ -803,7 +789,7 @@ static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 static inline void k_group_scales(const uint8_t *scales, float d, float dmin, float *dl, float *ml) {
     for (int g = 0; g < 8; g++) {
         int sc, mn;
-        k_scale_min(scales, g, &sc, &mn);
+        sq_k_scale_min(scales, g, &sc, &mn);
         dl[g] = d * (float)sc;
         ml[g] = dmin * (float)mn;
     }
@@ -830,7 +816,7 @@ static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *rest
     int16_t sc[8];
     for (int g = 0; g < 8; g++) {
         int s, m;
-        k_scale_min(b->scales, g, &s, &m);
+        sq_k_scale_min(b->scales, g, &s, &m);
         sc[g] = (int16_t)s;
         mn[g] = (int16_t)m;
     }
@@ -917,7 +903,7 @@ static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
         int32_t lane[NLANE], summs = 0;
         for (int g = 0; g < 8; g++) {
             int s, m;
-            k_scale_min(x[i].scales, g, &s, &m);
+            sq_k_scale_min(x[i].scales, g, &s, &m);
             sc[g] = (int16_t)s;
             summs += m * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
         }
@@ -1080,15 +1066,10 @@ static float vec_dot_iq4_nl(const void *row, const void *xq, int64_t nb) {
  * scales_l[g / 2], high 2 bits at bits 2g..2g+1 of scales_h.
  * ------------------------------------------------------------------------- */
 
-/* The 6-bit scale code of group g. */
-static inline int iq4_xs_scale(const block_iq4_xs *b, int g) {
-    return ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((b->scales_h >> (2 * g)) & 3) << 4;
-}
-
 static inline void decode_iq4_xs(const block_iq4_xs *restrict b, float *restrict y) {
     const float d = half_to_float(b->d);
     for (int g = 0; g < 8; g++) {
-        iq4_decode32(b->qs + 16 * g, d * (float)(iq4_xs_scale(b, g) - 32), y + 32 * g);
+        iq4_decode32(b->qs + 16 * g, d * (float)(sq_iq4_xs_scale(b, g) - 32), y + 32 * g);
     }
 }
 ROW_FUNCS(iq4_xs, QK_K)
@@ -1119,7 +1100,7 @@ static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         int32_t lane[NLANE] = {0};
         for (int g = 0; g < 8; g++) {
-            const int32_t s = iq4_xs_scale(&x[i], g) - 32;
+            const int32_t s = sq_iq4_xs_scale(&x[i], g) - 32;
             int16_t w[32], a[32];
             int32_t part[NLANE];
             iq4_codes32(x[i].qs + 16 * g, w);
@@ -1165,7 +1146,7 @@ static void k_ints_q5_K(const void *block, sq_block_ints *k) {
     int16_t sc[8];
     for (int g = 0; g < 8; g++) {
         int s, m;
-        k_scale_min(b->scales, g, &s, &m);
+        sq_k_scale_min(b->scales, g, &s, &m);
         sc[g] = (int16_t)s;
         k->mn[2 * g] = k->mn[2 * g + 1] = (int16_t)m; /* a group of 32 spans two bsums */
     }
@@ -1190,7 +1171,7 @@ static void k_ints_q6_K(const void *block, sq_block_ints *k) {
 static void k_ints_iq4_xs(const void *block, sq_block_ints *k) {
     const block_iq4_xs *b = block;
     for (int g = 0; g < 8; g++) {
-        const int16_t s = (int16_t)(iq4_xs_scale(b, g) - 32);
+        const int16_t s = (int16_t)(sq_iq4_xs_scale(b, g) - 32);
         const uint8_t *q = b->qs + 16 * g;
         int16_t *o = k->w + 32 * g;
         for (int j = 0; j < 16; j++) {

@@ -149,13 +149,13 @@ static inline void iq4_values(const uint8_t *q, int8x16_t grid, int8x16_t *lo, i
     *hi = vqtbl1q_s8(grid, vreinterpretq_u8_s8(ihi));
 }
 
-/* The 8 6-bit scales and mins of a Q4_K/Q5_K block (scalar.c's k_scale_min). */
+/* The 8 6-bit scales and mins of a Q4_K/Q5_K block (blocks.h's sq_k_scale_min). */
 static inline void k_scales_mins(const uint8_t *s, int32_t sc[8], int32_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 0x0f) | (s[j] >> 6) << 4;
-        mn[j + 4] = (s[j + 8] >> 4) | (s[j + 4] >> 6) << 4;
+    for (int j = 0; j < 8; j++) {
+        int a, b;
+        sq_k_scale_min(s, j, &a, &b);
+        sc[j] = a;
+        mn[j] = b;
     }
 }
 
@@ -318,13 +318,10 @@ float sq_vec_dot_q2_K_neon(const void *row, const void *xq, int64_t nb, const vo
     return sum_lanes(acc);
 }
 
-/* The 16 scales of a Q3_K block, sc - 32 (see scalar.c for the packing). */
+/* The 16 scales of a Q3_K block, sc - 32 (blocks.h's sq_q3_K_scale). */
 static inline void q3_K_scales(const uint8_t *s, int32_t sc[16]) {
-    for (int g = 0; g < 16; g++) {
-        const int lo4 = (s[g % 8] >> (4 * (g / 8))) & 0x0f;
-        const int hi2 = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
-        sc[g] = (lo4 | hi2 << 4) - 32;
-    }
+    for (int g = 0; g < 16; g++)
+        sc[g] = sq_q3_K_scale(s, g);
 }
 
 /* Q3_K: the low 2 bits as in Q2_K; element 32c + l of half h has its high bit
@@ -498,7 +495,7 @@ float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const 
     for (int64_t i = 0; i < nb; i++) {
         i32x8 lane = i32x8_zero();
         for (int g = 0; g < 8; g++) {
-            const int s = ((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((x[i].scales_h >> (2 * g)) & 3) << 4;
+            const int s = sq_iq4_xs_scale(&x[i], g);
             int8x16_t w0, w1;
             iq4_values(x[i].qs + 16 * g, grid, &w0, &w1);
             lane = add_chunk(lane, w0, w1, y[i].qs + 32 * g, s - 32, s - 32);

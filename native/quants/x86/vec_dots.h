@@ -288,7 +288,7 @@ TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, c
  * ------------------------------------------------------------------------- */
 
 /* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block, from
- * their 12 packed bytes a 32-bit word at a time (scalar.c's k_scale_min gives the same
+ * their 12 packed bytes a 32-bit word at a time (blocks.h's sq_k_scale_min gives the same
  * values one pair at a time). Reads 16 bytes from s: the 12 and 4 of the codes after. */
 static inline TARGET __m128i k_scales_mins(const uint8_t *s) {
     const __m128i v = _mm_loadu_si128((const __m128i *)s);
@@ -398,11 +398,8 @@ TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, c
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
         int sc[16];
-        for (int g = 0; g < 16; g++) {
-            const int lo4 = (x[i].scales[g % 8] >> (4 * (g / 8))) & 0x0f;
-            const int hi2 = (x[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-            sc[g] = (lo4 | hi2 << 4) - 32;
-        }
+        for (int g = 0; g < 16; g++)
+            sc[g] = sq_q3_K_scale(x[i].scales, g);
         const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].hmask);
         /* Low bits laid out as in Q2_K; the high bit of element 32c + b of half h
          * is bit 4h + c of hmask[b]. */
@@ -527,7 +524,7 @@ TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb,
         prefetch_ahead(x + i, sizeof *x, stop);
         __m256i sumi = _mm256_setzero_si256();
         for (int g = 0; g < 8; g++) {
-            const int s = ((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((x[i].scales_h >> (2 * g)) & 3) << 4;
+            const int s = sq_iq4_xs_scale(&x[i], g);
             const __m256i w = _mm256_shuffle_epi8(grid, nibbles32(x[i].qs + 16 * g));
             const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * g));
             const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qy, w));
