@@ -66,7 +66,7 @@ def make_builder(absolute_sources: bool = False, sanitize: bool | None = None,
         vnni_via_simde = os.environ.get("SMOLQ_VNNI_VIA_SIMDE") or None
     # setuptools insists on sources relative to the project; cffi's own compile() runs
     # the compiler from its temporary directory, where only absolute paths resolve.
-    sources = sorted(NATIVE.glob("*.c"))
+    sources = sorted(NATIVE.rglob("*.c"))
     builder = FFI()
     builder.cdef(_cdef_text())
     builder.set_source(

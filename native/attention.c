@@ -5,16 +5,15 @@
  * K.q with its f32 dot product, a scaled softmax whose exponentials come from its own
  * exp and whose sum is kept in double, then the weighted sum of V rows as a mat-mul
  * whose kernel depends on the batch: the f32 dot product for one token, an 8-lane
- * tiled gemm for several. The outputs feed mat-vecs that quantize them to 8 bits, and
- * a one-ulp difference can flip a code and move every later logit by ~1%, so each of
- * those steps is reproduced here with the same operations in the same order. This is
+ * tiled gemm for several. Each of those steps is reproduced here with the same
+ * operations in the same order (why to the bit: quants/types.h). This is
  * the exact path, kept for the F32 cache; the compact caches (F16, Q8_0) take the
  * single-pass one in flash_attention.c.
  *
  * Per (token, query head) that costs one scores buffer of n_keys floats, and K and V
  * are each read once per query head group, as with a single-pass softmax.
  *
- * The functions are written once (static inline, fmaf) and compiled twice: plainly,
+ * The functions are written once (SQ_TWIN, fmaf) and compiled twice (simd.h): plainly,
  * and with AVX2/FMA enabled so fmaf becomes one instruction and the 8-lane loops
  * vectorize. Both builds compute the same bits; the second is picked at run time.
  */
@@ -25,8 +24,8 @@
 #include <string.h>
 #include "smolq.h"
 #include "attention.h"
-#include "quants.h"
 #include "exp_ggml.h"
+#include "simd.h"
 
 /* V rows are summed this many outputs at a time, so any head_dim works with a fixed
  * stack buffer; SmolLM's head_dim (64, 128) takes one pass. */
@@ -36,33 +35,18 @@ static void fill(float *x, size_t n, float value) {
     for (size_t i = 0; i < n; i++) x[i] = value;
 }
 
-/* Sum of 8 lanes in the order of an AVX register reduction: high half onto low half,
- * then (0 + 2, 1 + 3), then the two. */
-SQ_TWIN float hsum8(const float *a) {
-    float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-    return (t0 + t2) + (t1 + t3);
-}
+/* ---------------------------------------------------------------------------
+ * The steps, as llama.cpp takes them
+ * ------------------------------------------------------------------------- */
 
-/* llama.cpp's f32 dot product: 4 x 8 lanes of fma over 32-element steps, the four
- * reduced pairwise (0+2, 1+3, then 0+1), the 8 lanes by halves and two horizontal adds,
- * and any tail (n % 32) added one fma at a time. */
-/* The reduction of llama.cpp's f32 dot product: lane l of accumulator j is a[8 * j + l];
- * accumulators paired (0+2, 1+3, then 0+1), the 8 lanes by halves and two horizontal adds. */
-SQ_TWIN float reduce32(const float *a) {
-    float r[8];
-    for (size_t l = 0; l < 8; l++) r[l] = (a[l] + a[16 + l]) + (a[8 + l] + a[24 + l]);
-    const float h0 = r[0] + r[4], h1 = r[1] + r[5], h2 = r[2] + r[6], h3 = r[3] + r[7];
-    return (h0 + h1) + (h2 + h3);
-}
-
-/* llama.cpp's f32 dot product: 4 x 8 lanes of fma over 32-element steps, reduce32, and
- * any tail (n % 32) added one fma at a time. */
+/* llama.cpp's f32 dot product: 4 x 8 lanes of fma over 32-element steps, their
+ * reduction (sq_reduce32, simd.h), and any tail (n % 32) added one fma at a time. */
 SQ_TWIN float dot_f32(const float *x, const float *y, size_t n) {
     float acc[32] = {0};
     const size_t body = n & ~(size_t)31;
     for (size_t i = 0; i < body; i += 32)
         for (size_t l = 0; l < 32; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
-    float sum = reduce32(acc);
+    float sum = sq_reduce32(acc);
     for (size_t i = body; i < n; i++) sum = fmaf(x[i], y[i], sum);
     return sum;
 }
@@ -80,7 +64,7 @@ SQ_TWIN void softmax(float *p, size_t n, float scale) {
         float lane[8] = {0};
         const size_t m = n - i < 8 ? n - i : 8;  /* the padding llama.cpp masks: exp = 0 */
         for (size_t l = 0; l < m; l++) lane[l] = p[i + l] = exp_ggml(p[i + l] - max);
-        sum += (double)hsum8(lane);
+        sum += (double)sq_hsum8(lane);
     }
     const float inv = (float)(1.0 / sum);
     for (size_t i = 0; i < n; i++) p[i] *= inv;
@@ -104,12 +88,12 @@ SQ_TWIN void weighted_sum(const float *p, const float *v, size_t head_dim, size_
             for (size_t d = 0; d < n; d++) a[d] = fmaf(vr[d], pt, a[d]);
         }
         float *o = out + d0;
-        if (batched) {  /* hsum8 of each output's 8 lanes */
+        if (batched) {  /* sq_hsum8 of each output's 8 lanes */
             for (size_t d = 0; d < n; d++)
                 o[d] = ((acc[0][d] + acc[4][d]) + (acc[2][d] + acc[6][d])) + ((acc[1][d] + acc[5][d]) + (acc[3][d] + acc[7][d]));
             continue;
         }
-        for (size_t d = 0; d < n; d++) {  /* reduce32 of each output's 32 lanes */
+        for (size_t d = 0; d < n; d++) {  /* sq_reduce32 of each output's 32 lanes */
             float r[8];
             for (size_t l = 0; l < 8; l++) r[l] = (acc[l][d] + acc[16 + l][d]) + (acc[8 + l][d] + acc[24 + l][d]);
             o[d] = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]));
@@ -128,19 +112,14 @@ SQ_TWIN void attend(const float *q, size_t group, const float *k, const float *v
     }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2,fma")))
-static void attend_avx2(const float *q, size_t group, const float *k, const float *v, size_t head_dim,
-                        size_t n_keys, int batched, float *scores, float *out) {
-    attend(q, group, k, v, head_dim, n_keys, batched, scores, out);
-}
-#define HAVE_ATTEND_AVX2 1
-#endif
+/* ---------------------------------------------------------------------------
+ * One KV head's query heads, on the copy the CPU runs
+ * ------------------------------------------------------------------------- */
 
-static void attend_plain(const float *q, size_t group, const float *k, const float *v, size_t head_dim,
-                         size_t n_keys, int batched, float *scores, float *out) {
-    attend(q, group, k, v, head_dim, n_keys, batched, scores, out);
-}
+SQ_COMPILED_TWICE(static, attend_twice, attend,
+                  (const float *q, size_t group, const float *k, const float *v, size_t head_dim, size_t n_keys,
+                   int batched, float *scores, float *out),
+                  (q, group, k, v, head_dim, n_keys, batched, scores, out))
 
 void sq_attention_group(const float *q, int group, const float *k, const float *v, int head_dim, int n_keys,
                         int batched, float *scores, float *out) {
@@ -150,14 +129,12 @@ void sq_attention_group(const float *q, int group, const float *k, const float *
         fill(out, (size_t)group * hd, 0.0f);  /* nothing to attend to; the Python side forbids this */
         return;
     }
-#ifdef HAVE_ATTEND_AVX2
-    if (sq_simd_enabled()) {
-        attend_avx2(q, (size_t)group, k, v, hd, (size_t)n_keys, batched, scores, out);
-        return;
-    }
-#endif
-    attend_plain(q, (size_t)group, k, v, hd, (size_t)n_keys, batched, scores, out);
+    attend_twice(q, (size_t)group, k, v, hd, (size_t)n_keys, batched, scores, out);
 }
+
+/* ---------------------------------------------------------------------------
+ * One decode step over a whole cache (sq_attention)
+ * ------------------------------------------------------------------------- */
 
 /* The compact caches: the flash path on the calling thread, its scratch from the heap. */
 static int attention_compact(const float *q, const void *k_cache, const void *v_cache, int kv_type, int n_heads,

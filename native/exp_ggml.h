@@ -4,10 +4,10 @@
  * exp, not libm's: n = round(x / ln 2) by the 1.5 * 2^23 trick, the remainder
  * b = x - n ln 2 in two parts, a degree-5 polynomial for e^b - 1, and 2^n built in the
  * exponent bits (split in two factors when |n| > 126 so neither overflows). The same
- * operations and fmas here give the same bits, which matters because these values end
- * up quantized to 8 bits, where one ulp can flip a code.
+ * operations and fmas here give the same bits (why that matters: quants/types.h).
  *
- * forced inline (SQ_TWIN) so that a caller compiled with FMA gets fmaf as one instruction.
+ * forced inline (SQ_TWIN, simd.h) so that a caller compiled with FMA gets fmaf as one
+ * instruction.
  */
 #ifndef SMOLQ_EXP_GGML_H
 #define SMOLQ_EXP_GGML_H
@@ -15,10 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "quants.h"
-
-static inline uint32_t sq_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float sq_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+#include "simd.h"
+#include "quants/quants.h"
 
 SQ_TWIN float exp_ggml(float x) {
     const float shift = 0x1.8p23f;

@@ -32,14 +32,9 @@
 #include "attention.h"
 #include "exp_ggml.h"
 #include "pool.h"
-#include "quant_blocks.h"
-#include "quants.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define HAVE_FLASH_AVX2 1
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#endif
+#include "quants/blocks.h"
+#include "quants/quants.h"
+#include "simd.h"
 
 enum {
     KEY_BLOCK = 32,    /* keys widened and scored together */
@@ -125,7 +120,8 @@ SQ_TWIN float exp_le0(float x) {
 static inline float max2(float a, float b) { return a > b ? a : b; }
 
 /* The max and the sum of 32 values as 4 registers of 8 lanes reduce them: the registers
- * pairwise, then the 8 lanes by halves. */
+ * (0 + 1) + (2 + 3), then the 8 lanes in sq_hsum8's order (simd.h). (Not sq_reduce32,
+ * whose registers pair as (0 + 2) + (1 + 3): a different order, so a different sum.) */
 static float max32(const float *x) {
     float t[8];
     for (int i = 0; i < 8; i++) t[i] = max2(max2(x[i], x[i + 8]), max2(x[i + 16], x[i + 24]));
@@ -136,7 +132,7 @@ static float max32(const float *x) {
 static float sum32(const float *x) {
     float t[8];
     for (int i = 0; i < 8; i++) t[i] = (x[i] + x[i + 8]) + (x[i + 16] + x[i + 24]);
-    return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    return sq_hsum8(t);
 }
 
 /* One row's scores s[0..31] (the first `valid` count) into its chunk's running max m,
@@ -164,9 +160,6 @@ static float cached_value(const uint8_t *row, int kv_type, size_t d) {
     return sq_fp16_to_fp32(b->d) * (float)b->qs[d % QK8_0];
 }
 
-/* Eight lanes added as a register reduction: halves, then (0+2, 1+3), then the two. */
-static float tree8(const float *a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
-
 /* s[r][j] = row r's query . key j for the block's nk keys (cache rows rb apart), in 8
  * lanes; scores past nk are 0 (the rows' masks drop them). */
 static void scores_plain(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb, size_t nk,
@@ -179,7 +172,7 @@ static void scores_plain(const float *q, size_t n, size_t hdp, const uint8_t *k,
                     const float x = d + i < head_dim ? cached_value(k + j * rb, kv_type, d + i) : 0.0f;
                     lane[i] = fmaf(q[r * hdp + d + i], x, lane[i]);
                 }
-            s[r * KEY_BLOCK + j] = tree8(lane);
+            s[r * KEY_BLOCK + j] = sq_hsum8(lane);
         }
 }
 
@@ -206,8 +199,8 @@ static void widen_plain(const uint8_t *v, int kv_type, size_t head_dim, size_t h
 
 /* -- the same arithmetic on AVX2 ------------------------------------------------------------ */
 
-#ifdef HAVE_FLASH_AVX2
-AVX2 static inline __m256 exp_le0_v(__m256 x) {
+#ifdef SQ_X86
+SQ_AVX2 static inline __m256 exp_le0_v(__m256 x) {
     x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  /* max_ps(a, b) is a > b ? a : b, as above */
     const __m256 shift = _mm256_set1_ps(0x1.8p23f);
     const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
@@ -224,20 +217,14 @@ AVX2 static inline __m256 exp_le0_v(__m256 x) {
     return _mm256_fmadd_ps(j, k, k);
 }
 
-/* lanes (0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then the two: max32's and sum32's order */
-AVX2 static inline float hmax8(__m256 t) {
+/* sq_hsum8's order with max for +: max32's */
+SQ_AVX2 static inline float hmax8(__m256 t) {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     return max2(_mm_cvtss_f32(h), _mm_cvtss_f32(_mm_shuffle_ps(h, h, 1)));
 }
 
-AVX2 static inline float hsum8(__m256 t) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_shuffle_ps(h, h, 1));
-}
-
-AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, float *o, size_t hdp) {
+SQ_AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, float *o, size_t hdp) {
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
     __m256 x[4], keep[4];
     for (int i = 0; i < 4; i++) {
@@ -251,7 +238,7 @@ AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, float *
     for (int i = 0; i < 4; i++) x[i] = _mm256_and_ps(exp_le0_v(_mm256_sub_ps(x[i], vmx)), keep[i]);
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(s + 8 * i, x[i]);
     const float corr = first ? 0.0f : exp_le0(*m - mx);
-    *l = (first ? 0.0f : *l * corr) + hsum8(_mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3])));
+    *l = (first ? 0.0f : *l * corr) + sq_hsum8_avx2(_mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3])));
     *m = mx;
     if (first) {
         memset(o, 0, hdp * sizeof(float));
@@ -261,31 +248,11 @@ AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, float *
     }
 }
 
-/* Eight values of each of eight rows (c[i] = row i) turned into eight values of each of
- * eight columns (c[i] = element i of every row). */
-AVX2 static inline void transpose8(__m256 c[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(c[i], c[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(c[i], c[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) {
-        c[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-        c[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-    }
-}
-
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* Eight values from element d of a cached row as floats (d a multiple of 8; for Q8_0 the
  * scale times each code, as cached_value rounds them). */
-AVX2 static ALWAYS_INLINE __m256 load8(const uint8_t *row, int kv_type, size_t d) {
+SQ_AVX2 static ALWAYS_INLINE __m256 load8(const uint8_t *row, int kv_type, size_t d) {
     if (kv_type == SQ_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)));
     const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
     const __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + d % QK8_0))));
@@ -304,14 +271,14 @@ enum { WIDE = -1 };
 #define AT_ONCE(G) ((G) == 1 ? 8 : (G) == 2 ? 4 : (G) == 3 ? 3 : 2)
 
 /* Eight values from element d of a value row j: widened floats (hdp apart) or a cache row. */
-AVX2 static ALWAYS_INLINE __m256 value8(const void *v, const int SRC, size_t row_bytes, size_t hdp, size_t j,
+SQ_AVX2 static ALWAYS_INLINE __m256 value8(const void *v, const int SRC, size_t row_bytes, size_t hdp, size_t j,
                                         size_t d) {
     if (SRC == WIDE) return _mm256_loadu_ps((const float *)v + j * hdp + d);
     return load8((const uint8_t *)v + j * row_bytes, SRC, d);
 }
 
 /* Lanes of keys j..j+KP-1 (j + KP <= nk) for G rows: scores_plain's chains, in order of d. */
-AVX2 static ALWAYS_INLINE void score_keys(const float *q, size_t hdp, const uint8_t *k, size_t rb, size_t head_dim,
+SQ_AVX2 static ALWAYS_INLINE void score_keys(const float *q, size_t hdp, const uint8_t *k, size_t rb, size_t head_dim,
                                           size_t j, float *lanes, const int KV, const int G, const int KP) {
     __m256 acc[ROWS][8];
 #pragma GCC unroll 4
@@ -338,7 +305,7 @@ AVX2 static ALWAYS_INLINE void score_keys(const float *q, size_t hdp, const uint
 /* The block's lanes for G rows, KP keys at a time and the last few one by one; lanes of
  * keys past nk are 0. The first pf_bytes bytes from pf_a and (unless NULL) pf_b are
  * prefetched a slice per step: see block_step. */
-AVX2 static ALWAYS_INLINE void score_block(const float *q, size_t hdp, const uint8_t *k, size_t rb, size_t nk,
+SQ_AVX2 static ALWAYS_INLINE void score_block(const float *q, size_t hdp, const uint8_t *k, size_t rb, size_t nk,
                                            size_t head_dim, float *lanes, const uint8_t *pf_a, const uint8_t *pf_b,
                                            size_t pf_bytes, const int KV, const int G) {
     const int KP = AT_ONCE(G);
@@ -362,13 +329,13 @@ AVX2 static ALWAYS_INLINE void score_block(const float *q, size_t hdp, const uin
     }
 }
 
-/* Each row's lanes added (tree8), eight keys at once. */
-AVX2 static void reduce_lanes(const float *lanes, size_t g, float *s) {
+/* Each row's lanes added in sq_hsum8's order, eight keys at once. */
+SQ_AVX2 static void reduce_lanes(const float *lanes, size_t g, float *s) {
     for (size_t r = 0; r < g; r++)
         for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 8) {
             __m256 c[8];
             for (size_t i = 0; i < 8; i++) c[i] = _mm256_loadu_ps(lanes + (r * KEY_BLOCK + j0 + i) * 8);
-            transpose8(c);
+            sq_transpose8(c);
             const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
                                              _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])));
             _mm256_storeu_ps(s + r * KEY_BLOCK + j0, sum);
@@ -384,7 +351,7 @@ AVX2 static void reduce_lanes(const float *lanes, size_t g, float *s) {
     }
 
 /* scores_plain's scores for n rows (head_dim a multiple of 8), ROWS rows at a time. */
-AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb,
+SQ_AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb,
                              size_t nk, size_t head_dim, float *lanes, float *s, const uint8_t *pf_a,
                              const uint8_t *pf_b, size_t pf_bytes) {
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
@@ -400,7 +367,7 @@ AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint8_t
 }
 
 /* Outputs d..d+8W-1 of G rows: weigh_plain's chains, one per output, in order of j. */
-AVX2 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const void *v, size_t row_bytes, size_t hdp,
+SQ_AVX2 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const void *v, size_t row_bytes, size_t hdp,
                                           float *o, size_t d, const int SRC, const int G, const int W) {
     __m256 acc[ROWS][8];
 #pragma GCC unroll 4
@@ -424,7 +391,7 @@ AVX2 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const voi
         for (int i = 0; i < W; i++) _mm256_storeu_ps(o + r * hdp + d + 8 * i, acc[r][i]);
 }
 
-AVX2 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const void *v, size_t row_bytes,
+SQ_AVX2 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const void *v, size_t row_bytes,
                                           size_t width, size_t hdp, float *o, const int SRC, const int G) {
     const int W = AT_ONCE(G);
     size_t d = 0;
@@ -434,7 +401,7 @@ AVX2 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const voi
 
 /* o[r] += sum_j s[r][j] v[j] for n rows over the block's first `most` keys, the values
  * widened (row_bytes 0) or read straight from the cache. */
-AVX2 static void weigh_avx2(const float *s, size_t n, size_t most, const void *v, int kv_type, size_t row_bytes,
+SQ_AVX2 static void weigh_avx2(const float *s, size_t n, size_t most, const void *v, int kv_type, size_t row_bytes,
                             size_t width, size_t hdp, float *o) {
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
@@ -449,7 +416,7 @@ AVX2 static void weigh_avx2(const float *s, size_t n, size_t most, const void *v
     }
 }
 
-AVX2 static void widen_avx2(const uint8_t *v, int kv_type, size_t head_dim, size_t hdp, size_t first, size_t nk,
+SQ_AVX2 static void widen_avx2(const uint8_t *v, int kv_type, size_t head_dim, size_t hdp, size_t first, size_t nk,
                             float *vb) {
     const size_t rb = sq_kv_row_bytes(kv_type, (int)head_dim);
     for (size_t j = 0; j < KEY_BLOCK; j++) {
@@ -494,7 +461,7 @@ typedef struct {
 } flash_job;
 
 static int use_simd(void) {
-#ifdef HAVE_FLASH_AVX2
+#ifdef SQ_X86
     return sq_simd_enabled();
 #else
     return 0;
@@ -512,7 +479,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
     const size_t rb = sq_kv_row_bytes(job->kv_type, c->head_dim), n = n_rows - r0;
     float *q = sc->q + r0 * hdp, *s = sc->s + r0 * KEY_BLOCK, *o = sc->o + r0 * hdp;
     size_t most = 0;
-#ifndef HAVE_FLASH_AVX2
+#ifndef SQ_X86
     (void)simd, (void)end; /* no SIMD path to choose, nor prefetches to bound, in this build */
 #else
     const int fast = simd && hd % 8 == 0;
@@ -530,14 +497,14 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
         const size_t pos = (size_t)job->n_past + (size_t)t0 + r / group;
         const size_t valid = pos - b0 + 1 < nk ? pos - b0 + 1 : nk;
         most = valid > most ? valid : most;
-#ifdef HAVE_FLASH_AVX2
+#ifdef SQ_X86
         if (simd)
             online_avx2(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
         else
 #endif
             online_plain(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
     }
-#ifdef HAVE_FLASH_AVX2
+#ifdef SQ_X86
     if (fast && n <= ROWS) {
         weigh_avx2(s, n, most, vh + b0 * rb, job->kv_type, rb, hd, hdp, o);
         return;
@@ -547,7 +514,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
     else
 #endif
         widen_plain(vh, job->kv_type, hd, hdp, b0, nk, sc->v);
-#ifdef HAVE_FLASH_AVX2
+#ifdef SQ_X86
     if (simd) {
         weigh_avx2(s, n, most, sc->v, job->kv_type, 0, hdp, hdp, o);
         return;

@@ -12,8 +12,13 @@
 #include "attention.h"
 #include "matmul.h"
 #include "pool.h"
-#include "quants.h"
+#include "quants/quants.h"
 #include "exp_ggml.h"
+#include "simd.h"
+
+/* ---------------------------------------------------------------------------
+ * Activation buffers
+ * ------------------------------------------------------------------------- */
 
 struct sq_state {
     int max_batch;          /* tokens per chunk */
@@ -93,9 +98,12 @@ void sq_state_free(sq_state *s) {
     free(s);
 }
 
+/* ---------------------------------------------------------------------------
+ * Norm, rotation, cache write
+ * ------------------------------------------------------------------------- */
+
 /* out = x / rms(x) * weight, rounded as llama.cpp rounds it: squares in float, their sum
- * in double, the mean back in float. Matching it to the bit matters: the next mat-vec
- * quantizes these values to 8 bits, and an ulp can flip a code. */
+ * in double, the mean back in float (to the bit: see quants/types.h). */
 static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     double ss = 0.0;
     for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
@@ -107,9 +115,9 @@ static void rmsnorm(float *out, const float *x, const float *weight, int n, floa
 /* The rotation angles depend only on the position: computed once per token per chunk,
  * then shared by q and k of every layer. As llama.cpp forms them: theta starts at the
  * position and is multiplied by base^(-2/head_dim) in float for each next pair, then
- * cosf/sinf. An ulp here can flip an 8-bit code downstream, hence the exact recipe
- * (YaRN's included: the same float operations, the two sums that its optimized build
- * fuses into fmas fused here too). */
+ * cosf/sinf, an exact recipe for the reason quants/types.h gives (YaRN's included: the
+ * same float operations, the two sums that its optimized build fuses into fmas fused
+ * here too). */
 typedef struct {
     float freq_scale, mscale, low, high;  /* no scaling: freq_scale 0 */
 } yarn;
@@ -180,6 +188,10 @@ static void store_kv(uint8_t *row, int kv_type, const float *src, int n) {
     }
 }
 
+/* ---------------------------------------------------------------------------
+ * Attention over the F32 cache, on the pool
+ * ------------------------------------------------------------------------- */
+
 typedef struct {
     const sq_config *c;
     const float *q;         /* [n_tokens][n_heads*head_dim] */
@@ -208,31 +220,23 @@ static void attention_worker(void *p, int ith, int nth) {
     }
 }
 
-/* gate = SiLU(gate) * up, compiled twice like attention.c: plainly and with FMA. */
-static void swiglu_plain(float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
-}
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2,fma")))
-static void swiglu_avx2(float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
-}
-#define HAVE_SWIGLU_AVX2 1
-#endif
+/* ---------------------------------------------------------------------------
+ * The FFN's activation and the residual
+ * ------------------------------------------------------------------------- */
 
-static void swiglu(float *gate, const float *up, int64_t n) {
-#ifdef HAVE_SWIGLU_AVX2
-    if (sq_simd_enabled()) {
-        swiglu_avx2(gate, up, n);
-        return;
-    }
-#endif
-    swiglu_plain(gate, up, n);
+/* gate = SiLU(gate) * up, compiled twice (simd.h): plainly and with FMA. */
+SQ_TWIN void swiglu_rows(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
 }
+SQ_COMPILED_TWICE(static, swiglu, swiglu_rows, (float *gate, const float *up, int64_t n), (gate, up, n))
 
 static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
+
+/* ---------------------------------------------------------------------------
+ * A layer, a chunk, a batch
+ * ------------------------------------------------------------------------- */
 
 static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, uint8_t *k_cache,
                           uint8_t *v_cache, int kv_type, int n_tok, int n_past, int step) {

@@ -3,6 +3,18 @@
  * cffi reads this file as its cdef, so it holds declarations only: no includes, no
  * macros (the builder drops lines starting with '#'). Shapes are written
  * [outer][inner]; the last index is contiguous in memory.
+ *
+ * The kernel's files, each one role:
+ *   forward.c            a batch of tokens through every layer (sq_forward)
+ *   attention.c/.h       attention over an F32 cache, in llama.cpp's order
+ *   flash_attention.c    attention over the F16 and Q8_0 caches, in one pass
+ *   matmul.c/.h          weight matrices times activations, on the pool
+ *   pool.c/.h            the worker threads
+ *   exp_ggml.h           llama.cpp's exp, for softmax and SiLU
+ *   simd.h               SIMD build flags, CPU checks, code compiled twice, horizontal sums
+ *   quants/              the tensor types: the list and why every path gives the same
+ *                        bits (types.h), block layouts, scalar code, batched orders,
+ *                        dispatch, and the x86/ and arm/ kernels (quants/kernels.h)
  */
 #ifndef SMOLQ_H
 #define SMOLQ_H
@@ -15,6 +27,14 @@ enum sq_type {
     SQ_Q8_0 = 8, SQ_Q8_1 = 9, SQ_Q2_K = 10, SQ_Q3_K = 11, SQ_Q4_K = 12, SQ_Q5_K = 13,
     SQ_Q6_K = 14, SQ_Q8_K = 15, SQ_IQ4_NL = 20, SQ_IQ4_XS = 23, SQ_BF16 = 30
 };
+
+/* The GGUF type ids of every type the kernel reads as weights (F32, F16, BF16 and the
+ * quantized types; not Q8_1 or Q8_K, which only hold activations): the first cap of
+ * them go to out (which may be NULL when cap is 0). Returns how many there are. */
+int sq_weight_types(int *out, int cap);
+
+/* The GGUF name of a type the kernel knows ("Q4_K", "IQ4_XS", ...), or NULL. */
+const char *sq_type_name(int type);
 
 /* Block geometry of a type: elements per block and bytes per block; 0 if unknown. */
 int sq_block_elems(int type);

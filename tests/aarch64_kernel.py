@@ -1,7 +1,7 @@
 """The native kernel cross-compiled for arm64 (AArch64) and run under emulation, so that
 its NEON code paths can be tested on an x86 machine.
 
-build_kernel() compiles native/*.c with zig's C cross compiler (the `ziglang` package) into
+build_kernel() compiles native/**/*.c with zig's C cross compiler (the `ziglang` package) into
 a static aarch64-linux-musl executable; Aarch64Kernel loads that ELF file into a unicorn
 (`unicorn` package) AArch64 CPU and calls its C functions directly, by the AAPCS64 calling
 convention: integer and pointer arguments in X0..X7, then on the stack; integer results in
@@ -32,7 +32,7 @@ INSTALL_HINT = "install the test extra: pip install -e '.[test]' (ziglang, unico
 CFLAGS = ["-O3", "-std=c11", "-fno-wrapv", "-Wall", "-Wextra", "-Werror", "-fno-math-errno"]
 # Target CPUs (zig's -mcpu syntax): baseline ARMv8-A, what a build with no -mcpu flag gets,
 # so the NEON code may use nothing newer; and the same with the dot-product extension,
-# which quants_neon.c uses where the compiler targets it.
+# which quants/arm/neon.c uses where the compiler targets it.
 CPU_BASELINE = "generic"
 CPU_DOTPROD = "generic+dotprod"
 
@@ -60,7 +60,7 @@ class Build:
 
 
 def build_kernel(out_dir: Path, cpu: str = CPU_BASELINE) -> Build:
-    """Compile native/*.c for aarch64-linux-musl and the target CPU cpu into out_dir/kernel.elf
+    """Compile native/**/*.c for aarch64-linux-musl and the target CPU cpu into out_dir/kernel.elf
     (CalledProcessError on failure). The program's main is a stub: the tests call the kernel's
     functions, never the program. The link is always against zig's baseline C library, which
     zig builds on its first use for the target (a minute or two) and caches."""
@@ -68,10 +68,11 @@ def build_kernel(out_dir: Path, cpu: str = CPU_BASELINE) -> Build:
     out_dir.mkdir(parents=True, exist_ok=True)
     stub = out_dir / "main.c"
     stub.write_text("int main(void) { return 0; }\n")
-    sources = [*sorted(NATIVE.glob("*.c")), stub]
+    sources = [*sorted(NATIVE.rglob("*.c")), stub]
     zig = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-musl"]
     compile_flags = [f"-mcpu={cpu}", *CFLAGS, "-I", str(NATIVE)]
-    objects = [out_dir / (src.stem + ".o") for src in sources]
+    # Numbered, so that sources of one name in two folders never share an object file.
+    objects = [out_dir / f"{i:02d}-{src.stem}.o" for i, src in enumerate(sources)]
     # --no-gc-sections keeps every function of the kernel, whether or not main reaches it.
     elf = out_dir / "kernel.elf"
     commands = [[*zig, *compile_flags, "-c", str(src), "-o", str(obj)] for src, obj in zip(sources, objects)]

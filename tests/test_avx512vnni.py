@@ -1,4 +1,4 @@
-"""The AVX-512 VNNI vec_dots (native/quants_avx512vnni.c) on a CPU without AVX-512.
+"""The AVX-512 VNNI vec_dots (native/quants/x86/avx512vnni.c) on a CPU without AVX-512.
 
 cffi_build/build_kernel.py builds a copy of the kernel from the same source whose VNNI
 kernels take their two VNNI instructions (vpdpbusd, vpdpwssd) from SIMDe (the simde-py

@@ -1,4 +1,4 @@
-"""The NEON kernels (native/quants_neon.c) on an emulated arm64 CPU.
+"""The NEON kernels (native/quants/arm/neon.c) on an emulated arm64 CPU.
 
 The kernel is cross-compiled for aarch64 with zig's C compiler and run under unicorn (see
 aarch64_kernel.py), through the same C entry points the Python side calls. For every
@@ -27,7 +27,7 @@ FILLS = (0x00, 0xFF, 0x80, 0x7F)
 @pytest.fixture(scope="session", params=[CPU_BASELINE, CPU_DOTPROD], ids=["armv8", "dotprod"])
 def aarch64_build(request, tmp_path_factory):
     """The kernel built once per session for aarch64-linux-musl, warnings as errors: for
-    baseline ARMv8-A, and with the dot-product extension (SDOT in quants_neon.c's integer sums)."""
+    baseline ARMv8-A, and with the dot-product extension (SDOT in quants/arm/neon.c's integer sums)."""
     try:
         require_tools()
     except ImportError as e:

@@ -110,7 +110,7 @@ def test_the_sdist_holds_the_kernel_sources_and_its_builder_but_no_tests(sdist):
     needed = {"native/smolq.h", "cffi_build/build_kernel.py", "setup.py", "pyproject.toml", "MANIFEST.in",
               "README.md", "LICENSE", "PKG-INFO"}
     assert needed <= names, needed - names
-    native = {f"native/{p.name}" for p in (ROOT / "native").iterdir() if p.suffix in (".c", ".h")}
+    native = {p.relative_to(ROOT).as_posix() for p in (ROOT / "native").rglob("*") if p.suffix in (".c", ".h")}
     assert native and native <= names, native - names
     package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "llm_smolq").rglob("*.py") if "__pycache__" not in p.parts}
     assert package <= names, package - names

@@ -1,4 +1,4 @@
-"""The row decoders and dot products of native/quants.c against gguf's numpy reference, and
+"""The row decoders and dot products of native/quants/ against gguf's numpy reference, and
 the llama.cpp path: activations quantized to a vec_dot type, then integer block dot products."""
 
 import os
@@ -116,6 +116,34 @@ def test_unknown_type(qtype):
     assert lib.sq_block_elems(qtype) == 0 and lib.sq_block_bytes(qtype) == 0
     assert c_dequantize(qtype, raw, 256)[0] == -1
     assert np.isnan(c_dot(qtype, raw, x, 256))
+
+
+# The weight types llm_smolq reads: model_file.py's SUPPORTED_TYPES, in its order.
+WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
+                T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
+
+
+def test_weight_types_are_the_supported_ones():
+    """The kernel's own list (quants/types.h) of the types it reads as weights."""
+    assert set(WEIGHT_TYPES) == set(TYPES)
+    n = lib.sq_weight_types(ffi.NULL, 0)
+    out = ffi.new("int[]", n + 1)
+    out[n] = -7
+    assert lib.sq_weight_types(out, n) == n
+    assert list(out)[:n] == [int(t) for t in WEIGHT_TYPES] and out[n] == -7
+    short = ffi.new("int[]", 4)
+    assert lib.sq_weight_types(short, 3) == n  # the count, whatever fits
+    assert list(short) == [int(t) for t in WEIGHT_TYPES[:3]] + [0]
+
+
+@pytest.mark.parametrize("qtype", [*WEIGHT_TYPES, T.Q8_1, T.Q8_K], ids=lambda t: t.name)
+def test_type_name_is_the_gguf_name(qtype):
+    assert ffi.string(lib.sq_type_name(qtype)).decode() == qtype.name
+
+
+@pytest.mark.parametrize("qtype", [99, -1, 4, 5, 16, 29, 31, 1 << 20])
+def test_type_name_of_unknown_type(qtype):
+    assert lib.sq_type_name(qtype) == ffi.NULL
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -455,7 +483,7 @@ def test_vec_dot_bad_length(qtype):
         assert rc == -1 and (buf == 0xAB).all(), f"n={n}"
 
 
-# --- SIMD vec_dot (native/quants_avx2.c, quants_avx512vnni.c, quants_neon.c), chosen at run time
+# --- SIMD vec_dot (native/quants/x86/, native/quants/arm/), chosen at run time
 
 SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
               T.IQ4_NL, T.IQ4_XS]

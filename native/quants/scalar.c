@@ -1,11 +1,14 @@
-/* quants.c: GGUF block encodings, row decoders and row dot products.
+/* quants/scalar.c: the scalar reference of every type: block encodings, row decoders,
+ * row dot products, vec_dots, activation quantizers, and the type table.
  *
  * Every quantized type gets one section: how its block encodes the values (the
- * block_<type> struct itself is in quant_blocks.h), a one-block decoder,
+ * block_<type> struct itself is in quants/blocks.h), a one-block decoder,
  * then the row decoder and row dot product built from it (ROW_FUNCS below), and
  * its vec_dot: the dot product with activations already converted to the block
  * format llama.cpp pairs with the type. Those activation formats (Q8_0, also a
  * weight type, Q8_1 and Q8_K) have sections of their own with their quantizers.
+ * The file ends with the integer forms the batched orders take (quants/batch.c) and
+ * the type table, one row per type of quants/types.h's lists.
  *
  * Conventions that hold throughout:
  *  - Multi-byte fields are little-endian, as GGUF stores them; like the rest of
@@ -23,26 +26,17 @@
  *  - Decoders hoist per-group scales out of the element loops and shift only
  *    by loop-invariant amounts inside them: the shape compilers vectorize.
  *  - The vec_dot functions follow llama.cpp's CPU backend instead of the gguf
- *    decoders: an exact integer sum per block (see "Integer dot products"),
- *    scaled by the float product of the two blocks' scales and summed in float.
- *    Q5_0, Q5_1, IQ4_XS and the K-quants keep the 8 float lanes of the AVX2 kernels
- *    too (see fma_lanes, KLANES), so their scalar, AVX2 and NEON (quants_neon.c,
- *    the same lanes in two 4-float registers) versions give the same bits.
- *    The activation quantizers reproduce llama.cpp's x86 code bit for bit.
+ *    decoders, and are the twins of the SIMD kernels (x86/, arm/), with the same
+ *    bits: why, and what that asks of each float step, is in quants/types.h.
  */
 #include <assert.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
-#include "smolq.h"
-#include "quants.h"
-#include "quant_blocks.h"
-
-static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+#include "quants/kernels.h"
+#include "quants/quants.h"
 
 /* ---------------------------------------------------------------------------
  * Half precision
@@ -58,10 +52,10 @@ static inline float half_to_float(uint16_t h) {
     uint32_t bits = (mag << 13) + (112u << 23);
     bits += (uint32_t)(mag >= 0x7c00u) * (112u << 23);
     /* Subnormals (and zero) are mantissa * 2^-24; mag < 2^10 makes that exact. */
-    uint32_t sub = f32_to_bits((float)(int32_t)mag * 0x1p-24f);
+    uint32_t sub = sq_f32_bits((float)(int32_t)mag * 0x1p-24f);
     uint32_t is_sub = 0u - (uint32_t)(mag < 0x0400u);
     bits = (sub & is_sub) | (bits & ~is_sub);
-    return bits_to_f32(bits | sign);
+    return sq_bits_f32(bits | sign);
 }
 
 float sq_fp16_to_fp32(uint16_t h) { return half_to_float(h); }
@@ -72,12 +66,12 @@ float sq_fp16_to_fp32(uint16_t h) { return half_to_float(h); }
 static inline float scale_to_float(uint16_t h) {
     const uint32_t e = h & 0x7c00u;
     if (e != 0 && e != 0x7c00u)
-        return bits_to_f32((uint32_t)(h & 0x8000u) << 16 | (((uint32_t)(h & 0x7fffu) << 13) + (112u << 23)));
+        return sq_bits_f32((uint32_t)(h & 0x8000u) << 16 | (((uint32_t)(h & 0x7fffu) << 13) + (112u << 23)));
     return half_to_float(h);
 }
 
 uint16_t sq_fp32_to_fp16(float f) {
-    uint32_t x = f32_to_bits(f);
+    uint32_t x = sq_f32_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     uint32_t a = x & 0x7fffffffu;
 
@@ -115,7 +109,7 @@ static inline float dot_lanes(const float *a, const float *b, int k) {
     for (int i = 0; i < k; i += 8)
         for (int j = 0; j < 8; j++)
             acc[j] += a[i + j] * b[i + j];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    return sq_reduce8(acc);
 }
 
 /* Dot product of any k floats. */
@@ -163,9 +157,8 @@ static inline float dot_any(const float *a, const float *b, int k) {
  * (int8 operands read straight from the blocks compile to a slower unpack and
  * pmullw sequence instead.) Folding the scales in is exact: |scale * code| is
  * at most 8064 (Q6_K's unsigned codes) and a super-block's sum stays below 2^28.
- * Being integer, the sum is the same in any order; only the float steps around
- * it (scale products, the running sum over blocks, and for some types which
- * elements share a float lane: see KLANES) follow llama.cpp's. */
+ * Being integer, the sum is the same in any order; the float steps around it
+ * follow llama.cpp's (quants/types.h). */
 static inline void widen_i8(const int8_t *restrict q, int16_t *restrict w, int k) {
     for (int j = 0; j < k; j++)
         w[j] = q[j];
@@ -178,14 +171,10 @@ static inline int32_t dot_i16(const int16_t *restrict a, const int16_t *restrict
     return s;
 }
 
-/* Lane-ordered float sums, for the types whose vec_dot must give the same bits
- * on both paths. Their AVX2 versions (quants_avx2.c, shaped as llama.cpp's AVX2
- * kernels) keep 8 float lanes: lane l takes the integer products of elements
- * 4l..4l+3 of every 32 in a block and is updated once per block with an FMA by
- * the block's float scale; one fixed horizontal sum ends the row. The integer
- * lane sums are exact in any order, so repeating the float steps here, with
- * fmaf for the FMA, makes the scalar code round exactly as the AVX2 code does.
- * The NEON versions (quants_neon.c) repeat them once more, so every path agrees. */
+/* The 8 float lanes of the AVX2 kernels (quants/types.h): integer lane l takes the
+ * products of elements 4l..4l+3 of every 32 in a block, float lane l is updated once
+ * per block with an FMA by the block's float scale (fma_lanes, fmaf for the FMA), and
+ * sq_hsum8 (simd.h) ends the row. */
 #define NLANE 8
 
 /* The lane sums of a 32-element block in element order: lane l takes the
@@ -200,18 +189,11 @@ static inline void dot_i16_lanes(const int16_t *restrict a, const int16_t *restr
         lane[l] = (p[4 * l] + p[4 * l + 1]) + (p[4 * l + 2] + p[4 * l + 3]);
 }
 
-/* One block's update of the lanes: acc[l] += d * lane[l], rounded once. */
+/* One block's update of the lanes: acc[l] += d * lane[l], rounded once, as
+ * _mm256_fmadd_ps does. */
 static inline void fma_lanes(float *restrict acc, float d, const int32_t *restrict lane) {
     for (int l = 0; l < NLANE; l++)
         acc[l] = fmaf(d, (float)lane[l], acc[l]);
-}
-
-/* The AVX2 horizontal sum: the two 128-bit halves added (lane l + lane l + 4),
- * then the upper pair of that onto the lower, then the last two. */
-static inline float sum_lanes(const float *acc) {
-    const float t0 = acc[0] + acc[4], t1 = acc[1] + acc[5];
-    const float t2 = acc[2] + acc[6], t3 = acc[3] + acc[7];
-    return (t0 + t2) + (t1 + t3);
 }
 
 /* Round to the nearest integer, ties to even, for |v| < 2^22: llama.cpp's
@@ -219,23 +201,15 @@ static inline float sum_lanes(const float *acc) {
  * Adding 1.5 * 2^23 leaves the integer in the low mantissa bits. No float to int
  * conversion (undefined out of range, e.g. on NaN), and it vectorizes on SSE2. */
 static inline int32_t nearest_int(float v) {
-    const uint32_t u = f32_to_bits(v + 12582912.f);
+    const uint32_t u = sq_f32_bits(v + 12582912.f);
     return (int32_t)(u & 0x007fffffu) - 0x00400000;
 }
 
 /* Float dot products of the 1-element types with activations in the weights'
  * own format, shaped as llama.cpp's ggml_vec_dot_f32/f16/bf16 on AVX: 32 lanes
- * (four 8-float registers) each accumulating the products of its elements, a
- * pairwise reduction, and the last n % 32 products added in double. */
+ * (four 8-float registers) each accumulating the products of its elements, their
+ * reduction (sq_reduce32, simd.h), and the last n % 32 products added in double. */
 #define LANES 32
-static inline float lanes_total(const float *acc) {
-    float r[8], t[4];
-    for (int l = 0; l < 8; l++)
-        r[l] = (acc[l] + acc[16 + l]) + (acc[8 + l] + acc[24 + l]);
-    for (int l = 0; l < 4; l++)
-        t[l] = r[l] + r[4 + l];
-    return (t[0] + t[1]) + (t[2] + t[3]);
-}
 
 /* ---------------------------------------------------------------------------
  * F32, F16, BF16: one element per "block"; rows of any length.
@@ -297,7 +271,7 @@ static void quant_bf16(const float *restrict x, void *restrict dst, int64_t n) {
                 const float p = to_f32(a[i + j]) * to_f32(b[i + j]);               \
                 acc[j] += p;                                                       \
             }                                                                      \
-        double sum = lanes_total(acc);                                             \
+        double sum = sq_reduce32(acc);                                             \
         for (; i < n; i++)                                                         \
             sum += (double)(to_f32(a[i]) * to_f32(b[i]));                          \
         return (float)sum;                                                         \
@@ -360,7 +334,7 @@ static float vec_dot_q8_0(const void *row, const void *xq, int64_t nb) {
         dot_i16_lanes(w, a, lane);
         fma_lanes(acc, scale_to_float(x[i].d) * scale_to_float(y[i].d), lane);
     }
-    return sum_lanes(acc);
+    return sq_hsum8(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -439,15 +413,11 @@ static void quant_q8_K(const float *restrict x, void *restrict dst, int64_t nb) 
     }
 }
 
-/* The vec_dot functions of Q2_K, Q3_K, Q5_K and Q6_K round as llama.cpp's AVX2
- * kernels do, so that their scalar and AVX2 (quants_avx2.c) versions agree with
- * it, and with each other, bit for bit. Those kernels keep a block's integer sum
- * in 8 int32 lanes: maddubs then madd give int32 lane l the products of bytes
- * 4l .. 4l+3 of each 32-element register, so lane l sums the elements with
- * e % 32 in 4l .. 4l+3. Per block each lane is converted to float and scaled
- * into its own float accumulator by an FMA; hsum_float_8 adds the 8 at the end.
- * Terms made from bsums (two groups of 16 per lane) have lanes of their own. */
-#define KLANES 8
+/* The vec_dot functions of Q2_K, Q3_K, Q5_K and Q6_K keep a block's integer sum in
+ * the NLANE lanes of llama.cpp's AVX2 kernels: maddubs then madd give int32 lane l
+ * the products of bytes 4l .. 4l+3 of each 32-element register, so lane l sums the
+ * elements with e % 32 in 4l .. 4l+3; fma_lanes and sq_hsum8 do the rest. Terms made
+ * from bsums (two groups of 16 per lane) have lanes of their own. */
 
 /* Lane sums of a block's scaled codes w times its activations a (as int16). One
  * running sum per position in a 32-element chunk keeps the loop vectorizable. */
@@ -456,29 +426,17 @@ static inline void k_lanes_dot(const int16_t *restrict w, const int16_t *restric
     for (int j = 0; j < QK_K; j += 32)
         for (int k = 0; k < 32; k++)
             p[k] += w[j + k] * a[j + k];
-    for (int l = 0; l < KLANES; l++)
+    for (int l = 0; l < NLANE; l++)
         lane[l] = p[4 * l] + p[4 * l + 1] + p[4 * l + 2] + p[4 * l + 3];
 }
 
 /* Lane l = m[2l] * bsums[2l] + m[2l+1] * bsums[2l+1], m a per-group factor
  * (madd of the 16 factors with the 16 bsums). */
 static inline void k_lanes_bsums(const int16_t *restrict m, const int16_t *restrict bsums, int32_t *restrict lane) {
-    for (int l = 0; l < KLANES; l++)
+    for (int l = 0; l < NLANE; l++)
         lane[l] = m[2 * l] * bsums[2 * l] + m[2 * l + 1] * bsums[2 * l + 1];
 }
 
-/* acc[l] += d * lane[l], rounded once, as _mm256_fmadd_ps does. */
-static inline void k_lanes_fma(float *restrict acc, float d, const int32_t *restrict lane) {
-    for (int l = 0; l < KLANES; l++)
-        acc[l] = fmaf(d, (float)lane[l], acc[l]);
-}
-
-/* The 8 accumulators added in hsum_float_8's order: halves, then pairs. */
-static inline float k_lanes_total(const float *acc) {
-    const float r0 = acc[0] + acc[4], r1 = acc[1] + acc[5];
-    const float r2 = acc[2] + acc[6], r3 = acc[3] + acc[7];
-    return (r0 + r2) + (r1 + r3);
-}
 
 /* ---------------------------------------------------------------------------
  * Q4_0: 32 elements, y = d * (q - 8), q a 4-bit code.
@@ -550,7 +508,7 @@ static float vec_dot_q4_1(const void *row, const void *xq, int64_t nb) {
         dot_i16_lanes(w, a, lane);
         fma_lanes(acc, scale_to_float(x[i].d) * scale_to_float(y[i].d), lane);
     }
-    return sum_lanes(acc) + summs;
+    return sq_hsum8(acc) + summs;
 }
 
 /* ---------------------------------------------------------------------------
@@ -606,7 +564,7 @@ static float vec_dot_q5_0(const void *row, const void *xq, int64_t nb) {
         const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
         fma_lanes(acc, d, lane);
     }
-    return sum_lanes(acc);
+    return sq_hsum8(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -648,7 +606,7 @@ static float vec_dot_q5_1(const void *row, const void *xq, int64_t nb) {
         const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
         fma_lanes(acc, d, lane);
     }
-    return sum_lanes(acc) + summs;
+    return sq_hsum8(acc) + summs;
 }
 
 /* ---------------------------------------------------------------------------
@@ -712,27 +670,27 @@ static inline void scaled_codes_q2_K(const block_q2_K *restrict b, const int16_t
 }
 
 /* . Q8_K activations: per block (dy * d) * sum(sc * q * qy) - (dy * dmin) * sum(mn * bsum),
- * mn * bsum per group of 16. In KLANES lanes (see the Q8_K section): the min
+ * mn * bsum per group of 16. In NLANE lanes (see the Q8_K section): the min
  * lanes are scaled by -(dy * dmin) first, then the code lanes by dy * d, both
  * into the same accumulators. */
 static float vec_dot_q2_K(const void *row, const void *xq, int64_t nb) {
     const block_q2_K *x = row;
     const block_q8_K *y = xq;
-    float acc[KLANES] = {0};
+    float acc[NLANE] = {0};
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16], mn[16];
-        int32_t lane[KLANES];
+        int32_t lane[NLANE];
         ints_q2_K(&x[i], sc, mn);
         k_lanes_bsums(mn, y[i].bsums, lane);
         const float dmin = -(y[i].d * scale_to_float(x[i].dmin));
-        k_lanes_fma(acc, dmin, lane);
+        fma_lanes(acc, dmin, lane);
         scaled_codes_q2_K(&x[i], sc, w);
         widen_i8(y[i].qs, a, QK_K);
         k_lanes_dot(w, a, lane);
         const float d = y[i].d * scale_to_float(x[i].d);
-        k_lanes_fma(acc, d, lane);
+        fma_lanes(acc, d, lane);
     }
-    return k_lanes_total(acc);
+    return sq_hsum8(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -748,9 +706,7 @@ static inline void decode_q3_K(const block_q3_K *restrict b, float *restrict y) 
     const float d = half_to_float(b->d);
     float dl[16];
     for (int g = 0; g < 16; g++) {
-        const int lo4 = (b->scales[g % 8] >> (4 * (g / 8))) & 0x0f;
-        const int hi2 = (b->scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-        dl[g] = d * (float)((lo4 | hi2 << 4) - 32);
+        dl[g] = d * (float)sq_q3_K_scale(b->scales, g);
     }
     /* As in Q2_K, q[] feeds groups g, g+2, g+4, g+6; their high bits are bits
      * 4h..4h+3 of hm[]. q = low2 - 4 + 4 * hbit. */
@@ -774,9 +730,7 @@ ROW_FUNCS(q3_K, QK_K)
 /* The 16 group scales of a Q3_K block, sc - 32, as integers. */
 static inline void scales_q3_K(const block_q3_K *b, int16_t *sc) {
     for (int g = 0; g < 16; g++) {
-        const int lo4 = (b->scales[g % 8] >> (4 * (g / 8))) & 0x0f;
-        const int hi2 = (b->scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-        sc[g] = (int16_t)((lo4 | hi2 << 4) - 32);
+        sc[g] = (int16_t)sq_q3_K_scale(b->scales, g);
     }
 }
 
@@ -799,22 +753,22 @@ static inline void scaled_codes_q3_K(const block_q3_K *restrict b, const int16_t
 }
 
 /* . Q8_K activations: per block (dy * d) * sum((sc - 32) * q * qy), q in -4..3,
- * in KLANES lanes (see the Q8_K section). */
+ * in NLANE lanes (see the Q8_K section). */
 static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
     const block_q3_K *x = row;
     const block_q8_K *y = xq;
-    float acc[KLANES] = {0};
+    float acc[NLANE] = {0};
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16];
-        int32_t lane[KLANES];
+        int32_t lane[NLANE];
         scales_q3_K(&x[i], sc);
         scaled_codes_q3_K(&x[i], sc, w);
         widen_i8(y[i].qs, a, QK_K);
         k_lanes_dot(w, a, lane);
         const float d = y[i].d * scale_to_float(x[i].d);
-        k_lanes_fma(acc, d, lane);
+        fma_lanes(acc, d, lane);
     }
-    return k_lanes_total(acc);
+    return sq_hsum8(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -822,18 +776,8 @@ static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
  * For j < 4: sc = scales[j] & 63, mn = scales[j + 4] & 63.
  * For j >= 4 the low 4 bits come from the nibbles of scales[j + 4] (low for sc,
  * high for mn) and the top 2 bits from bits 6-7 of scales[j - 4] (sc) and
- * scales[j] (mn).
+ * scales[j] (mn). sq_k_scale_min (quants/blocks.h) unpacks them.
  * ------------------------------------------------------------------------- */
-
-static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4;
-        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
 
 /* ---------------------------------------------------------------------------
  * Q4_K: 256 elements in 8 groups of 32; y = (d * sc) * q - (dmin * mn),
@@ -845,7 +789,7 @@ static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 static inline void k_group_scales(const uint8_t *scales, float d, float dmin, float *dl, float *ml) {
     for (int g = 0; g < 8; g++) {
         int sc, mn;
-        k_scale_min(scales, g, &sc, &mn);
+        sq_k_scale_min(scales, g, &sc, &mn);
         dl[g] = d * (float)sc;
         ml[g] = dmin * (float)mn;
     }
@@ -872,7 +816,7 @@ static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *rest
     int16_t sc[8];
     for (int g = 0; g < 8; g++) {
         int s, m;
-        k_scale_min(b->scales, g, &s, &m);
+        sq_k_scale_min(b->scales, g, &s, &m);
         sc[g] = (int16_t)s;
         mn[g] = (int16_t)m;
     }
@@ -891,7 +835,7 @@ static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *rest
  * rows): per block isum = sum(sc * q * qy) and imin = sum(mn * bsum) (mn * bsum per
  * group of 32, two bsums), then two fmaf chains in block order, isum * (d * dy) and
  * imin * (dmin * dy), subtracted at the end. Its gemm (four activation rows at a
- * time) differs only in taking a term per 64 elements: batch_dot_q4_K. */
+ * time) differs only in taking a term per 64 elements: quants/batch.c. */
 static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
     const block_q4_K *x = row;
     const block_q8_K *y = xq;
@@ -910,41 +854,6 @@ static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
     }
     return sumf - summ;
 }
-
-/* The gemm's order for n_tokens activation rows (xq_stride bytes apart) at once:
- * vec_dot_q4_K's two chains with a term per 64 elements, each block decoded once
- * per tile of rows. (quants_avx2.c's sq_batch_dot_q4_K_avx2 gives the same bits.) */
-#define Q4K_TILE 16
-static void batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
-                           float *y, int64_t ldy) {
-    const block_q4_K *x = row;
-    for (int t0 = 0; t0 < n_tokens; t0 += Q4K_TILE) {
-        const int nt = n_tokens - t0 < Q4K_TILE ? n_tokens - t0 : Q4K_TILE;
-        float sumf[Q4K_TILE] = {0}, summ[Q4K_TILE] = {0};
-        for (int64_t i = 0; i < nb; i++) {
-            int16_t w[QK_K], mn[8];
-            scaled_codes_q4_K(&x[i], w, mn);
-            const float dw = scale_to_float(x[i].d), dminw = scale_to_float(x[i].dmin);
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * xq_stride) + i;
-                const float d = dw * a->d, dmin = dminw * a->d;
-                for (int e = 0; e < QK_K; e += 64) {
-                    int32_t isum = 0;
-                    for (int j = 0; j < 64; j++)
-                        isum += w[e + j] * a->qs[e + j];
-                    const int g = e / 32;
-                    const int32_t imin = mn[g] * (a->bsums[2 * g] + a->bsums[2 * g + 1])
-                                         + mn[g + 1] * (a->bsums[2 * g + 2] + a->bsums[2 * g + 3]);
-                    sumf[t] = fmaf((float)isum, d, sumf[t]);
-                    summ[t] = fmaf((float)imin, dmin, summ[t]);
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++)
-            y[(t0 + t) * ldy] = sumf[t] - summ[t];
-    }
-}
-
 
 /* ---------------------------------------------------------------------------
  * Q5_K: Q4_K plus a fifth bit: bit 4 of element l of group g is bit g of qh[l].
@@ -981,20 +890,20 @@ static inline void scaled_codes_q5_K(const block_q5_K *restrict b, const int16_t
 }
 
 /* . Q8_K activations: as Q4_K, with 5-bit codes, but rounded as llama.cpp's AVX2
- * Q5_K kernel: the codes in KLANES lanes (see the Q8_K section), the mins as one
+ * Q5_K kernel: the codes in NLANE lanes (see the Q8_K section), the mins as one
  * integer sum per block, FMA'd by -(dy * dmin) into a float of their own that is
  * added after the lanes' total. (The FMA is the compiler's there: its multiply
  * and add are contracted into one in llama.cpp's AVX2 builds.) */
 static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
     const block_q5_K *x = row;
     const block_q8_K *y = xq;
-    float acc[KLANES] = {0}, summ = 0.0f;
+    float acc[NLANE] = {0}, summ = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[8];
-        int32_t lane[KLANES], summs = 0;
+        int32_t lane[NLANE], summs = 0;
         for (int g = 0; g < 8; g++) {
             int s, m;
-            k_scale_min(x[i].scales, g, &s, &m);
+            sq_k_scale_min(x[i].scales, g, &s, &m);
             sc[g] = (int16_t)s;
             summs += m * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
         }
@@ -1004,9 +913,9 @@ static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
         widen_i8(y[i].qs, a, QK_K);
         k_lanes_dot(w, a, lane);
         const float d = y[i].d * scale_to_float(x[i].d);
-        k_lanes_fma(acc, d, lane);
+        fma_lanes(acc, d, lane);
     }
-    return k_lanes_total(acc) + summ;
+    return sq_hsum8(acc) + summ;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1058,29 +967,29 @@ static inline void scaled_codes_q6_K(const block_q6_K *restrict b, const int16_t
     }
 }
 
-/* . Q8_K activations: per block (dy * d) * sum(sc * (q - 32) * qy), in KLANES
+/* . Q8_K activations: per block (dy * d) * sum(sc * (q - 32) * qy), in NLANE
  * lanes (see the Q8_K section). As in llama.cpp's AVX2 kernel the lanes take the
  * unsigned codes q, and the -32 comes off them as 32 * sc * bsum, two groups per
  * lane: a lane's integer sum differs from that of its own elements' (q - 32). */
 static float vec_dot_q6_K(const void *row, const void *xq, int64_t nb) {
     const block_q6_K *x = row;
     const block_q8_K *y = xq;
-    float acc[KLANES] = {0};
+    float acc[NLANE] = {0};
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16];
-        int32_t lane[KLANES], off[KLANES];
+        int32_t lane[NLANE], off[NLANE];
         for (int g = 0; g < 16; g++)
             sc[g] = x[i].scales[g];
         scaled_codes_q6_K(&x[i], sc, 0, w);
         widen_i8(y[i].qs, a, QK_K);
         k_lanes_dot(w, a, lane);
         k_lanes_bsums(sc, y[i].bsums, off);
-        for (int l = 0; l < KLANES; l++)
+        for (int l = 0; l < NLANE; l++)
             lane[l] -= 32 * off[l];
         const float d = y[i].d * scale_to_float(x[i].d);
-        k_lanes_fma(acc, d, lane);
+        fma_lanes(acc, d, lane);
     }
-    return k_lanes_total(acc);
+    return sq_hsum8(acc);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1088,9 +997,7 @@ static float vec_dot_q6_K(const void *row, const void *xq, int64_t nb) {
  * non-linear grid (denser near zero, where weights cluster); nibble order as Q4_0.
  * ------------------------------------------------------------------------- */
 
-static const int8_t kvalues_iq4nl[16] = {
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-};
+static const int8_t kvalues_iq4nl[16] = { SQ_IQ4_GRID };
 
 /* 32 elements from 16 bytes of grid indices. Scaling the 16 grid values once
  * and looking the codes up gives the same floats as scaling every element, at
@@ -1115,11 +1022,7 @@ ROW_FUNCS(iq4_nl, QK4_NL)
  * high one. The 32 weights of a block then come out in the order of elements
  * 0, 16, 1, 17, ..., and the activations are interleaved to match. (Plain x86-64
  * has no vector table lookup, so these stay scalar: 16 per block, not 32.) */
-#define IQ4_KV(i) ((i) == 0 ? -127 : (i) == 1 ? -104 : (i) == 2 ? -83 : (i) == 3 ? -65 :   \
-                   (i) == 4 ? -49 : (i) == 5 ? -35 : (i) == 6 ? -22 : (i) == 7 ? -10 :      \
-                   (i) == 8 ? 1 : (i) == 9 ? 13 : (i) == 10 ? 25 : (i) == 11 ? 38 :         \
-                   (i) == 12 ? 53 : (i) == 13 ? 69 : (i) == 14 ? 89 : 113)
-#define IQ4_PAIR(b) ((uint32_t)(uint16_t)IQ4_KV((b) & 15) | (uint32_t)(uint16_t)IQ4_KV((b) >> 4) << 16)
+#define IQ4_PAIR(b) ((uint32_t)(uint16_t)SQ_IQ4_VALUE((b) & 15) | (uint32_t)(uint16_t)SQ_IQ4_VALUE((b) >> 4) << 16)
 #define IQ4_P4(b) IQ4_PAIR(b), IQ4_PAIR((b) + 1), IQ4_PAIR((b) + 2), IQ4_PAIR((b) + 3)
 #define IQ4_P16(b) IQ4_P4(b), IQ4_P4((b) + 4), IQ4_P4((b) + 8), IQ4_P4((b) + 12)
 #define IQ4_P64(b) IQ4_P16(b), IQ4_P16((b) + 16), IQ4_P16((b) + 32), IQ4_P16((b) + 48)
@@ -1163,15 +1066,10 @@ static float vec_dot_iq4_nl(const void *row, const void *xq, int64_t nb) {
  * scales_l[g / 2], high 2 bits at bits 2g..2g+1 of scales_h.
  * ------------------------------------------------------------------------- */
 
-/* The 6-bit scale code of group g. */
-static inline int iq4_xs_scale(const block_iq4_xs *b, int g) {
-    return ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((b->scales_h >> (2 * g)) & 3) << 4;
-}
-
 static inline void decode_iq4_xs(const block_iq4_xs *restrict b, float *restrict y) {
     const float d = half_to_float(b->d);
     for (int g = 0; g < 8; g++) {
-        iq4_decode32(b->qs + 16 * g, d * (float)(iq4_xs_scale(b, g) - 32), y + 32 * g);
+        iq4_decode32(b->qs + 16 * g, d * (float)(sq_iq4_xs_scale(b, g) - 32), y + 32 * g);
     }
 }
 ROW_FUNCS(iq4_xs, QK_K)
@@ -1202,7 +1100,7 @@ static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         int32_t lane[NLANE] = {0};
         for (int g = 0; g < 8; g++) {
-            const int32_t s = iq4_xs_scale(&x[i], g) - 32;
+            const int32_t s = sq_iq4_xs_scale(&x[i], g) - 32;
             int16_t w[32], a[32];
             int32_t part[NLANE];
             iq4_codes32(x[i].qs + 16 * g, w);
@@ -1214,36 +1112,15 @@ static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
         const float d = scale_to_float(x[i].d) * y[i].d;
         fma_lanes(acc, d, lane);
     }
-    return sum_lanes(acc);
+    return sq_hsum8(acc);
 }
 
 /* ---------------------------------------------------------------------------
- * Batched K-quant products: one weight row times a batch of Q8_K rows.
- *
- * For a batch of at least SQ_TILED_MIN_TOKENS tokens llama.cpp's CPU backend
- * multiplies Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS matrices with its tiled kernel,
- * which rounds differently from its vec_dot: per block it forms the exact
- * integer sums s1 = sum(sc * q * qy) (q the signed code) and s2 = sum(mn * bsum),
- * then r = d * s1, r = fma(-dmin, s2, r) and acc = fma(r, dy, acc), in block
- * order. Decoding a block once for the whole batch is also the cheaper order.
- * (Q4_K is left out: llama.cpp repacks it on AVX2, see vec_dot_q4_K.)
+ * Integer forms of a block, for the batched orders (quants/batch.c)
  * ------------------------------------------------------------------------- */
 
-/* One block in integers: w the scaled signed codes in element order, mn the
- * mins per group of 16 (all 0 for the types without), d and dmin its scales. */
-typedef struct {
-    int16_t w[QK_K];
-    int16_t mn[QK_K / 16];
-    float d, dmin;
-    int has_min;
-} k_block_ints;
-
-typedef void (*k_ints_fn)(const void *block, k_block_ints *k);
-/* n_tokens activation rows xq_stride bytes apart times one weight row, into y[t * ldy]. */
-typedef void (*batch_fn)(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
-                         float *y, int64_t ldy);
-
-static void k_ints_q2_K(const void *block, k_block_ints *k) {
+/* The TILED types: a block as sq_block_ints. */
+static void k_ints_q2_K(const void *block, sq_block_ints *k) {
     const block_q2_K *b = block;
     int16_t sc[16];
     ints_q2_K(b, sc, k->mn);
@@ -1253,7 +1130,7 @@ static void k_ints_q2_K(const void *block, k_block_ints *k) {
     k->has_min = 1;
 }
 
-static void k_ints_q3_K(const void *block, k_block_ints *k) {
+static void k_ints_q3_K(const void *block, sq_block_ints *k) {
     const block_q3_K *b = block;
     int16_t sc[16];
     scales_q3_K(b, sc);
@@ -1264,12 +1141,12 @@ static void k_ints_q3_K(const void *block, k_block_ints *k) {
     k->has_min = 0;
 }
 
-static void k_ints_q5_K(const void *block, k_block_ints *k) {
+static void k_ints_q5_K(const void *block, sq_block_ints *k) {
     const block_q5_K *b = block;
     int16_t sc[8];
     for (int g = 0; g < 8; g++) {
         int s, m;
-        k_scale_min(b->scales, g, &s, &m);
+        sq_k_scale_min(b->scales, g, &s, &m);
         sc[g] = (int16_t)s;
         k->mn[2 * g] = k->mn[2 * g + 1] = (int16_t)m; /* a group of 32 spans two bsums */
     }
@@ -1279,7 +1156,7 @@ static void k_ints_q5_K(const void *block, k_block_ints *k) {
     k->has_min = 1;
 }
 
-static void k_ints_q6_K(const void *block, k_block_ints *k) {
+static void k_ints_q6_K(const void *block, sq_block_ints *k) {
     const block_q6_K *b = block;
     int16_t sc[16];
     for (int g = 0; g < 16; g++)
@@ -1291,10 +1168,10 @@ static void k_ints_q6_K(const void *block, k_block_ints *k) {
     k->has_min = 0;
 }
 
-static void k_ints_iq4_xs(const void *block, k_block_ints *k) {
+static void k_ints_iq4_xs(const void *block, sq_block_ints *k) {
     const block_iq4_xs *b = block;
     for (int g = 0; g < 8; g++) {
-        const int16_t s = (int16_t)(iq4_xs_scale(b, g) - 32);
+        const int16_t s = (int16_t)(sq_iq4_xs_scale(b, g) - 32);
         const uint8_t *q = b->qs + 16 * g;
         int16_t *o = k->w + 32 * g;
         for (int j = 0; j < 16; j++) {
@@ -1308,390 +1185,45 @@ static void k_ints_iq4_xs(const void *block, k_block_ints *k) {
     k->has_min = 0;
 }
 
-/* Exact: |w| <= 4096 (Q6_K's 128 * 32) and |qy| <= 127, so 256 products stay below 2^27. */
-SQ_TWIN int32_t dot_w_q8(const int16_t *restrict w, const int8_t *restrict q) {
-    int32_t s = 0;
-    for (int j = 0; j < QK_K; j++)
-        s += w[j] * q[j];
-    return s;
-}
-
-/* y[t * ldy] for t < n_tokens: the row of nb blocks times activation row t (Q8_K,
- * xq_stride bytes apart), in the order described above. The sums are exact
- * integers and fmaf rounds once everywhere, so every compilation of this body
- * gives the same bits: it is compiled twice, plain and for AVX2/FMA. */
-SQ_TWIN void batch_dot_k_body(k_ints_fn ints, int block_bytes, const void *row, const void *xq,
-                                    int64_t xq_stride, int n_tokens, int64_t nb, float *y, int64_t ldy) {
-    for (int t = 0; t < n_tokens; t++)
-        y[t * ldy] = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        k_block_ints k;
-        ints((const uint8_t *)row + i * block_bytes, &k);
-        for (int t = 0; t < n_tokens; t++) {
-            const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + t * xq_stride) + i;
-            float r = k.d * (float)dot_w_q8(k.w, a->qs);
-            if (k.has_min) {
-                int32_t s2 = 0;
-                for (int g = 0; g < QK_K / 16; g++)
-                    s2 += k.mn[g] * a->bsums[g];
-                r = fmaf(-k.dmin, (float)s2, r);
-            }
-            y[t * ldy] = fmaf(r, a->d, y[t * ldy]);
-        }
-    }
-}
-
-#ifdef SQ_HAVE_AVX2_KERNELS
-__attribute__((target("avx2,fma")))
-static void batch_dot_k_avx2(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
-                             int n_tokens, int64_t nb, float *y, int64_t ldy) {
-    batch_dot_k_body(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
-}
-#endif
-
-static void batch_dot_k(k_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
-                        int n_tokens, int64_t nb, float *y, int64_t ldy) {
-#ifdef SQ_HAVE_AVX2_KERNELS
-    if (sq_simd_enabled()) {
-        batch_dot_k_avx2(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
-        return;
-    }
-#endif
-    batch_dot_k_body(ints, block_bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+/* Q4_K (GEMM4): scaled codes and mins as vec_dot_q4_K takes them. */
+void sq_ints_q4_K(const void *block, int16_t w[QK_K], int16_t mn[8]) {
+    scaled_codes_q4_K(block, w, mn);
 }
 
 /* ---------------------------------------------------------------------------
- * Dispatch
+ * The type table: one row per type of quants/types.h's lists
  * ------------------------------------------------------------------------- */
-
-/* Row functions take a count of blocks (elements, for the 1-element types). */
-typedef struct {
-    int elems, bytes;
-    void (*dequant)(const void *src, float *dst, int64_t nb);
-    float (*dot)(const void *row, const float *x, int64_t nb);
-    /* Weight types: the activation format and the dot product with a row of it. */
-    int vec_type;
-    float (*vec_dot)(const void *row, const void *xq, int64_t nb);
-    /* Activation formats: the conversion from floats. */
-    void (*quantize)(const float *x, void *dst, int64_t nb);
-    /* Types with a batched order of their own (see batch_dot_k): their integer form. */
-    k_ints_fn batch_ints;
-    /* Q4_K: the rows of a batch llama.cpp's repacked kernel takes 4 at a time. */
-    batch_fn batch_by4;
-} type_traits;
 
 #define TRAITS(name, QK) \
     .elems = QK, .bytes = (int)sizeof(block_##name), .dequant = dequant_##name, .dot = dot_##name
 #define WEIGHT(name, vec) .vec_type = vec, .vec_dot = vec_dot_##name
-static const type_traits traits[SQ_BF16 + 1] = {
-    [SQ_F32] = { .elems = 1, .bytes = 4, .dequant = dequant_f32, .dot = dot_f32,
-                 WEIGHT(f32, SQ_F32), .quantize = quant_f32 },
-    [SQ_F16] = { .elems = 1, .bytes = 2, .dequant = dequant_f16, .dot = dot_f16,
-                 WEIGHT(f16, SQ_F16), .quantize = quant_f16 },
-    [SQ_BF16] = { .elems = 1, .bytes = 2, .dequant = dequant_bf16, .dot = dot_bf16,
-                  WEIGHT(bf16, SQ_BF16), .quantize = quant_bf16 },
-    [SQ_Q8_0] = { TRAITS(q8_0, QK8_0), WEIGHT(q8_0, SQ_Q8_0), .quantize = quant_q8_0 },
-    [SQ_Q8_1] = { TRAITS(q8_1, QK8_1), .quantize = quant_q8_1 },
-    [SQ_Q8_K] = { TRAITS(q8_K, QK_K), .quantize = quant_q8_K },
-    [SQ_Q4_0] = { TRAITS(q4_0, QK4_0), WEIGHT(q4_0, SQ_Q8_0) },
-    [SQ_Q4_1] = { TRAITS(q4_1, QK4_1), WEIGHT(q4_1, SQ_Q8_1) },
-    [SQ_Q5_0] = { TRAITS(q5_0, QK5_0), WEIGHT(q5_0, SQ_Q8_0) },
-    [SQ_Q5_1] = { TRAITS(q5_1, QK5_1), WEIGHT(q5_1, SQ_Q8_1) },
-    [SQ_Q2_K] = { TRAITS(q2_K, QK_K), WEIGHT(q2_K, SQ_Q8_K), .batch_ints = k_ints_q2_K },
-    [SQ_Q3_K] = { TRAITS(q3_K, QK_K), WEIGHT(q3_K, SQ_Q8_K), .batch_ints = k_ints_q3_K },
-    [SQ_Q4_K] = { TRAITS(q4_K, QK_K), WEIGHT(q4_K, SQ_Q8_K), .batch_by4 = batch_dot_q4_K },
-    [SQ_Q5_K] = { TRAITS(q5_K, QK_K), WEIGHT(q5_K, SQ_Q8_K), .batch_ints = k_ints_q5_K },
-    [SQ_Q6_K] = { TRAITS(q6_K, QK_K), WEIGHT(q6_K, SQ_Q8_K), .batch_ints = k_ints_q6_K },
-    [SQ_IQ4_NL] = { TRAITS(iq4_nl, QK4_NL), WEIGHT(iq4_nl, SQ_Q8_0) },
-    [SQ_IQ4_XS] = { TRAITS(iq4_xs, QK_K), WEIGHT(iq4_xs, SQ_Q8_K), .batch_ints = k_ints_iq4_xs },
+#define BATCH_VEC(name)
+#define BATCH_TILED(name) , .batch_ints = k_ints_##name
+#define BATCH_GEMM4(name) , .batch_by4 = sq_batch_dot_##name
+#define FLOAT_ROW(ctx, NAME, name, unit_t) \
+    [SQ_##NAME] = { .elems = 1, .bytes = (int)sizeof(unit_t), .dequant = dequant_##name, .dot = dot_##name, \
+                    WEIGHT(name, SQ_##NAME) },
+#define QUANT_ROW(ctx, NAME, name, QK, ACT, BATCH) \
+    [SQ_##NAME] = { TRAITS(name, QK), WEIGHT(name, SQ_##ACT) BATCH_##BATCH(name) },
+#define ACTIVATION_ROW(ctx, NAME, name, QK) [SQ_##NAME] = { TRAITS(name, QK) },
+const sq_type_traits sq_type_table[SQ_TYPE_SLOTS] = {
+    SQ_FLOAT_TYPES(FLOAT_ROW, _)
+    SQ_QUANT_TYPES(QUANT_ROW, _)
+    SQ_ACTIVATION_TYPES(ACTIVATION_ROW, _)
 };
 /* Every weight type's activations come in blocks of its own size, so one block
  * count serves both rows of a vec_dot. */
-static_assert(QK4_0 == QK8_0 && QK5_0 == QK8_0 && QK4_NL == QK8_0, "Q8_0 pairs");
-static_assert(QK4_1 == QK8_1 && QK5_1 == QK8_1, "Q8_1 pairs");
+#define ACT_QK_Q8_0 QK8_0
+#define ACT_QK_Q8_1 QK8_1
+#define ACT_QK_Q8_K QK_K
+#define SAME_BLOCKS(ctx, NAME, name, QK, ACT, BATCH) \
+    static_assert(QK == ACT_QK_##ACT, #NAME "'s blocks and " #ACT "'s differ in size");
+SQ_QUANT_TYPES(SAME_BLOCKS, _)
 
-/* The traits of type, or NULL for an unknown type (holes in the table have elems 0). */
-static const type_traits *lookup(int type) {
-    if (type < 0 || type > SQ_BF16 || traits[type].elems == 0)
-        return NULL;
-    return &traits[type];
-}
-
-/* Blocks in n elements, or -1 unless n is a positive whole number of them. */
-static int64_t whole_blocks(const type_traits *t, int64_t n) {
-    if (!t || n <= 0 || n % t->elems != 0)
-        return -1;
-    return n / t->elems;
-}
-
-int sq_block_elems(int type) {
-    const type_traits *t = lookup(type);
-    return t ? t->elems : 0;
-}
-
-int sq_block_bytes(int type) {
-    const type_traits *t = lookup(type);
-    return t ? t->bytes : 0;
-}
-
-int sq_dequantize_row(int type, const void *src, float *dst, int64_t n) {
-    const type_traits *t = lookup(type);
-    int64_t nb = whole_blocks(t, n);
-    if (nb < 0)
-        return -1;
-    t->dequant(src, dst, nb);
-    return 0;
-}
-
-/* Also serves Q8_1 and Q8_K rows (their decoded values times x); their vec_dot
- * entries are empty, so sq_vec_dot_type gives -1 and sq_vec_dot NaN for them. */
-float sq_dot_row(int type, const void *row, const float *x, int64_t n) {
-    const type_traits *t = lookup(type);
-    int64_t nb = whole_blocks(t, n);
-    if (nb < 0)
-        return NAN;
-    return t->dot(row, x, nb);
-}
-
-int sq_vec_dot_type(int type) {
-    const type_traits *t = lookup(type);
-    return t && t->vec_dot ? t->vec_type : -1;
-}
-
-int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
-    const type_traits *t = lookup(vec_type);
-    int64_t nb = whole_blocks(t, n);
-    if (nb < 0 || !t->quantize)
-        return -1;
-    t->quantize(x, dst, nb);
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------
- * SIMD selection: the AVX2/FMA or AVX-512 VNNI (quants_avx2.c, quants_avx512vnni.c,
- * x86-64) or NEON (quants_neon.c, AArch64) versions of the vec_dot functions, taking
- * the place of the table's entries while enabled. The setting is made on first use
- * (CPU support, and SMOLQ_SIMD: "0" for scalar, "avx2" to keep to AVX2 on a VNNI
- * CPU) and then only changed by sq_set_simd; it is one atomic int, read relaxed on
- * every call.
- * ------------------------------------------------------------------------- */
-
-typedef float (*vec_dot_fn)(const void *row, const void *xq, int64_t nb);
-
-/* The setting: which copy of the vec_dots is in use. The batched products, attention
- * and the rest have one SIMD version, used at SIMD_BASE and SIMD_VNNI alike. */
-enum { SIMD_OFF, SIMD_BASE, SIMD_VNNI, SIMD_LEVELS };
-
-#if defined(SQ_HAVE_AVX2_KERNELS)
-#define SIMD(fn) sq_##fn##_avx2
-static const char *const simd_names[SIMD_LEVELS] = {"scalar", "avx2", "avx512vnni"};
-#elif defined(SQ_HAVE_NEON_KERNELS)
-#define SIMD(fn) sq_##fn##_neon
-static const char *const simd_names[SIMD_LEVELS] = {"scalar", "neon", "neon"};
-#endif
-
-#ifdef SIMD
-#define HAVE_SIMD 1
-/* As vec_dot_fn, prefetching no further than stop (quants.h). */
-typedef float (*simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb, const void *stop);
-#define VEC_DOTS(suffix) {                                                                \
-    [SQ_Q4_0] = sq_vec_dot_q4_0_##suffix, [SQ_Q4_1] = sq_vec_dot_q4_1_##suffix,            \
-    [SQ_Q5_0] = sq_vec_dot_q5_0_##suffix, [SQ_Q5_1] = sq_vec_dot_q5_1_##suffix,            \
-    [SQ_Q8_0] = sq_vec_dot_q8_0_##suffix, [SQ_Q2_K] = sq_vec_dot_q2_K_##suffix,            \
-    [SQ_Q3_K] = sq_vec_dot_q3_K_##suffix, [SQ_Q4_K] = sq_vec_dot_q4_K_##suffix,            \
-    [SQ_Q5_K] = sq_vec_dot_q5_K_##suffix, [SQ_Q6_K] = sq_vec_dot_q6_K_##suffix,            \
-    [SQ_IQ4_NL] = sq_vec_dot_iq4_nl_##suffix, [SQ_IQ4_XS] = sq_vec_dot_iq4_xs_##suffix,    \
-}
-/* By setting, then type: all NULL at SIMD_OFF. */
-static const simd_vec_dot_fn simd_vec_dot[SIMD_LEVELS][SQ_BF16 + 1] = {
-#if defined(SQ_HAVE_AVX2_KERNELS)
-    [SIMD_BASE] = VEC_DOTS(avx2), [SIMD_VNNI] = VEC_DOTS(avx512vnni),
-#else
-    [SIMD_BASE] = VEC_DOTS(neon),
-#endif
+/* The activation formats: x converted to them for a vec_dot. */
+#define QUANTIZER(ctx, NAME, name, ...) [SQ_##NAME] = quant_##name,
+const sq_quantize_fn sq_quantizers[SQ_TYPE_SLOTS] = {
+    SQ_FLOAT_TYPES(QUANTIZER, _)
+    [SQ_Q8_0] = quant_q8_0,
+    SQ_ACTIVATION_TYPES(QUANTIZER, _)
 };
-
-/* Whole batches (sq_vec_dot_batch): the same bits as the C code they stand for
- * (batch_dot_k for Q6_K, batch_dot_q4_K for Q4_K). */
-static const batch_fn simd_batch[SQ_BF16 + 1] = {
-    [SQ_Q4_K] = SIMD(batch_dot_q4_K), [SQ_Q6_K] = SIMD(batch_dot_q6_K),
-};
-#endif
-
-#ifdef SQ_HAVE_AVX2_KERNELS
-/* Four activation rows at a time, each with the one-row function's bits (sq_vec_dot_batch). */
-typedef void (*vec_dot4_fn)(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
-static const vec_dot4_fn simd_vec_dot4[SQ_BF16 + 1] = {
-    [SQ_Q4_1] = sq_vec_dot4_q4_1_avx2,
-};
-
-/* The kernels also use F16C, which every AVX2 CPU has; checked all the same.
- * libgcc's (and compiler-rt's) checks include the OS saving the YMM registers
- * (and, for the AVX-512 features, the mask and ZMM state). */
-static int simd_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
-#ifdef SQ_VNNI_VIA_SIMDE
-/* A test build: the VNNI copy takes its VNNI instructions from SIMDe and runs wherever
- * the AVX2 one does. */
-static int vnni_supported(void) { return 1; }
-#else
-static int vnni_supported(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-#endif
-#elif defined(SQ_HAVE_NEON_KERNELS)
-/* Advanced SIMD is a mandatory part of AArch64. */
-static int simd_supported(void) { return 1; }
-static int vnni_supported(void) { return 0; }
-#else
-static int simd_supported(void) { return 0; }
-static int vnni_supported(void) { return 0; }
-#endif
-
-/* The best copy this CPU runs, no further than AVX2 if SMOLQ_SIMD says "avx2". */
-static int simd_best(void) {
-    if (!simd_supported())
-        return SIMD_OFF;
-    const char *env = getenv("SMOLQ_SIMD");
-    if (vnni_supported() && !(env && strcmp(env, "avx2") == 0))
-        return SIMD_VNNI;
-    return SIMD_BASE;
-}
-
-static atomic_int simd_state = -1; /* -1 until first use, then SIMD_OFF, SIMD_BASE or SIMD_VNNI */
-
-static int simd_level(void) {
-    int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
-    if (s >= 0)
-        return s;
-    const char *env = getenv("SMOLQ_SIMD");
-    int want = env && strcmp(env, "0") == 0 ? SIMD_OFF : simd_best();
-    /* Racing first uses compute the same value; an sq_set_simd in between wins. */
-    int expected = -1;
-    if (!atomic_compare_exchange_strong(&simd_state, &expected, want))
-        return expected;
-    return want;
-}
-
-int sq_simd_enabled(void) { return simd_level() != SIMD_OFF; }
-
-const char *sq_simd_name(void) {
-#ifdef HAVE_SIMD
-    return simd_names[simd_level()];
-#else
-    return "scalar";
-#endif
-}
-
-int sq_set_simd(int enabled) {
-    simd_level(); /* settle the first-use choice, so it cannot overwrite this one */
-    return atomic_exchange(&simd_state, enabled != 0 ? simd_best() : SIMD_OFF) != SIMD_OFF;
-}
-
-float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
-    const type_traits *t = lookup(type);
-    int64_t nb = whole_blocks(t, n);
-    if (nb < 0 || !t->vec_dot)
-        return NAN;
-#ifdef HAVE_SIMD
-    const simd_vec_dot_fn simd = simd_vec_dot[simd_level()][type];
-    if (simd)
-        return simd(row, xq, nb, (const uint8_t *)row + nb * t->bytes);
-#endif
-    return t->vec_dot(row, xq, nb);
-}
-
-int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t n,
-                     float *y, int64_t ldy) {
-    const type_traits *t = lookup(type);
-    int64_t nb = whole_blocks(t, n);
-    if (nb < 0 || !t->vec_dot || n_tokens < 0)
-        return -1;
-    batch_fn simd = NULL;
-#ifdef HAVE_SIMD
-    if (simd_batch[type] && sq_simd_enabled())
-        simd = simd_batch[type];
-#endif
-    if (t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) {
-        if (simd)
-            simd(row, xq, xq_stride, n_tokens, nb, y, ldy);
-        else
-            batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
-        return 0;
-    }
-    int by4 = t->batch_by4 ? n_tokens - n_tokens % 4 : 0;
-    if (by4)
-        (simd ? simd : t->batch_by4)(row, xq, xq_stride, by4, nb, y, ldy);
-    int i = by4;
-#ifdef SQ_HAVE_AVX2_KERNELS
-    if (simd_vec_dot4[type] && sq_simd_enabled()) {
-        for (float out[4]; i + 4 <= n_tokens; i += 4) {
-            simd_vec_dot4[type](row, (const uint8_t *)xq + i * xq_stride, xq_stride, nb, out);
-            for (int j = 0; j < 4; j++)
-                y[(i + j) * ldy] = out[j];
-        }
-    }
-#endif
-    for (; i < n_tokens; i++)
-        y[i * ldy] = sq_vec_dot(type, row, (const uint8_t *)xq + i * xq_stride, n);
-    return 0;
-}
-
-int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
-                    float *y) {
-    const type_traits *t = lookup(type);
-    int64_t nb = whole_blocks(t, n);
-    if (nb < 0 || !t->vec_dot || n_rows < 0)
-        return -1;
-    /* The function is chosen once for all rows. (Several rows per pass over xq, tried for
-     * Q4_1, Q8_0 (4 rows) and Q4_K (8 rows side by side), made decode slower.) */
-    const uint8_t *base = rows;
-#ifdef HAVE_SIMD
-    const simd_vec_dot_fn one = simd_vec_dot[simd_level()][type];
-    if (one && n_rows > 0) {
-        const uint8_t *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
-        for (int64_t r = 0; r < n_rows; r++)
-            y[r] = one(base + r * row_bytes, xq, nb, stop);
-        return 0;
-    }
-#endif
-    for (int64_t r = 0; r < n_rows; r++)
-        y[r] = t->vec_dot(base + r * row_bytes, xq, nb);
-    return 0;
-}
-
-int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
-                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
-    const type_traits *t = lookup(type);
-    int64_t nb = whole_blocks(t, n);
-    if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
-        return -1;
-    const uint8_t *base = rows;
-    int64_t r = 0;
-#ifdef SQ_HAVE_AVX2_KERNELS
-    /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
-     * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): eight rows at a time. */
-    if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled())
-        for (; r + 8 <= n_rows; r += 8)
-            sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, y + r, ldy);
-    /* Q4_K: the repacked gemm's tokens (all but n_tokens % 4) eight rows at a time; the
-     * rest of those rows' tokens as sq_vec_dot_batch would do them. */
-    const int by4 = n_tokens - n_tokens % 4;
-    if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
-        for (; r + 8 <= n_rows; r += 8) {
-            sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, y + r, ldy);
-            for (int k = by4; k < n_tokens; k++)
-                for (int j = 0; j < 8; j++)
-                    y[k * ldy + r + j] = sq_vec_dot(type, base + (r + j) * row_bytes,
-                                                    (const uint8_t *)xq + k * xq_stride, n);
-        }
-    }
-#endif
-    for (; r < n_rows; r++)
-        sq_vec_dot_batch(type, base + r * row_bytes, xq, xq_stride, n_tokens, n, y + r, ldy);
-    return 0;
-}

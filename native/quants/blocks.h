@@ -1,13 +1,13 @@
-/* quant_blocks.h: the GGUF block layouts of the quantized types, in one place for
- * quants.c (whose section for each type explains its encoding), the x86 kernels
- * (quants_x86_kernels.h) and the NEON kernels (quants_neon.c).
+/* quants/blocks.h: the GGUF block layouts of the quantized types, and the IQ4 grid, in
+ * one place for the scalar code (quants/scalar.c, whose section for each type explains
+ * its encoding), the batched orders, the x86 kernels and the NEON kernels.
  *
  * Fields are little-endian, as GGUF stores them; "f16" is an IEEE half kept as its
  * 16 bits. None of the structs has padding (the size asserts check it), so an array
  * of them is exactly a row as the file holds it.
  */
-#ifndef SMOLQ_QUANT_BLOCKS_H
-#define SMOLQ_QUANT_BLOCKS_H
+#ifndef SMOLQ_QUANTS_BLOCKS_H
+#define SMOLQ_QUANTS_BLOCKS_H
 
 #include <assert.h>
 #include <stdint.h>
@@ -57,6 +57,19 @@ static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
 static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
 
+/* The IQ4 grid: the 16 values an IQ4_NL or IQ4_XS code indexes, non-linear (denser
+ * near zero, where weights cluster). A list, so that it can fill a byte vector as well
+ * as an array; SQ_IQ4_VALUE(i) is value i as a constant expression, for tables built
+ * by the compiler. */
+#define SQ_IQ4_GRID -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+#define SQ_IQ4_VALUE(i) SQ_IQ4_NTH((i), SQ_IQ4_GRID)
+#define SQ_IQ4_NTH(i, ...) SQ_IQ4_PICK(i, __VA_ARGS__)
+#define SQ_IQ4_PICK(i, v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)    \
+    ((i) == 0 ? (v0) : (i) == 1 ? (v1) : (i) == 2 ? (v2) : (i) == 3 ? (v3) : (i) == 4 ? (v4) :   \
+     (i) == 5 ? (v5) : (i) == 6 ? (v6) : (i) == 7 ? (v7) : (i) == 8 ? (v8) : (i) == 9 ? (v9) :   \
+     (i) == 10 ? (v10) : (i) == 11 ? (v11) : (i) == 12 ? (v12) : (i) == 13 ? (v13) :            \
+     (i) == 14 ? (v14) : (v15))
+
 /* IQ4_NL: f16 scale d, 32 4-bit indices into the IQ4 grid, in Q4_0's order. */
 typedef struct { uint16_t d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
 static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
@@ -71,9 +84,28 @@ static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
 typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
 static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
 
+/* Group g's scale, sc - 32, from the 12 packed bytes (the packing: scalar.c's Q3_K section). */
+static inline int sq_q3_K_scale(const uint8_t *scales, int g) {
+    const int lo4 = (scales[g % 8] >> (4 * (g / 8))) & 0x0f;
+    const int hi2 = (scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo4 | hi2 << 4) - 32;
+}
+
 /* Q4_K: f16 d (for the scales) and dmin (for the mins), 8 6-bit scale/min pairs in 12 bytes, codes. */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+
+/* Group j's 6-bit scale and min, of Q4_K and Q5_K alike, from the 12 packed bytes s
+ * (the packing: scalar.c's section on scale/min pairs). */
+static inline void sq_k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
 
 /* Q5_K: Q4_K's fields, with bit 4 of every code in qh ahead of the low 4 bits in qs. */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
@@ -86,5 +118,10 @@ static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 /* IQ4_XS: f16 d, 8 6-bit group scales (high 2 bits in scales_h, low 4 in scales_l), grid indices. */
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
 static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
+
+/* Group g's 6-bit scale code s (its scale is d * (s - 32); scalar.c's IQ4_XS section). */
+static inline int sq_iq4_xs_scale(const block_iq4_xs *b, int g) {
+    return ((b->scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((b->scales_h >> (2 * g)) & 3) << 4;
+}
 
 #endif

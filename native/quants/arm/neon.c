@@ -1,43 +1,41 @@
-/* quants_neon.c: NEON (AArch64 Advanced SIMD) versions of the vec_dot functions.
+/* quants/arm/neon.c: NEON (AArch64 Advanced SIMD) versions of the vec_dot functions,
+ * and of the batched Q4_K and Q6_K products.
  *
- * Advanced SIMD is part of every AArch64 CPU, so quants.c uses these whenever it is
- * built for one (unless SMOLQ_SIMD=0 or sq_set_simd(0) asks for the scalar code).
+ * Advanced SIMD is part of every AArch64 CPU, so quants/dispatch.c uses these whenever
+ * it is built for one (unless SMOLQ_SIMD=0 or sq_set_simd(0) asks for the scalar code).
  * Only baseline ARMv8-A instructions are needed. Where the compiler targets the
  * dot-product extension (ARMv8.2's SDOT, e.g. -mcpu=native on a core that has it),
  * the two helpers that sum int8 products use it instead; the sums are the same.
  *
- * Every function gives exactly the bits of its scalar twin in quants.c, which was
- * written to give the bits of the AVX2 kernels (see KLANES and fma_lanes there).
- * Integer block sums are exact in any order, so only the float steps must match:
+ * Every function gives exactly the bits of its scalar twin in quants/scalar.c, by the
+ * rules of quants/types.h. Here that means:
  *  - the 8-lane types keep AVX2's 8 float accumulators as two float32x4_t (lanes
- *    0..3 and 4..7), with integer lane l summing the products of elements
- *    4l..4l+3 of every 32; each block updates them with one fused multiply-add
- *    (vfmaq, as the scalar code's fmaf) and the row ends with the same
- *    horizontal sum order;
+ *    0..3 and 4..7); each block updates them with one fused multiply-add (vfmaq, as
+ *    the scalar code's fmaf) and the row ends in sq_hsum8's order;
  *  - the single-chain types (Q4_0, IQ4_NL, Q4_K) form a block's whole integer
- *    sum and run the scalar chain of fmaf in block order.
- * Scale products (d * dy) are plain float multiplies, kept in their own
- * statements as in quants.c, so no compiler fuses them into a later add.
+ *    sum and run the scalar chain of fmaf in block order;
+ *  - scale products (d * dy) are plain float multiplies in statements of their own.
  *
  * Products of two int8 codes always fit an int16 (vmull_s8), and every sum after
  * that is widened to int32, so unlike AVX2's maddubs nothing here can saturate,
  * whatever the codes.
  */
-#if defined(__aarch64__)
+#include "simd.h"
+
+#ifdef SQ_NEON
 
 #include <arm_neon.h>
 #include <math.h>
 #include <stdint.h>
 
-#include "quants.h"
-#include "quant_blocks.h"
+#include "quants/kernels.h"
 
 /* ---------------------------------------------------------------------------
  * Small helpers
  * ------------------------------------------------------------------------- */
 
 /* f16 -> f32 by the hardware conversion: exact for every finite half and for
- * infinities, as quants.c's conversion is. */
+ * infinities, as quants/scalar.c's conversion is. */
 static inline float half_to_f32(uint16_t h) {
     return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
 }
@@ -57,15 +55,15 @@ static inline i32x8 i32x8_zero(void) {
     return r;
 }
 
-/* acc[l] += d * lane[l], rounded once: quants.c's fma_lanes. */
+/* acc[l] += d * lane[l], rounded once: scalar.c's fma_lanes. */
 static inline f32x8 fma_lanes(f32x8 acc, float d, i32x8 lane) {
     acc.lo = vfmaq_n_f32(acc.lo, vcvtq_f32_s32(lane.lo), d);
     acc.hi = vfmaq_n_f32(acc.hi, vcvtq_f32_s32(lane.hi), d);
     return acc;
 }
 
-/* quants.c's sum_lanes (AVX2's hsum order): lane l + lane l+4 first, then the
- * upper pair of that onto the lower, then the last two. */
+/* sq_hsum8 (simd.h) of the two registers: lane l + lane l+4 first, then the upper
+ * pair of that onto the lower, then the last two. */
 static inline float sum_lanes(f32x8 acc) {
     const float32x4_t t = vaddq_f32(acc.lo, acc.hi);
     const float32x2_t u = vadd_f32(vget_low_f32(t), vget_high_f32(t));
@@ -142,9 +140,7 @@ static inline int8x16_t q5_bit4(const uint8_t *qh) {
 }
 
 /* The 16 IQ4_NL grid values, for a byte table lookup (TBL) of 16 codes at once. */
-static const int8_t iq4_grid[16] = {
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-};
+static const int8_t iq4_grid[16] = { SQ_IQ4_GRID };
 
 static inline void iq4_values(const uint8_t *q, int8x16_t grid, int8x16_t *lo, int8x16_t *hi) {
     int8x16_t ilo, ihi;
@@ -153,13 +149,13 @@ static inline void iq4_values(const uint8_t *q, int8x16_t grid, int8x16_t *lo, i
     *hi = vqtbl1q_s8(grid, vreinterpretq_u8_s8(ihi));
 }
 
-/* The 8 6-bit scales and mins of a Q4_K/Q5_K block (quants.c's k_scale_min). */
+/* The 8 6-bit scales and mins of a Q4_K/Q5_K block (blocks.h's sq_k_scale_min). */
 static inline void k_scales_mins(const uint8_t *s, int32_t sc[8], int32_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 0x0f) | (s[j] >> 6) << 4;
-        mn[j + 4] = (s[j + 8] >> 4) | (s[j + 4] >> 6) << 4;
+    for (int j = 0; j < 8; j++) {
+        int a, b;
+        sq_k_scale_min(s, j, &a, &b);
+        sc[j] = a;
+        mn[j] = b;
     }
 }
 
@@ -176,7 +172,7 @@ static inline int32_t k_min_total(const int32_t mn[8], const int16_t *bsums) {
  * ------------------------------------------------------------------------- */
 
 float sq_vec_dot_q8_0_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q8_0 *x = row, *y = xq;
     f32x8 acc = f32x8_zero();
     for (int64_t i = 0; i < nb; i++) {
@@ -187,9 +183,9 @@ float sq_vec_dot_q8_0_neon(const void *row, const void *xq, int64_t nb, const vo
     return sum_lanes(acc);
 }
 
-/* Q4_0 and IQ4_NL run one fmaf chain over whole-block sums (see quants.c). */
+/* Q4_0 and IQ4_NL run one fmaf chain over whole-block sums (see scalar.c). */
 float sq_vec_dot_q4_0_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q4_0 *x = row;
     const block_q8_0 *y = xq;
     const int8x16_t eight = vdupq_n_s8(8);
@@ -205,7 +201,7 @@ float sq_vec_dot_q4_0_neon(const void *row, const void *xq, int64_t nb, const vo
 }
 
 float sq_vec_dot_iq4_nl_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_iq4_nl *x = row;
     const block_q8_0 *y = xq;
     const int8x16_t grid = vld1q_s8(iq4_grid);
@@ -222,7 +218,7 @@ float sq_vec_dot_iq4_nl_neon(const void *row, const void *xq, int64_t nb, const 
 
 /* The offset terms m * s have a float sum of their own, added after the lanes. */
 float sq_vec_dot_q4_1_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q4_1 *x = row;
     const block_q8_1 *y = xq;
     f32x8 acc = f32x8_zero();
@@ -247,7 +243,7 @@ static inline void q5_codes(const uint8_t *qs, const uint8_t *qh, int8x16_t *lo,
 }
 
 float sq_vec_dot_q5_0_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q5_0 *x = row;
     const block_q8_0 *y = xq;
     const int8x16_t sixteen = vdupq_n_s8(16);
@@ -263,7 +259,7 @@ float sq_vec_dot_q5_0_neon(const void *row, const void *xq, int64_t nb, const vo
 }
 
 float sq_vec_dot_q5_1_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q5_1 *x = row;
     const block_q8_1 *y = xq;
     f32x8 acc = f32x8_zero();
@@ -291,7 +287,7 @@ float sq_vec_dot_q5_1_neon(const void *row, const void *xq, int64_t nb, const vo
  * code lanes by dy * d. Byte l of each 32 of qs holds, in bit pairs 2c..2c+1,
  * element 32c + l of its 128-element half. */
 float sq_vec_dot_q2_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q2_K *x = row;
     const block_q8_K *y = xq;
     const uint8x16_t m3 = vdupq_n_u8(3);
@@ -322,19 +318,16 @@ float sq_vec_dot_q2_K_neon(const void *row, const void *xq, int64_t nb, const vo
     return sum_lanes(acc);
 }
 
-/* The 16 scales of a Q3_K block, sc - 32 (see quants.c for the packing). */
+/* The 16 scales of a Q3_K block, sc - 32 (blocks.h's sq_q3_K_scale). */
 static inline void q3_K_scales(const uint8_t *s, int32_t sc[16]) {
-    for (int g = 0; g < 16; g++) {
-        const int lo4 = (s[g % 8] >> (4 * (g / 8))) & 0x0f;
-        const int hi2 = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
-        sc[g] = (lo4 | hi2 << 4) - 32;
-    }
+    for (int g = 0; g < 16; g++)
+        sc[g] = sq_q3_K_scale(s, g);
 }
 
 /* Q3_K: the low 2 bits as in Q2_K; element 32c + l of half h has its high bit
  * at bit 4h + c of hmask[l], and its code is low2 - 4 unless that bit is set. */
 float sq_vec_dot_q3_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q3_K *x = row;
     const block_q8_K *y = xq;
     const uint8x16_t m3 = vdupq_n_u8(3), four = vdupq_n_u8(4);
@@ -387,9 +380,9 @@ static inline int32_t q4_K_span(const q4_K_codes *q, int c, const int32_t sc[8],
 }
 
 /* One fmaf chain for the codes and one for the mins, in block order, subtracted
- * at the end (quants.c's vec_dot_q4_K). */
+ * at the end (scalar.c's vec_dot_q4_K). */
 float sq_vec_dot_q4_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q4_K *x = row;
     const block_q8_K *y = xq;
     float sumf = 0.0f, summ = 0.0f;
@@ -413,7 +406,7 @@ float sq_vec_dot_q4_K_neon(const void *row, const void *xq, int64_t nb, const vo
  * 2c (2c+1) of qh[l]. The codes go into lanes; the mins are one integer per
  * block, fma'd by -(dy * dmin) into a float of their own added at the end. */
 float sq_vec_dot_q5_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q5_K *x = row;
     const block_q8_K *y = xq;
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m16 = vdupq_n_u8(0x10);
@@ -466,11 +459,11 @@ static inline void q6_K_codes(const block_q6_K *b, int8x16_t q[8][2]) {
 }
 
 /* Q6_K: the lanes take the unsigned codes, and the -32 comes off as 32 times the
- * (scale, bsum) pair lanes, two groups per lane, as in quants.c's vec_dot_q6_K:
+ * (scale, bsum) pair lanes, two groups per lane, as in scalar.c's vec_dot_q6_K:
  * a lane's integer differs from that of its own elements' signed codes, so the
  * signed codes would not give the same bits. */
 float sq_vec_dot_q6_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_q6_K *x = row;
     const block_q8_K *y = xq;
     f32x8 acc = f32x8_zero();
@@ -494,7 +487,7 @@ float sq_vec_dot_q6_K_neon(const void *row, const void *xq, int64_t nb, const vo
 /* IQ4_XS: 8 IQ4_NL-coded groups of 32, each with its scale s - 32 applied to its
  * lane sums; the 8 groups are summed in integers before the block's one FMA. */
 float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
-    (void)stop; /* see quants.h */
+    (void)stop; /* see quants/kernels.h */
     const block_iq4_xs *x = row;
     const block_q8_K *y = xq;
     const int8x16_t grid = vld1q_s8(iq4_grid);
@@ -502,7 +495,7 @@ float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const 
     for (int64_t i = 0; i < nb; i++) {
         i32x8 lane = i32x8_zero();
         for (int g = 0; g < 8; g++) {
-            const int s = ((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((x[i].scales_h >> (2 * g)) & 3) << 4;
+            const int s = sq_iq4_xs_scale(&x[i], g);
             int8x16_t w0, w1;
             iq4_values(x[i].qs + 16 * g, grid, &w0, &w1);
             lane = add_chunk(lane, w0, w1, y[i].qs + 32 * g, s - 32, s - 32);
@@ -516,7 +509,7 @@ float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const 
 /* ---------------------------------------------------------------------------
  * Batches: one weight row times n_tokens activation rows, stride bytes apart.
  * The block is unpacked once for every row; each row's float steps are the
- * scalar batch functions' (quants.c's batch_dot_q4_K and batch_dot_k).
+ * scalar batch functions' (quants/batch.c's sq_batch_dot_q4_K and sq_batch_dot_k).
  * ------------------------------------------------------------------------- */
 
 static inline const block_q8_K *act_block(const void *xq, int64_t stride, int t, int64_t i) {

@@ -1,12 +1,19 @@
-/* quants_avx2.c: AVX2/FMA versions of the hot vec_dot functions of quants.c (the
- * kernels of quants_x86_kernels.h, compiled for AVX2), and the batched products.
+/* quants/x86/avx2.c: the x86 vec_dots (x86/vec_dots.h) compiled for AVX2/FMA/F16C, and
+ * the AVX2 batched products: several activation rows, or several weight rows, at once.
  *
  * The batched products are AVX2 only: they serve CPUs with AVX-512 VNNI as well (the
- * same bits on either), and quants.c calls them whichever vec_dot copy is in use.
+ * same bits on either), and quants/dispatch.c calls them whichever vec_dot copy is in
+ * use. Each has the bits of quants/batch.c's order for its type.
  */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "simd.h"
 
-#include "quants_x86_kernels.h"
+#ifdef SQ_X86
+
+#include "quants/x86/vec_dots.h"
+
+/* ---------------------------------------------------------------------------
+ * Q4_1: four activation rows at once
+ * ------------------------------------------------------------------------- */
 
 /* Four activation rows (stride bytes apart) at once, each rounded exactly as
  * sq_vec_dot_q4_1_avx2 rounds it: the block's codes are unpacked once for the four. */
@@ -31,8 +38,12 @@ TARGET void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t strid
         }
     }
     for (int t = 0; t < 4; t++)
-        out[t] = hsum8(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
+        out[t] = sq_hsum8_avx2(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
 }
+
+/* ---------------------------------------------------------------------------
+ * Q4_K: the repacked gemm's order (quants/batch.c), for one row and for eight
+ * ------------------------------------------------------------------------- */
 
 /* One token's four span sums of a Q4_K block (64 elements each, exact, as floats) and
  * its four min terms mn[2c] * (bsums[4c] + bsums[4c+1]) + mn[2c+1] * (bsums[4c+2] + bsums[4c+3]). */
@@ -53,7 +64,7 @@ static inline TARGET void q4_K_span_sums(const block_q8_K *a, const __m256i lo[4
 }
 
 /* Q4_K times n_tokens activation rows (stride bytes apart) in the order of llama.cpp's
- * repacked gemm, as quants.c's batch_dot_q4_K: per 64 elements (groups 2c and 2c+1) an
+ * repacked gemm, as quants/batch.c's sq_batch_dot_q4_K: per 64 elements (groups 2c and 2c+1) an
  * exact integer sum for the codes and one for the mins, each fma'd into its chain.
  * The codes are split into nibbles once per block for a tile of rows. */
 TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
@@ -123,25 +134,6 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
     }
 }
 
-/* 8x8 transpose of 32-bit words: v[r] word j -> v[j] word r. */
-static inline TARGET void transpose8_epi32(__m256i v[8]) {
-    __m256i a[8], b[8];
-    for (int k = 0; k < 8; k += 2) {
-        a[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
-        a[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
-    }
-    for (int k = 0; k < 8; k += 4) {
-        b[k] = _mm256_unpacklo_epi64(a[k], a[k + 2]);
-        b[k + 1] = _mm256_unpackhi_epi64(a[k], a[k + 2]);
-        b[k + 2] = _mm256_unpacklo_epi64(a[k + 1], a[k + 3]);
-        b[k + 3] = _mm256_unpackhi_epi64(a[k + 1], a[k + 3]);
-    }
-    for (int k = 0; k < 4; k++) {
-        v[k] = _mm256_permute2x128_si256(b[k], b[k + 4], 0x20);
-        v[k + 4] = _mm256_permute2x128_si256(b[k], b[k + 4], 0x31);
-    }
-}
-
 /* Block i of eight Q4_K rows side by side (see sq_batch_dot8_q4_K_avx2): codes[c][h][j]
  * holds elements 64c + 32h + 4j .. +3 of every row, one row per 32-bit lane; scale[g]
  * each row's scale of group g as two int16; mins[c] each row's (min 2c, min 2c+1). */
@@ -170,7 +162,7 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
         for (int r = 0; r < 8; r++)
             q[r] = _mm256_loadu_si256(
                 (const __m256i *)(((const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
-        transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
+        sq_transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
         for (int j = 0; j < 8; j++) {
             codes[c][0][j] = _mm256_and_si256(q[j], m4);
             codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
@@ -241,6 +233,10 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
     }
 }
 
+/* ---------------------------------------------------------------------------
+ * Q6_K: the tiled order (quants/batch.c), for eight rows and for one
+ * ------------------------------------------------------------------------- */
+
 /* Eight Q6_K rows at once in the tiled order of sq_batch_dot_q6_K_avx2, each row with its
  * bits: per block the exact sum s1 = sum(scale * code * a) - 32 * sum(scale * bsums), then
  * y = fma(d * s1, a->d, y). As in sq_batch_dot8_q4_K_avx2, the rows sit in the lanes (4
@@ -281,7 +277,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
                 const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m2);
                 q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
             }
-            transpose8_epi32(q);
+            sq_transpose8_epi32(q);
             for (int j = 0; j < 8; j++)
                 codes[k][j] = q[j];
         }
@@ -318,7 +314,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
 }
 
 /* Q6_K times n_tokens activation rows (stride bytes apart) in llama.cpp's tiled
- * order, as quants.c's batch_dot_k: per block the exact integer
+ * order, as quants/batch.c's sq_batch_dot_k: per block the exact integer
  * s1 = sum(sc * (q - 32) * qy), formed as sum(sc * q * qy) - 32 * sum(sc * bsum), then
  * y = fma(d * s1, dy, y). The 6-bit codes are assembled once per block for all rows. */
 TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,

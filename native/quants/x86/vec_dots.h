@@ -1,25 +1,23 @@
-/* quants_x86_kernels.h: the x86-64 vec_dot kernels, written once and compiled twice:
- * by quants_avx2.c for AVX2/FMA/F16C, and by quants_avx512vnni.c for CPUs that also have
+/* quants/x86/vec_dots.h: the x86-64 vec_dot kernels, written once and compiled twice:
+ * by x86/avx2.c for AVX2/FMA/F16C, and by x86/avx512vnni.c for CPUs that also have
  * AVX-512 VNNI (with VL and BW), where two integer steps each become one instruction.
  * Both copies work in 256-bit registers and put the same value in every int32 lane, so
  * their float steps, and their results, are the same bits.
  *
- * quants.c selects a copy at run time (see sq_simd_name / sq_set_simd) from what the CPU
- * has; the build passes no -march flag, so every function here carries a target
- * attribute and nothing here runs unless that check passed.
+ * quants/dispatch.c selects a copy at run time (see sq_simd_name / sq_set_simd) from
+ * what the CPU has; every function here carries a target attribute, and nothing here
+ * runs unless that check passed (simd.h).
  *
  * The shape follows llama.cpp's AVX2 kernels: per block, the codes are multiplied
  * as bytes with maddubs (unsigned x signed, pairs summed to int16), widened with
  * madd (int16 pairs summed to int32, times a group scale where the type has one),
  * converted to float and accumulated with an FMA by the block's combined float
- * scale into 8 float lanes, which a final horizontal sum adds up. The integer part
- * of every block is exact, so these agree with the scalar functions up to float
- * rounding order: the scalar code rounds one block total at a time, these 8 lanes.
- * Every kernel here has a scalar twin in quants.c that repeats its float steps (the
- * same lanes, the same fmas, the same final sum), so the two paths agree bit for bit.
- * The VNNI copy forms the same int32 lanes with vpdpbusd (the 4 byte products of a
- * lane summed straight into int32) where a product has no group scale, and with
- * vpdpwssd (madd and the add after it) where it has one.
+ * scale into 8 float lanes, which a final horizontal sum adds up. Every kernel here
+ * has a scalar twin in quants/scalar.c with the same float steps, so the two paths
+ * agree bit for bit (quants/types.h says why that holds). The VNNI copy forms the
+ * same int32 lanes with vpdpbusd (the 4 byte products of a lane summed straight into
+ * int32) where a product has no group scale, and with vpdpwssd (madd and the add
+ * after it) where it has one.
  *
  * maddubs saturates int16: every use here stays below it. Q4 nibbles (0..15) and
  * Q6_K codes (0..63) times activation codes (-127..127, as the quantizers make
@@ -33,19 +31,17 @@
  * portable versions of them and the VNNI copy targets plain AVX2, so that it runs, and
  * is tested, on any AVX2 CPU.
  */
-#ifndef SMOLQ_QUANTS_X86_KERNELS_H
-#define SMOLQ_QUANTS_X86_KERNELS_H
+#ifndef SMOLQ_QUANTS_X86_VEC_DOTS_H
+#define SMOLQ_QUANTS_X86_VEC_DOTS_H
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <immintrin.h>
 
-#include "quants.h"
-#include "quant_blocks.h"
+#include "quants/kernels.h"
 
 #if !defined(SQ_X86_VNNI)
-#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define TARGET SQ_AVX2
 #define KERNEL(fn) sq_##fn##_avx2
 #elif defined(SQ_VNNI_VIA_SIMDE)
 #ifdef __clang__
@@ -65,23 +61,20 @@
 #include <simde/x86/avx512/dpwssd.h>
 #pragma GCC pop_options
 #endif
-#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define TARGET SQ_AVX2
 #define KERNEL(fn) sq_##fn##_avx512vnni
 #else
 #define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define KERNEL(fn) sq_##fn##_avx512vnni
 #endif
 
-/* f16 -> f32 with F16C: exact for every half, as quants.c's conversion is. */
+/* ---------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------- */
+
+/* f16 -> f32 with F16C: exact for every half, as quants/scalar.c's conversion is. */
 static inline TARGET float h2f(uint16_t h) {
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-}
-
-static inline TARGET float hsum8(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
 }
 
 /* Sum of 4 int32 lanes (exact, so in any order). */
@@ -89,12 +82,6 @@ static inline TARGET int32_t hsum_i32x4(__m128i v) {
     v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
     v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
     return _mm_cvtsi128_si32(v);
-}
-
-static inline TARGET float hsum4(__m128 r) {
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
 }
 
 /* Sum of 8 int32 lanes (exact, so any order will do). */
@@ -174,6 +161,10 @@ static inline TARGET __m256i dot_ss8(__m256i x, __m256i y) {
     return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
+/* ---------------------------------------------------------------------------
+ * 32-element blocks with Q8_0 / Q8_1 activations
+ * ------------------------------------------------------------------------- */
+
 TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q8_0 *x = row, *y = xq;
     __m256 acc = _mm256_setzero_ps();
@@ -184,7 +175,7 @@ TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, c
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 /* Q4_0 and IQ4_NL: one whole-block integer sum, then one fma per block in block
@@ -207,7 +198,7 @@ TARGET float KERNEL(vec_dot_q4_0)(const void *row, const void *xq, int64_t nb, c
 TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_iq4_nl *x = row;
     const block_q8_0 *y = xq;
-    const __m128i grid = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    const __m128i grid = _mm_setr_epi8(SQ_IQ4_GRID);
     const __m256i lut = _mm256_broadcastsi128_si256(grid);
     float acc = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
@@ -242,7 +233,7 @@ TARGET float KERNEL(vec_dot_q4_1)(const void *row, const void *xq, int64_t nb, c
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot_us8(nibbles32(x[i].qs), qy)), acc);
     }
-    return hsum8(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
+    return sq_hsum8_avx2(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
 }
 
 /* Bit 4 of the 32 codes of a Q5_0/Q5_1 block as bytes 0x10 or 0: byte j copies
@@ -258,7 +249,7 @@ static inline TARGET __m256i q5_bit4(const uint8_t *qh) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
 }
 
-/* quants.c's vec_dot_q5_0 does the same lane by lane, so the two agree bit for bit. */
+/* scalar.c's vec_dot_q5_0 does the same lane by lane. */
 TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q5_0 *x = row;
     const block_q8_0 *y = xq;
@@ -271,10 +262,10 @@ TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, c
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
-/* As Q4_1 with 5-bit codes; bit-exact with quants.c's vec_dot_q5_1. */
+/* As Q4_1 with 5-bit codes, as scalar.c's vec_dot_q5_1. */
 TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q5_1 *x = row;
     const block_q8_1 *y = xq;
@@ -289,11 +280,15 @@ TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, c
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(qx, qy)), acc);
     }
-    return hsum8(acc) + summs;
+    return sq_hsum8_avx2(acc) + summs;
 }
 
+/* ---------------------------------------------------------------------------
+ * 256-element blocks with Q8_K activations
+ * ------------------------------------------------------------------------- */
+
 /* The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block, from
- * their 12 packed bytes a 32-bit word at a time (quants.c's k_scale_min gives the same
+ * their 12 packed bytes a 32-bit word at a time (blocks.h's sq_k_scale_min gives the same
  * values one pair at a time). Reads 16 bytes from s: the 12 and 4 of the codes after. */
 static inline TARGET __m128i k_scales_mins(const uint8_t *s) {
     const __m128i v = _mm_loadu_si128((const __m128i *)s);
@@ -351,10 +346,8 @@ TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, c
     return _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
 }
 
-/* Q2_K, Q3_K, Q5_K and Q6_K round as llama.cpp's AVX2 kernels do (and as the
- * scalar versions in quants.c, which describe the lanes): each block's integer
- * lanes are those of llama.cpp's, as its float steps are, so results agree bit
- * for bit. Every group of 16 lies in one 128-bit half of a register of 32 codes,
+/* Q2_K, Q3_K, Q5_K and Q6_K keep the integer lanes of llama.cpp's AVX2 kernels (scalar.c
+ * describes them). Every group of 16 lies in one 128-bit half of a register of 32 codes,
  * so its scale is one int16 broadcast over that half. */
 static inline TARGET __m256i scale_halves(int lo, int hi) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)), _mm_set1_epi16((short)hi), 1);
@@ -392,7 +385,7 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 /* Q3_K: q = low2 - 4 * (hbit clear) is taken as maddubs(low2, y) - maddubs(4 or 0, y),
@@ -405,11 +398,8 @@ TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, c
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
         int sc[16];
-        for (int g = 0; g < 16; g++) {
-            const int lo4 = (x[i].scales[g % 8] >> (4 * (g / 8))) & 0x0f;
-            const int hi2 = (x[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-            sc[g] = (lo4 | hi2 << 4) - 32;
-        }
+        for (int g = 0; g < 16; g++)
+            sc[g] = sq_q3_K_scale(x[i].scales, g);
         const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].hmask);
         /* Low bits laid out as in Q2_K; the high bit of element 32c + b of half h
          * is bit 4h + c of hmask[b]. */
@@ -429,7 +419,7 @@ TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, c
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 /* Q5_K: the codes as Q4_K's plus bit 2c (even group) or 2c+1 (odd) of qh[l] as
@@ -471,7 +461,7 @@ TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, c
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc) + summs;
+    return sq_hsum8_avx2(acc) + summs;
 }
 
 /* Q6_K: the codes q (0..63) multiply the activations unsigned, pair sums at most
@@ -516,17 +506,14 @@ TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, c
         const float d = y[i].d * h2f(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
-/* IQ4_XS: the grid (quants.c's kvalues_iq4nl) is looked up 16 codes at a time
- * with a byte shuffle, in each 128-bit half. Every group's int16 pair sums are
- * multiplied by its scale s - 32 in the widening madd, and the 8 groups of a
- * super-block summed in int32 before the one FMA; quants.c's vec_dot_iq4_xs
- * forms the same lane sums, so the two agree bit for bit. */
-static const int8_t iq4_grid[16] = {
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-};
+/* IQ4_XS: the grid (quants/blocks.h) is looked up 16 codes at a time with a byte
+ * shuffle, in each 128-bit half. Every group's int16 pair sums are multiplied by its
+ * scale s - 32 in the widening madd, and the 8 groups of a super-block summed in int32
+ * before the one FMA; scalar.c's vec_dot_iq4_xs forms the same lane sums. */
+static const int8_t iq4_grid[16] = { SQ_IQ4_GRID };
 
 TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_iq4_xs *x = row;
@@ -537,7 +524,7 @@ TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb,
         prefetch_ahead(x + i, sizeof *x, stop);
         __m256i sumi = _mm256_setzero_si256();
         for (int g = 0; g < 8; g++) {
-            const int s = ((x[i].scales_l[g / 2] >> (4 * (g % 2))) & 0x0f) | ((x[i].scales_h >> (2 * g)) & 3) << 4;
+            const int s = sq_iq4_xs_scale(&x[i], g);
             const __m256i w = _mm256_shuffle_epi8(grid, nibbles32(x[i].qs + 16 * g));
             const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * g));
             const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qy, w));
@@ -546,7 +533,7 @@ TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb,
         const float d = h2f(x[i].d) * y[i].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum8(acc);
+    return sq_hsum8_avx2(acc);
 }
 
 #endif

@@ -1,0 +1,235 @@
+/* quants/dispatch.c: which copy of the dot products runs, and the dot products with
+ * converted activations that the ABI offers (sq_vec_dot and its batched and many-row
+ * forms).
+ *
+ * The AVX2/FMA or AVX-512 VNNI (quants/x86/, x86-64) or NEON (quants/arm/, AArch64)
+ * versions of the vec_dot functions take the place of the table's entries while
+ * enabled; every copy gives the scalar ones' bits (quants/types.h). The setting is
+ * made on first use (CPU support, and SMOLQ_SIMD: "0" for scalar, "avx2" to keep to
+ * AVX2 on a VNNI CPU) and then only changed by sq_set_simd; it is one atomic int, read
+ * relaxed on every call.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quants/kernels.h"
+
+/* ---------------------------------------------------------------------------
+ * The SIMD copies
+ * ------------------------------------------------------------------------- */
+
+/* The setting: which copy of the vec_dots is in use. The batched products, attention
+ * and the rest have one SIMD version, used at SIMD_BASE and SIMD_VNNI alike. */
+enum { SIMD_OFF, SIMD_BASE, SIMD_VNNI, SIMD_LEVELS };
+
+#if defined(SQ_X86)
+#define SIMD(fn) sq_##fn##_avx2
+static const char *const simd_names[SIMD_LEVELS] = {"scalar", "avx2", "avx512vnni"};
+#elif defined(SQ_NEON)
+#define SIMD(fn) sq_##fn##_neon
+static const char *const simd_names[SIMD_LEVELS] = {"scalar", "neon", "neon"};
+#endif
+
+#ifdef SIMD
+#define HAVE_SIMD 1
+/* One SIMD copy's vec_dots, a row per type of quants/types.h's SQ_QUANT_TYPES. */
+#define VEC_DOT_ENTRY(simd, NAME, name, ...) [SQ_##NAME] = sq_vec_dot_##name##_##simd,
+#define VEC_DOTS(simd) { SQ_QUANT_TYPES(VEC_DOT_ENTRY, simd) }
+/* By setting, then type: all NULL at SIMD_OFF. */
+static const sq_simd_vec_dot_fn simd_vec_dot[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
+#if defined(SQ_X86)
+    [SIMD_BASE] = VEC_DOTS(avx2), [SIMD_VNNI] = VEC_DOTS(avx512vnni),
+#else
+    [SIMD_BASE] = VEC_DOTS(neon),
+#endif
+};
+
+/* Whole batches (sq_vec_dot_batch): the same bits as the C code they stand for
+ * (sq_batch_dot_k for Q6_K, sq_batch_dot_q4_K for Q4_K). */
+static const sq_batch_fn simd_batch[SQ_TYPE_SLOTS] = {
+    [SQ_Q4_K] = SIMD(batch_dot_q4_K), [SQ_Q6_K] = SIMD(batch_dot_q6_K),
+};
+#endif
+
+#ifdef SQ_X86
+/* Four activation rows at a time, each with the one-row function's bits (sq_vec_dot_batch). */
+typedef void (*vec_dot4_fn)(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
+static const vec_dot4_fn simd_vec_dot4[SQ_TYPE_SLOTS] = {
+    [SQ_Q4_1] = sq_vec_dot4_q4_1_avx2,
+};
+#endif
+
+/* ---------------------------------------------------------------------------
+ * The setting
+ * ------------------------------------------------------------------------- */
+
+/* Whether the CPU runs the base SIMD copy, and the VNNI one (simd.h's checks). */
+static int simd_supported(void) {
+#if defined(SQ_X86)
+    return sq_cpu_has_avx2();
+#elif defined(SQ_NEON)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int vnni_supported(void) {
+#if defined(SQ_X86)
+    return sq_cpu_has_avx512vnni();
+#else
+    return 0;
+#endif
+}
+
+/* The best copy this CPU runs, no further than AVX2 if SMOLQ_SIMD says "avx2". */
+static int simd_best(void) {
+    if (!simd_supported())
+        return SIMD_OFF;
+    const char *env = getenv("SMOLQ_SIMD");
+    if (vnni_supported() && !(env && strcmp(env, "avx2") == 0))
+        return SIMD_VNNI;
+    return SIMD_BASE;
+}
+
+static atomic_int simd_state = -1; /* -1 until first use, then SIMD_OFF, SIMD_BASE or SIMD_VNNI */
+
+static int simd_level(void) {
+    int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
+    if (s >= 0)
+        return s;
+    const char *env = getenv("SMOLQ_SIMD");
+    int want = env && strcmp(env, "0") == 0 ? SIMD_OFF : simd_best();
+    /* Racing first uses compute the same value; an sq_set_simd in between wins. */
+    int expected = -1;
+    if (!atomic_compare_exchange_strong(&simd_state, &expected, want))
+        return expected;
+    return want;
+}
+
+int sq_simd_enabled(void) { return simd_level() != SIMD_OFF; }
+
+const char *sq_simd_name(void) {
+#ifdef HAVE_SIMD
+    return simd_names[simd_level()];
+#else
+    return "scalar";
+#endif
+}
+
+int sq_set_simd(int enabled) {
+    simd_level(); /* settle the first-use choice, so it cannot overwrite this one */
+    return atomic_exchange(&simd_state, enabled != 0 ? simd_best() : SIMD_OFF) != SIMD_OFF;
+}
+
+/* ---------------------------------------------------------------------------
+ * Dot products with converted activations
+ * ------------------------------------------------------------------------- */
+
+float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
+    const sq_type_traits *t = sq_traits(type);
+    int64_t nb = sq_whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot)
+        return NAN;
+#ifdef HAVE_SIMD
+    const sq_simd_vec_dot_fn simd = simd_vec_dot[simd_level()][type];
+    if (simd)
+        return simd(row, xq, nb, (const uint8_t *)row + nb * t->bytes);
+#endif
+    return t->vec_dot(row, xq, nb);
+}
+
+int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t n,
+                     float *y, int64_t ldy) {
+    const sq_type_traits *t = sq_traits(type);
+    int64_t nb = sq_whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot || n_tokens < 0)
+        return -1;
+    sq_batch_fn simd = NULL;
+#ifdef HAVE_SIMD
+    if (simd_batch[type] && sq_simd_enabled())
+        simd = simd_batch[type];
+#endif
+    if (t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) {
+        if (simd)
+            simd(row, xq, xq_stride, n_tokens, nb, y, ldy);
+        else
+            sq_batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
+        return 0;
+    }
+    int by4 = t->batch_by4 ? n_tokens - n_tokens % 4 : 0;
+    if (by4)
+        (simd ? simd : t->batch_by4)(row, xq, xq_stride, by4, nb, y, ldy);
+    int i = by4;
+#ifdef SQ_X86
+    if (simd_vec_dot4[type] && sq_simd_enabled()) {
+        for (float out[4]; i + 4 <= n_tokens; i += 4) {
+            simd_vec_dot4[type](row, (const uint8_t *)xq + i * xq_stride, xq_stride, nb, out);
+            for (int j = 0; j < 4; j++)
+                y[(i + j) * ldy] = out[j];
+        }
+    }
+#endif
+    for (; i < n_tokens; i++)
+        y[i * ldy] = sq_vec_dot(type, row, (const uint8_t *)xq + i * xq_stride, n);
+    return 0;
+}
+
+int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
+                    float *y) {
+    const sq_type_traits *t = sq_traits(type);
+    int64_t nb = sq_whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot || n_rows < 0)
+        return -1;
+    /* The function is chosen once for all rows. (Several rows per pass over xq, tried for
+     * Q4_1, Q8_0 (4 rows) and Q4_K (8 rows side by side), made decode slower.) */
+    const uint8_t *base = rows;
+#ifdef HAVE_SIMD
+    const sq_simd_vec_dot_fn one = simd_vec_dot[simd_level()][type];
+    if (one && n_rows > 0) {
+        const uint8_t *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
+        for (int64_t r = 0; r < n_rows; r++)
+            y[r] = one(base + r * row_bytes, xq, nb, stop);
+        return 0;
+    }
+#endif
+    for (int64_t r = 0; r < n_rows; r++)
+        y[r] = t->vec_dot(base + r * row_bytes, xq, nb);
+    return 0;
+}
+
+int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
+                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
+    const sq_type_traits *t = sq_traits(type);
+    int64_t nb = sq_whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
+        return -1;
+    const uint8_t *base = rows;
+    int64_t r = 0;
+#ifdef SQ_X86
+    /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
+     * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): eight rows at a time. */
+    if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled())
+        for (; r + 8 <= n_rows; r += 8)
+            sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, y + r, ldy);
+    /* Q4_K: the repacked gemm's tokens (all but n_tokens % 4) eight rows at a time; the
+     * rest of those rows' tokens as sq_vec_dot_batch would do them. */
+    const int by4 = n_tokens - n_tokens % 4;
+    if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
+        for (; r + 8 <= n_rows; r += 8) {
+            sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, y + r, ldy);
+            for (int k = by4; k < n_tokens; k++)
+                for (int j = 0; j < 8; j++)
+                    y[k * ldy + r + j] = sq_vec_dot(type, base + (r + j) * row_bytes,
+                                                    (const uint8_t *)xq + k * xq_stride, n);
+        }
+    }
+#endif
+    for (; r < n_rows; r++)
+        sq_vec_dot_batch(type, base + r * row_bytes, xq, xq_stride, n_tokens, n, y + r, ldy);
+    return 0;
+}

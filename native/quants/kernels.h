@@ -1,0 +1,159 @@
+/* quants/kernels.h: how the files of quants/ reach one another.
+ *
+ *   types.h      the list of types (and why every path gives the same bits)
+ *   blocks.h     their block layouts
+ *   scalar.c     the scalar reference of every type, and the type table built from the list
+ *   batch.c      the batched orders: one weight row times many tokens
+ *   types.c      what the table answers: geometry, decoding, conversion, names
+ *   dispatch.c   the SIMD path in use, and the dot products that take it
+ *   x86/, arm/   the SIMD kernels, each with a scalar twin in scalar.c
+ */
+#ifndef SMOLQ_QUANTS_KERNELS_H
+#define SMOLQ_QUANTS_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "smolq.h"
+#include "simd.h"
+#include "quants/blocks.h"
+#include "quants/types.h"
+
+/* ---------------------------------------------------------------------------
+ * The type table (quants/scalar.c)
+ * ------------------------------------------------------------------------- */
+
+/* Tables indexed by type have this many slots: every listed type's GGUF number is below. */
+#define SQ_TYPE_SLOTS (SQ_BF16 + 1)
+#define SQ_CHECK_SLOT(ctx, NAME, ...) \
+    static_assert(SQ_##NAME >= 0 && SQ_##NAME < SQ_TYPE_SLOTS, "SQ_" #NAME " has no slot in the type tables");
+SQ_FLOAT_TYPES(SQ_CHECK_SLOT, _)
+SQ_QUANT_TYPES(SQ_CHECK_SLOT, _)
+SQ_ACTIVATION_TYPES(SQ_CHECK_SLOT, _)
+
+/* Row functions take a count of blocks (elements, for the float types). */
+typedef void (*sq_dequant_fn)(const void *src, float *dst, int64_t nb);
+typedef float (*sq_dot_fn)(const void *row, const float *x, int64_t nb);
+typedef float (*sq_vec_dot_fn)(const void *row, const void *xq, int64_t nb);
+typedef void (*sq_quantize_fn)(const float *x, void *dst, int64_t nb);
+/* n_tokens activation rows xq_stride bytes apart times one weight row, into y[t * ldy]. */
+typedef void (*sq_batch_fn)(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                            float *y, int64_t ldy);
+
+/* One block in integers, for the tiled order (quants/batch.c): w the scaled signed codes
+ * in element order, mn the mins per group of 16 (all 0 for the types without), d and
+ * dmin its scales. */
+typedef struct {
+    int16_t w[QK_K];
+    int16_t mn[QK_K / 16];
+    float d, dmin;
+    int has_min;
+} sq_block_ints;
+typedef void (*sq_ints_fn)(const void *block, sq_block_ints *k);
+
+typedef struct {
+    int elems, bytes;
+    sq_dequant_fn dequant;
+    sq_dot_fn dot;
+    /* Weight types: the activation format and the dot product with a row of it. */
+    int vec_type;
+    sq_vec_dot_fn vec_dot;
+    /* BATCH TILED: the block's integer form for sq_batch_dot_k. */
+    sq_ints_fn batch_ints;
+    /* BATCH GEMM4: the rows of a batch llama.cpp's repacked kernel takes 4 at a time. */
+    sq_batch_fn batch_by4;
+} sq_type_traits;
+
+/* The table, by type; slots of no type have elems 0. */
+extern const sq_type_traits sq_type_table[SQ_TYPE_SLOTS];
+/* By activation format (the float types, Q8_0, Q8_1 and Q8_K): the conversion from floats. */
+extern const sq_quantize_fn sq_quantizers[SQ_TYPE_SLOTS];
+
+/* The traits of type, or NULL for a type the kernel does not know. */
+static inline const sq_type_traits *sq_traits(int type) {
+    if (type < 0 || type >= SQ_TYPE_SLOTS || sq_type_table[type].elems == 0)
+        return NULL;
+    return &sq_type_table[type];
+}
+
+/* The conversion from floats into activation format type, or NULL. */
+static inline sq_quantize_fn sq_quantizer(int type) {
+    return sq_traits(type) ? sq_quantizers[type] : NULL;
+}
+
+/* Blocks in n elements, or -1 unless t is a type and n a positive whole number of its blocks. */
+static inline int64_t sq_whole_blocks(const sq_type_traits *t, int64_t n) {
+    if (!t || n <= 0 || n % t->elems != 0)
+        return -1;
+    return n / t->elems;
+}
+
+/* A Q4_K block's scaled codes w (sc * q, in element order) and its 8 mins, for the
+ * repacked gemm's order. */
+void sq_ints_q4_K(const void *block, int16_t w[QK_K], int16_t mn[8]);
+
+/* ---------------------------------------------------------------------------
+ * The batched orders (quants/batch.c)
+ * ------------------------------------------------------------------------- */
+
+/* The tiled order of a TILED type, given its integer form and block size. */
+void sq_batch_dot_k(sq_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
+                    int n_tokens, int64_t nb, float *y, int64_t ldy);
+/* Q4_K's repacked gemm order (an sq_batch_fn). */
+void sq_batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                       float *y, int64_t ldy);
+
+/* ---------------------------------------------------------------------------
+ * The SIMD kernels
+ *
+ * sq_vec_dot_<name>_<simd>: the contract of scalar.c's vec_dot_<name> plus a `stop` that
+ * bounds how far ahead a kernel may prefetch weights: the end of the row, or of the
+ * last of the rows a mat-vec is going through.
+ * ------------------------------------------------------------------------- */
+
+typedef float (*sq_simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb, const void *stop);
+#define SQ_DECLARE_VEC_DOT(simd, NAME, name, ...) \
+    float sq_vec_dot_##name##_##simd(const void *row, const void *xq, int64_t nb, const void *stop);
+
+#ifdef SQ_X86
+/* AVX2/FMA (quants/x86/avx2.c). They prefetch weights ahead of the block they work on,
+ * up to `stop`. Compiled with target attributes; call only when the CPU has AVX2, FMA
+ * and F16C. */
+SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
+/* The same for four activation rows stride bytes apart, into out[0..3], each exactly
+ * as the one-row function computes it. */
+void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
+/* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order
+ * (sq_batch_dot_q4_K's bits). */
+void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                            float *y, int64_t ldy);
+/* Eight Q4_K rows row_bytes apart at once, each with sq_batch_dot_q4_K_avx2's bits:
+ * y[t * ldy + r] for r < 8. */
+void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, float *y, int64_t ldy);
+/* Q6_K rows times n_tokens activation rows in llama.cpp's tiled order (sq_batch_dot_k's
+ * bits). */
+void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                            float *y, int64_t ldy);
+/* Eight Q6_K rows at once, each with sq_batch_dot_q6_K_avx2's bits: y[t * ldy + r], r < 8. */
+void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, float *y, int64_t ldy);
+
+/* The same vec_dots for CPUs with AVX-512 VNNI, VL and BW as well
+ * (quants/x86/avx512vnni.c): the AVX2 ones' contract and bits. Call only when the CPU
+ * has all of those and the AVX2 set; a build with SQ_VNNI_VIA_SIMDE needs only the
+ * AVX2 set. */
+SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx512vnni)
+#endif
+
+#ifdef SQ_NEON
+/* NEON (quants/arm/neon.c). They take the AVX2 ones' `stop` but do not prefetch: that
+ * paid off on one x86 core and has not been measured on an arm64 one. */
+SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, neon)
+/* Batches with the bits of sq_batch_dot_q4_K and (for Q6_K) sq_batch_dot_k. */
+void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                            float *y, int64_t ldy);
+void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                            float *y, int64_t ldy);
+#endif
+
+#endif

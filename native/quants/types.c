@@ -1,0 +1,89 @@
+/* quants/types.c: what the type table answers through the ABI: a type's block
+ * geometry, its row decoder and float dot product, its activation format and the
+ * conversion into it, and the names and weight types of quants/types.h's lists.
+ * (The dot products with converted activations, which choose a SIMD path, are in
+ * quants/dispatch.c.)
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quants/kernels.h"
+
+/* ---------------------------------------------------------------------------
+ * Geometry, decoding, conversion
+ * ------------------------------------------------------------------------- */
+
+int sq_block_elems(int type) {
+    const sq_type_traits *t = sq_traits(type);
+    return t ? t->elems : 0;
+}
+
+int sq_block_bytes(int type) {
+    const sq_type_traits *t = sq_traits(type);
+    return t ? t->bytes : 0;
+}
+
+int sq_dequantize_row(int type, const void *src, float *dst, int64_t n) {
+    const sq_type_traits *t = sq_traits(type);
+    int64_t nb = sq_whole_blocks(t, n);
+    if (nb < 0)
+        return -1;
+    t->dequant(src, dst, nb);
+    return 0;
+}
+
+/* Also serves Q8_1 and Q8_K rows (their decoded values times x); their vec_dot
+ * entries are empty, so sq_vec_dot_type gives -1 and sq_vec_dot NaN for them. */
+float sq_dot_row(int type, const void *row, const float *x, int64_t n) {
+    const sq_type_traits *t = sq_traits(type);
+    int64_t nb = sq_whole_blocks(t, n);
+    if (nb < 0)
+        return NAN;
+    return t->dot(row, x, nb);
+}
+
+int sq_vec_dot_type(int type) {
+    const sq_type_traits *t = sq_traits(type);
+    return t && t->vec_dot ? t->vec_type : -1;
+}
+
+int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
+    const sq_quantize_fn quantize = sq_quantizer(vec_type);
+    int64_t nb = sq_whole_blocks(sq_traits(vec_type), n);
+    if (nb < 0 || !quantize)
+        return -1;
+    quantize(x, dst, nb);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Names and weight types
+ * ------------------------------------------------------------------------- */
+
+#define TYPE_ID(ctx, NAME, ...) SQ_##NAME,
+static const int weight_types[] = { SQ_FLOAT_TYPES(TYPE_ID, _) SQ_QUANT_TYPES(TYPE_ID, _) };
+
+int sq_weight_types(int *out, int cap) {
+    const int n = (int)(sizeof weight_types / sizeof weight_types[0]);
+    for (int i = 0; i < n && i < cap; i++)
+        out[i] = weight_types[i];
+    return n;
+}
+
+/* One case per type of the lists, and no default: -Wswitch (part of -Wall) names any
+ * constant of smolq.h's enum sq_type the lists lack, and a listed name the enum lacks
+ * does not compile, so the enum and the lists cannot drift apart. */
+#define NAME_CASE(ctx, NAME, ...) \
+    case SQ_##NAME:               \
+        return #NAME;
+const char *sq_type_name(int type) {
+    if (type < 0 || type >= SQ_TYPE_SLOTS)
+        return NULL;
+    switch ((enum sq_type)type) {
+        SQ_FLOAT_TYPES(NAME_CASE, _)
+        SQ_QUANT_TYPES(NAME_CASE, _)
+        SQ_ACTIVATION_TYPES(NAME_CASE, _)
+    }
+    return NULL;
+}
