@@ -10,6 +10,7 @@
  *   flash_attention.c    attention over the F16 and Q8_0 caches, in one pass
  *   matmul.c/.h          weight matrices times activations, on the pool
  *   pool.c/.h            the worker threads
+ *   read_bandwidth.c     the pool's threads reading a buffer: the wall decode runs against
  *   exp_ggml.h           llama.cpp's exp, for softmax and SiLU
  *   simd.h               SIMD build flags, CPU checks, code compiled twice, horizontal sums
  *   quants/              the tensor types: the list and why every path gives the same

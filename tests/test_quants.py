@@ -118,7 +118,7 @@ def test_unknown_type(qtype):
     assert np.isnan(c_dot(qtype, raw, x, 256))
 
 
-# The weight types llm_smolq reads: model_file.py's SUPPORTED_TYPES, in its order.
+# The weight types llm_smolq reads (model/tensor_types.py asks the kernel for them), in the kernel's order.
 WEIGHT_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
                 T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 

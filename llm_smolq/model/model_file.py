@@ -19,14 +19,9 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from llm_smolq.errors import GGUFError, brief
 from llm_smolq.model.gguf_file import GGUFHeader, type_name
+from llm_smolq.model.tensor_types import weight_types
 from llm_smolq.store.header_cache import read_header_cached
 
-#: Tensor types the kernel can read.
-SUPPORTED_TYPES = (
-    QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
-    QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS,
-)
-_SUPPORTED_IDS = {int(q) for q in SUPPORTED_TYPES}
 ARCHITECTURES = ("smollm3", "llama")
 C_INT_MAX = 2**31 - 1  # sizes reach the kernel as C int
 MAX_HEADS = 1 << 16  # the kernel counts (token, head) tasks of a batch in an int
@@ -153,12 +148,12 @@ def _tensor_infos(path: str, header: GGUFHeader) -> dict[str, TensorInfo]:
     infos: dict[str, TensorInfo] = {}
     for t in header.tensors:
         where = f"{path}: tensor {brief(t.name)}"
-        if t.type_id not in _SUPPORTED_IDS:
+        if t.type_id not in weight_types():
             known = t.type_id in {int(q) for q in QT}
             kind = f"type {type_name(t.type_id)}" if known else f"an unknown type ({t.type_id})"
             raise GGUFError(
                 f"{where} has {kind}, which llm-smolq cannot read; supported: "
-                + ", ".join(q.name for q in SUPPORTED_TYPES)
+                + ", ".join(weight_types().values())
             )
         qtype = QT(t.type_id)
         if any(d <= 0 for d in t.shape):

@@ -34,13 +34,11 @@ from urllib.parse import urlsplit
 import llm
 
 from llm_smolq.store import pypi_models
+from llm_smolq.model.tensor_types import file_type_pattern
 from llm_smolq.store.atomic_file import replaced_atomically
 from llm_smolq.store.paths import llm_aliases_file, models_dir, registry_file
 from llm_smolq.errors import CatalogError, DownloadError, ModelNotFound, UnknownModel, UnknownQuant
 
-QUANT_PATTERN = re.compile(
-    r"(?:^|[-_.])(F32|F16|BF16|Q8_0|Q[45]_[01]|Q[2-6]_K(?:_[SML])?|IQ4_NL|IQ4_XS)$", re.IGNORECASE
-)
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}  # a full disk, or a full quota
 
@@ -128,7 +126,7 @@ def format_size(n: int | None) -> str:
 def quant_from_name(name: str) -> str | None:
     """The quant type a GGUF's file name announces (``SmolLM3-Q4_K_M.gguf`` -> ``Q4_K_M``)."""
     stem = name[:-5] if name.lower().endswith(".gguf") else name
-    match = QUANT_PATTERN.search(stem)
+    match = file_type_pattern().search(stem)
     return match.group(1).upper() if match else None
 
 
