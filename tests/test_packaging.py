@@ -157,7 +157,7 @@ def test_the_new_venvs_llm_gives_llama_cpps_greedy_answer_on_the_real_model(inst
     plugins = json.loads(run([llm, "plugins"], timeout=120, cwd=tmp_path, env=env).stdout)
     assert "llm-smolq" in [p["name"] for p in plugins]
     (question,) = [m["content"] for m in france["messages"]]
-    # Greedy with the F32 cache: llama.cpp's own tokens (tests/test_llm_greedy_answers.py).
+    # Greedy with the F32 cache: llama.cpp's own tokens (tests/plugin/test_llm_greedy_answers.py).
     answer = run([llm, "-m", "smollm2-q", "-o", "max_tokens", "8", "-o", "temperature", "0", "-o", "kv_cache", "f32",
                   question], timeout=180, cwd=tmp_path, env=env).stdout.rstrip("\n")
     assert re.search(r"\w", answer) and france["greedy_text"].startswith(answer), (answer, france["greedy_text"])

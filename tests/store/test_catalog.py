@@ -19,7 +19,7 @@ from llm_smolq.store import catalog
 from llm_smolq.store import pypi_models
 from llm_smolq.plugin.commands import register_commands
 
-from fake_hub import FakeHub
+from helpers.fake_hub import FakeHub
 
 REPO = "ggml-org/SmolLM3-3B-GGUF"
 BUILT_IN = ["smollm3-q", "smollm3-q-q8_0", "smollm3-q-f16", "smollm2-q"]

@@ -17,7 +17,7 @@ import llm_smolq
 from llm_smolq.decode.constrained import Constraint, ConstraintError, close_objects, tool_call_grammar
 from llm_smolq.decode.generate import Completion, generate
 from llm_smolq.decode.sampling import SamplingParams
-from test_plugin import last_logs, run
+from helpers.llm_cli import last_logs, run
 
 TINY = "tiny-smollm3-chat-Q8_0.gguf"
 

@@ -503,8 +503,8 @@ def native_simd() -> str | None:
     """The SIMD path this machine's kernel takes: "neon" on arm64 (always there); on x86-64
     "avx512vnni" where the CPU has AVX-512 VNNI, VL and BW besides AVX2 and FMA, or has AVX2
     and FMA and the kernel is the SIMDe test build (SMOLQ_VNNI_VIA_SIMDE set, as
-    tests/test_avx512vnni.py does), unless SMOLQ_SIMD=avx2; "avx2" on other AVX2/FMA CPUs;
-    else None. (tests/test_neon.py tests NEON anywhere.)"""
+    tests/kernel/test_avx512vnni.py does), unless SMOLQ_SIMD=avx2; "avx2" on other AVX2/FMA CPUs;
+    else None. (tests/kernel/test_neon.py tests NEON anywhere.)"""
     if platform.machine().lower() in ("aarch64", "arm64"):
         return "neon"
     flags = cpu_flags()

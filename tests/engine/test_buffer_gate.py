@@ -24,7 +24,7 @@ from llm_smolq.kernel import attention
 def test_kernel_is_an_attribute_of_the_package():
     # As the README spells it, in a fresh interpreter where nothing imported the module yet.
     code = "import llm_smolq; print(llm_smolq.kernel.attention.__name__)"
-    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2],
                          capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "attention", run.stderr[-3000:]
 

@@ -12,7 +12,7 @@ import llm_smolq
 from llm_smolq.engine.engine import MAX_BATCH
 from llm_smolq.decode.generate import Completion, generate
 from llm_smolq.decode.sampling import SamplingParams
-from test_plugin import last_logs
+from helpers.llm_cli import last_logs
 
 N_CTX = 64
 GREEDY = SamplingParams(temperature=0)

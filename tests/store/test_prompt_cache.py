@@ -19,7 +19,7 @@ from llm_smolq.store import paths, prompt_cache
 from llm_smolq.engine.kv_types import KV_TYPES
 from llm_smolq.store.kv_blocks import FORMAT_VERSION, KVLayout, block_bytes, read_block, read_head
 from llm_smolq.store.prompt_cache import PromptCache, parse_size
-from test_plugin import QUICK, last_logs, run
+from helpers.llm_cli import QUICK, last_logs, run
 
 BLOCK = 16  # small blocks, so short prompts make chains of several
 

@@ -2,7 +2,7 @@
 YaRN, the reference test_yarn.py compares with. Run it by hand where llama-cpp-python is
 installed (the `bench` extra) and ../shared/reference exists:
 
-    python tests/make_yarn_reference.py
+    python tests/engine/make_yarn_reference.py
 
 Two cases on tiny-smollm3-Q8_0.gguf with its context_length cut to 512 (yarn_files()
 writes both GGUFs, the same bytes the test builds):
@@ -23,7 +23,7 @@ from gguf import GGUFValueType as V
 
 from llm_smolq.dev.gguf_mutations import with_metadata
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 SOURCE = HERE.parent.parent / "shared" / "reference" / "tiny-smollm3-Q8_0.gguf"
 OUT = HERE / "data" / "yarn-tiny-Q8_0.npz"
 CONTEXT, FACTOR, N_CTX = 512, 4.0, 2048

@@ -11,7 +11,7 @@ import llm
 import pytest
 from click.testing import CliRunner
 from llm.cli import cli
-from test_plugin import last_logs
+from helpers.llm_cli import last_logs
 
 GREEDY = ["-o", "kv_cache", "f32", "-o", "temperature", "0", "-o", "max_tokens", "48"]
 

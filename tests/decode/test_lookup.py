@@ -12,7 +12,7 @@ from llm_smolq.decode.constrained import Constraint
 from llm_smolq.decode.generate import Completion, generate
 from llm_smolq.decode.lookup import DraftPolicy, NgramDrafter
 from llm_smolq.decode.sampling import SamplingParams
-from test_plugin import last_logs, run
+from helpers.llm_cli import last_logs, run
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K",
          "IQ4_NL", "IQ4_XS"]

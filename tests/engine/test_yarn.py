@@ -1,6 +1,6 @@
 """YaRN: past the trained context, declared by the GGUF or asked for, against llama.cpp's
 own logits for the same files (tests/data/yarn-tiny-Q8_0.npz, made by
-tests/make_yarn_reference.py with llama-cpp-python)."""
+tests/engine/make_yarn_reference.py with llama-cpp-python)."""
 
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from llm_smolq import GGUFError
 from llm_smolq.dev.gguf_mutations import with_metadata
 from make_yarn_reference import CONTEXT, FACTOR, N_CTX, yarn_files
 
-DATA = Path(__file__).resolve().parent / "data" / "yarn-tiny-Q8_0.npz"
+DATA = Path(__file__).resolve().parents[1] / "data" / "yarn-tiny-Q8_0.npz"
 
 
 @pytest.fixture(scope="module")

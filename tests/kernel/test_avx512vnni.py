@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
+from helpers.kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
 from test_quants import cpu_flags
 
-SELECTION = ["tests/test_quants.py", "tests/test_engine_reference.py",
+SELECTION = ["tests/kernel/test_quants.py", "tests/engine/test_engine_reference.py",
              "-k", "not long_context and not 1threads and not 3threads and not 4threads"]
 
 

@@ -19,7 +19,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
+from helpers.kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
 
 # The selections each child runs: "default" with the SIMD code the CPU supports, "scalar"
 # with SMOLQ_SIMD=0. The long-context tests and the repeats at other thread counts are left
@@ -27,11 +27,11 @@ from kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
 # (test_quants switches to them), so the scalar child adds the engine's scalar paths on one
 # file per activation format.
 SELECTIONS = {
-    "default": ["tests/test_quants.py", "tests/test_buffer_gate.py", "tests/test_kv_cache.py",
-                "tests/test_engine_reference.py", "-k", "not long_context and not 1threads and not 3threads and "
+    "default": ["tests/kernel/test_quants.py", "tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py",
+                "tests/engine/test_engine_reference.py", "-k", "not long_context and not 1threads and not 3threads and "
                 "not 4threads and not thread_counts and not (compact and (K_M or Q5 or Q4_1 or IQ4))"],
-    "scalar": ["tests/test_buffer_gate.py", "tests/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits",
-               *(f"tests/test_engine_reference.py::test_prefill_then_decode_gives_llama_cpps_logits[{kind}-2threads]"
+    "scalar": ["tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits",
+               *(f"tests/engine/test_engine_reference.py::test_prefill_then_decode_gives_llama_cpps_logits[{kind}-2threads]"
                  for kind in ("F16", "Q4_0", "Q4_1", "Q4_K_M"))],
 }
 REPORT = re.compile(r"\w+Sanitizer|runtime error: ")

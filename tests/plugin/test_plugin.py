@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import sqlite3
 import threading
 
 import llm
@@ -11,21 +10,8 @@ from click.testing import CliRunner
 from llm.cli import cli
 
 import llm_smolq.plugin.loaded as loaded_models
+from helpers.llm_cli import QUICK, last_logs, run
 from llm_smolq.chat.template import chat_template_from_gguf
-
-QUICK = ["-o", "max_tokens", "6", "-o", "temperature", "0"]
-
-
-def run(*args, input=None):
-    result = CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
-    return result
-
-
-def last_logs(user_dir, n=1):
-    db = sqlite3.connect(user_dir / "logs.db")
-    db.row_factory = sqlite3.Row
-    return db.execute("select * from turns order by rowid desc limit ?", (n,)).fetchall()[::-1]
-
 
 @pytest.fixture
 def france_ids(france):

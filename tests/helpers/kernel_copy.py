@@ -1,5 +1,5 @@
 """A separately built copy of the kernel, and child pythons that run tests against it
-(tests/test_sanitizers.py, tests/test_avx512vnni.py).
+(tests/kernel/test_sanitizers.py, tests/kernel/test_avx512vnni.py).
 
 build() runs cffi_build/build_kernel.py's compile_kernel in a child python, so that the
 compiler's output can be checked for warnings; RUN_PYTEST, given the copy's path and pytest's
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Child programs start with this: the kernel file in argv[1] becomes llm_smolq._kernel.
 LOAD_KERNEL = """

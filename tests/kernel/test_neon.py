@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from aarch64_kernel import CPU_BASELINE, CPU_DOTPROD, Aarch64Kernel, build_kernel, require_tools
+from helpers.aarch64_kernel import CPU_BASELINE, CPU_DOTPROD, Aarch64Kernel, build_kernel, require_tools
 from llm_smolq._kernel import ffi, lib
 from test_quants import (ACT_GEOMETRY, GUARD, SIMD_TYPES, VEC_DOT_TYPE, activations, c_quantize, c_vec_dot,
                          extreme_row, random_row)

@@ -240,7 +240,7 @@ def test_every_model_id_in_the_readme_resolves(user_dir):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     named = set(re.findall(r"\bsmoll?m[23]-q(?:-[a-z0-9_]+)?\b", readme))
     assert {"smollm2-q", "smollm3-q", "smollm3-q-q8_0"} <= named
     ids = {m.model.model_id for m in llm.get_models_with_aliases()}

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "native"
 
 INSTALL_HINT = "install the test extra: pip install -e '.[test]' (ziglang, unicorn and pyelftools from PyPI)"

@@ -1,0 +1,1 @@
+"""Code the test files share (fixtures are in tests/conftest.py)."""
