@@ -3,15 +3,12 @@
  * As in llama.cpp's CPU backend, the activations are converted once per call to the
  * format paired with the weight type (sq_vec_dot_type: 8-bit blocks for quantized
  * weights), and every output is a block-wise integer dot product rounded as its
- * kernels round it (sq_vec_dot_rows for one token, sq_vec_dot_batch_rows for a batch),
+ * kernels round it (sq_vec_dot_rows for one token, sq_vec_dot_batch_rows for a batch,
+ * sq_vec_dot_steps_rows for a batch rounded as one-token steps),
  * which keeps the logits bit-identical to llama.cpp's on the same file.
  */
 #include "matmul.h"
 #include "pool.h"
-
-/* Rows a step-order batch takes through all its tokens before moving on: a few KB of
- * weights, so every token after the first finds them in L1/L2 and memory is read once. */
-#define STEP_ROWS 16
 
 typedef struct {
     const sq_matmul_set *set;
@@ -32,12 +29,8 @@ static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
         return;
     }
     if (job->step_order) {
-        for (int64_t r = r0; r < r1; r += STEP_ROWS) {
-            int64_t n = r1 - r < STEP_ROWS ? r1 - r : STEP_ROWS;
-            for (int t = 0; t < job->n_tokens; t++)
-                sq_vec_dot_rows(w->type, base + r * w->row_bytes, w->row_bytes, n, job->xq + t * job->xq_row_bytes,
-                                w->cols, y + t * ldy + r);
-        }
+        sq_vec_dot_steps_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, job->xq_row_bytes,
+                              job->n_tokens, w->cols, y + r0, ldy);
         return;
     }
     sq_vec_dot_batch_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, job->xq_row_bytes,

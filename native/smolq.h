@@ -81,6 +81,13 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
 int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
                     float *y);
 
+/* n_rows weight rows times n_tokens activation rows as n_tokens one-token steps:
+ * y[t * ldy + r] = row r . xq row t, each exactly sq_vec_dot's value, every row read
+ * once for all the tokens (and its codes decoded once, where a kernel takes several
+ * tokens with one-token bits). Returns 0, or -1 as sq_vec_dot_batch. */
+int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
+                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy);
+
 /* n_rows weight rows (row_bytes apart) times n_tokens activation rows: y[t * ldy + r] =
  * row r . xq row t, each exactly sq_vec_dot_batch's value for that row; the rows in one
  * call so that several can share a pass over the activations (Q4_K from 4 tokens, Q6_K

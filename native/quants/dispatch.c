@@ -233,3 +233,29 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
         sq_vec_dot_batch(type, base + r * row_bytes, xq, xq_stride, n_tokens, n, y + r, ldy);
     return 0;
 }
+
+/* sq_vec_dot_batch gives one-token bits wherever it takes no batched order: below the
+ * tiled order's SQ_TILED_MIN_TOKENS and, for Q4_K, below 4 tokens (its repacked gemm). */
+static int batch_is_one_token_order(const sq_type_traits *t, int n_tokens) {
+    return !(t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) && !(t->batch_by4 && n_tokens >= 4);
+}
+
+int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
+                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
+    const sq_type_traits *t = sq_traits(type);
+    int64_t nb = sq_whole_blocks(t, n);
+    if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
+        return -1;
+    const uint8_t *base = rows;
+    const int shared = batch_is_one_token_order(t, n_tokens);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *row = base + r * row_bytes;
+        if (shared) {  /* e.g. Q4_1's four tokens at a time */
+            sq_vec_dot_batch(type, row, xq, xq_stride, n_tokens, n, y + r, ldy);
+            continue;
+        }
+        for (int k = 0; k < n_tokens; k++)  /* the row stays in L1 from the first token on */
+            y[k * ldy + r] = sq_vec_dot(type, row, (const uint8_t *)xq + k * xq_stride, n);
+    }
+    return 0;
+}

@@ -679,6 +679,31 @@ def test_vec_dot_rows_bad_arguments():
         assert rc == -1 and (y == 7.0).all(), (qtype, n, n_rows)
 
 
+@pytest.mark.parametrize("qtype", [t for t in TYPES if t in VEC_DOT_TYPE], ids=lambda t: t.name)
+def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore):
+    """A batch as one-token steps: every output exactly sq_vec_dot's bits, for token
+    counts below and past every batched order (Q4_K's 4, the tiled 8), on both paths;
+    y is written only where it should be."""
+    rng = np.random.default_rng(900 + int(qtype))
+    n = max(sizes(qtype))
+    vtype = VEC_DOT_TYPE[qtype]
+    for simd in (1, 0) if native_simd() else (0,):
+        lib.sq_set_simd(simd)
+        for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9)):
+            rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
+            xq = quantized_rows(vtype, n, tokens, rng)
+            ldy = n_rows + 2
+            y = np.full(tokens * ldy, np.nan, dtype=np.float32)
+            rc = lib.sq_vec_dot_steps_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
+                                           ffi.from_buffer(xq), xq.shape[1], tokens, n, ffi.from_buffer("float[]", y), ldy)
+            assert rc == 0
+            y = y.reshape(tokens, ldy)
+            assert np.isnan(y[:, n_rows:]).all()
+            steps = np.array([[c_vec_dot(qtype, row, xq[t], n) for row in rows] for t in range(tokens)],
+                             dtype=np.float32)
+            assert y[:, :n_rows].tobytes() == steps.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
 def test_vec_dot_batch_rows_is_vec_dot_batch_row_by_row(qtype, simd_restore):
     """Rows taken together (Q4_K: eight at a time on AVX2, codes side by side in the
