@@ -234,11 +234,9 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     return 0;
 }
 
-/* sq_vec_dot_batch gives one-token bits wherever it takes no batched order: below the
- * tiled order's SQ_TILED_MIN_TOKENS and, for Q4_K, below 4 tokens (its repacked gemm). */
-static int batch_is_one_token_order(const sq_type_traits *t, int n_tokens) {
-    return !(t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) && !(t->batch_by4 && n_tokens >= 4);
-}
+/* Bytes ahead of a row that a step-order batch asks for while it works on the row: as
+ * the vec_dots' own PREFETCH_AHEAD (x86/vec_dots.h), a few rows in flight from memory. */
+#define STEPS_AHEAD 2048
 
 int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
                           int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
@@ -246,16 +244,42 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
         return -1;
-    const uint8_t *base = rows;
-    const int shared = batch_is_one_token_order(t, n_tokens);
+    if (n_rows == 0 || n_tokens == 0)
+        return 0;
+    const uint8_t *base = rows, *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
+#ifdef HAVE_SIMD
+    const sq_simd_vec_dot_fn one = simd_vec_dot[simd_level()][type];
+#endif
+#ifdef SQ_X86
+    /* Four tokens' codes decoded once (Q4_1), with sq_vec_dot's bits for each. */
+    const vec_dot4_fn four = sq_simd_enabled() && n_tokens >= 4 ? simd_vec_dot4[type] : NULL;
+#endif
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *row = base + r * row_bytes;
-        if (shared) {  /* e.g. Q4_1's four tokens at a time */
-            sq_vec_dot_batch(type, row, xq, xq_stride, n_tokens, n, y + r, ldy);
-            continue;
+        int k = 0;
+#ifdef SQ_X86
+        if (four) {
+            for (int64_t b = 0; b < nb * t->bytes; b += 64)
+                if (row + STEPS_AHEAD + b < stop)
+                    __builtin_prefetch(row + STEPS_AHEAD + b);
+            for (float out[4]; k + 4 <= n_tokens; k += 4) {
+                four(row, (const uint8_t *)xq + k * xq_stride, xq_stride, nb, out);
+                for (int j = 0; j < 4; j++)
+                    y[(k + j) * ldy + r] = out[j];
+            }
         }
-        for (int k = 0; k < n_tokens; k++)  /* the row stays in L1 from the first token on */
-            y[k * ldy + r] = sq_vec_dot(type, row, (const uint8_t *)xq + k * xq_stride, n);
+#endif
+        /* The first token reads the row from memory, prefetching ahead; the rest find it in L1. */
+        for (; k < n_tokens; k++) {
+            const uint8_t *x = (const uint8_t *)xq + k * xq_stride;
+#ifdef HAVE_SIMD
+            if (one) {
+                y[k * ldy + r] = one(row, x, nb, k == 0 ? stop : row);
+                continue;
+            }
+#endif
+            y[k * ldy + r] = t->vec_dot(row, x, nb);
+        }
     }
     return 0;
 }
