@@ -28,9 +28,7 @@ class Loaded:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-# Kept at module level, keyed by file, so a chat's next turn (and a second get_model())
-# reuses the weights and the KV cache instead of loading again.
-in_memory: dict[str, Loaded] = {}  # by resolved path
+in_memory: dict[str, Loaded] = {}  # by the model file's resolved path
 _loaded_lock = threading.Lock()
 
 
