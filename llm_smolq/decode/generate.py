@@ -132,8 +132,6 @@ class TextStream:
         return len(self._pending) - keep
 
 
-
-
 def generate(
     engine: Engine,
     prompt_ids: Sequence[int],
@@ -165,8 +163,7 @@ def generate(
     done.prefill_seconds = time.perf_counter() - started
     started = time.perf_counter()
     recent = list(prompt_ids[-REPEAT_WINDOW:])
-    drafter = NgramDrafter(prompt_ids) if lookup > 0 else None
-    policy = DraftPolicy(lookup) if lookup > 0 else None
+    drafter, policy = (NgramDrafter(prompt_ids), DraftPolicy(lookup)) if lookup > 0 else (None, None)
     check: list = []  # the draft being checked: [tokens drafted, kept so far, seconds its batch took]
     # Drafted tokens in the KV cache past the answer, each with the logits after it, and the
     # positions plain decoding's cache would hold: every exit trims the cache back to those.
@@ -217,7 +214,7 @@ def generate(
             step = time.perf_counter()
             if not draft:
                 logits, kept = engine.eval([token]), kept + 1
-                if policy is not None:
+                if drafter is not None:
                     policy.stepped(time.perf_counter() - step)
                 continue
             rows = engine.eval([token, *draft], all_logits=True, step_order=True)

@@ -32,9 +32,21 @@ class NgramDrafter:
         self.tokens: list[int] = []
         # for each n: n-gram -> the position of the token that followed its latest occurrence
         self._follows: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(shortest, longest + 1)}
-        self.extend(tokens)
+        # The prompt is filed on first use, not when the answer starts: a long prompt takes
+        # a while (about 0.2 s for 64k tokens), which would delay the first token.
+        self._unfiled = list(tokens)
+
+    def _file_prompt(self) -> None:
+        if self._unfiled:
+            tokens, self._unfiled = self._unfiled, []
+            for token in tokens:
+                self._append(token)
 
     def append(self, token: int) -> None:
+        self._file_prompt()
+        self._append(token)
+
+    def _append(self, token: int) -> None:
         # The n-grams ending at the last token are filed now that their follower is known,
         # so a lookup never finds the text's own ending.
         end = len(self.tokens)
@@ -43,14 +55,11 @@ class NgramDrafter:
                 follows[tuple(self.tokens[end - n:])] = end
         self.tokens.append(token)
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        for token in tokens:
-            self.append(token)
-
     def draft(self, limit: int) -> list[int]:
         """Up to `limit` tokens to try next; [] when the text's ending did not occur before."""
         if limit <= 0:
             return []
+        self._file_prompt()
         for n in range(self.longest, self.shortest - 1, -1):
             if len(self.tokens) < n:
                 continue

@@ -132,7 +132,6 @@ def check_kernel_view(eng: Any) -> None:
     columns the forward pass reads and writes (norms are F32), and every byte the kernel
     reads of it, by the kernel's own block sizes, lies inside the file."""
     from llm_smolq._kernel import ffi, lib
-
     from llm_smolq.model.model_file import LAYER_TENSORS
 
     m, c = eng.c_model, eng.c_model.cfg
