@@ -56,11 +56,26 @@ static const sq_batch_fn simd_batch[SQ_TYPE_SLOTS] = {
 #endif
 
 #ifdef SQ_X86
-/* Four activation rows at a time, each with the one-row function's bits (sq_vec_dot_batch). */
-typedef void (*vec_dot4_fn)(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
-static const vec_dot4_fn simd_vec_dot4[SQ_TYPE_SLOTS] = {
-    [SQ_Q4_1] = sq_vec_dot4_q4_1_avx2,
+/* Up to SQ_DOTN_MAX activation rows at a time, each with the one-row function's bits. */
+static const sq_vec_dotn_fn simd_vec_dotn[SQ_TYPE_SLOTS] = {
+    [SQ_Q4_1] = sq_vec_dotn_q4_1_avx2, [SQ_Q8_0] = sq_vec_dotn_q8_0_avx2, [SQ_Q6_K] = sq_vec_dotn_q6_K_avx2,
 };
+
+/* simd_vec_dotn's function for the type, if the SIMD copies are on. */
+static sq_vec_dotn_fn vec_dotn(int type) { return sq_simd_enabled() ? simd_vec_dotn[type] : NULL; }
+
+/* Tokens t0..n_tokens-1 of one row through dotn, SQ_DOTN_MAX at a time: y[t * ldy]. */
+static void dotn_tokens(sq_vec_dotn_fn dotn, const void *row, const void *xq, int64_t xq_stride, int t0,
+                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    float out[SQ_DOTN_MAX];
+    for (int t = t0; t < n_tokens; t += SQ_DOTN_MAX) {
+        const int n = n_tokens - t < SQ_DOTN_MAX ? n_tokens - t : SQ_DOTN_MAX;
+        /* Only the first pass reads the row from memory. */
+        dotn(row, (const uint8_t *)xq + t * xq_stride, xq_stride, n, nb, t == t0 ? stop : row, out);
+        for (int j = 0; j < n; j++)
+            y[(t + j) * ldy] = out[j];
+    }
+}
 #endif
 
 /* ---------------------------------------------------------------------------
@@ -166,12 +181,11 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
         (simd ? simd : t->batch_by4)(row, xq, xq_stride, by4, nb, y, ldy);
     int i = by4;
 #ifdef SQ_X86
-    if (simd_vec_dot4[type] && sq_simd_enabled()) {
-        for (float out[4]; i + 4 <= n_tokens; i += 4) {
-            simd_vec_dot4[type](row, (const uint8_t *)xq + i * xq_stride, xq_stride, nb, out);
-            for (int j = 0; j < 4; j++)
-                y[(i + j) * ldy] = out[j];
-        }
+    /* The rest with one-token bits: several at a time where the type has a dotn. */
+    const sq_vec_dotn_fn dotn = vec_dotn(type);
+    if (dotn && n_tokens - i > 1) {
+        dotn_tokens(dotn, row, xq, xq_stride, i, n_tokens, nb, (const uint8_t *)row + nb * t->bytes, y, ldy);
+        return 0;
     }
 #endif
     for (; i < n_tokens; i++)
@@ -234,10 +248,6 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     return 0;
 }
 
-/* Bytes ahead of a row that a step-order batch asks for while it works on the row: as
- * the vec_dots' own PREFETCH_AHEAD (x86/vec_dots.h), a few rows in flight from memory. */
-#define STEPS_AHEAD 2048
-
 int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
                           int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
     const sq_type_traits *t = sq_traits(type);
@@ -247,30 +257,27 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     if (n_rows == 0 || n_tokens == 0)
         return 0;
     const uint8_t *base = rows, *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
+    int64_t r = 0;
+#ifdef SQ_X86
+    /* Q4_K: eight rows side by side, each token with its one-token bits. */
+    if (type == SQ_Q4_K && n_tokens >= 2 && sq_simd_enabled())
+        for (; r + 8 <= n_rows; r += 8)
+            sq_steps_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
+    /* A row's blocks decoded once for several tokens. */
+    const sq_vec_dotn_fn dotn = n_tokens >= 2 ? vec_dotn(type) : NULL;
+    if (dotn) {
+        for (; r < n_rows; r++)
+            dotn_tokens(dotn, base + r * row_bytes, xq, xq_stride, 0, n_tokens, nb, stop, y + r, ldy);
+        return 0;
+    }
+#endif
 #ifdef HAVE_SIMD
     const sq_simd_vec_dot_fn one = simd_vec_dot[simd_level()][type];
 #endif
-#ifdef SQ_X86
-    /* Four tokens' codes decoded once (Q4_1), with sq_vec_dot's bits for each. */
-    const vec_dot4_fn four = sq_simd_enabled() && n_tokens >= 4 ? simd_vec_dot4[type] : NULL;
-#endif
-    for (int64_t r = 0; r < n_rows; r++) {
+    for (; r < n_rows; r++) {
         const uint8_t *row = base + r * row_bytes;
-        int k = 0;
-#ifdef SQ_X86
-        if (four) {
-            for (int64_t b = 0; b < nb * t->bytes; b += 64)
-                if (row + STEPS_AHEAD + b < stop)
-                    __builtin_prefetch(row + STEPS_AHEAD + b);
-            for (float out[4]; k + 4 <= n_tokens; k += 4) {
-                four(row, (const uint8_t *)xq + k * xq_stride, xq_stride, nb, out);
-                for (int j = 0; j < 4; j++)
-                    y[(k + j) * ldy + r] = out[j];
-            }
-        }
-#endif
         /* The first token reads the row from memory, prefetching ahead; the rest find it in L1. */
-        for (; k < n_tokens; k++) {
+        for (int k = 0; k < n_tokens; k++) {
             const uint8_t *x = (const uint8_t *)xq + k * xq_stride;
 #ifdef HAVE_SIMD
             if (one) {

@@ -119,9 +119,23 @@ typedef float (*sq_simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb,
  * up to `stop`. Compiled with target attributes; call only when the CPU has AVX2, FMA
  * and F16C. */
 SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
-/* The same for four activation rows stride bytes apart, into out[0..3], each exactly
- * as the one-row function computes it. */
-void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride, int64_t nb, float *out);
+/* The same for n activation rows stride bytes apart (1 <= n <= SQ_DOTN_MAX), into
+ * out[0..n-1], each exactly as the one-row function computes it; the weights' blocks
+ * are decoded once for the n. */
+#define SQ_DOTN_MAX 8
+typedef void (*sq_vec_dotn_fn)(const void *row, const void *xq, int64_t stride, int n, int64_t nb,
+                               const void *stop, float *out);
+void sq_vec_dotn_q4_1_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out);
+void sq_vec_dotn_q8_0_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out);
+void sq_vec_dotn_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out);
+/* Eight Q4_K rows row_bytes apart times n_tokens activation rows, each output with
+ * sq_vec_dot_q4_K_avx2's bits for its row and token: y[t * ldy + r] for r < 8. It
+ * prefetches the eight rows after these, up to stop. */
+void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order
  * (sq_batch_dot_q4_K's bits). */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,

@@ -689,7 +689,7 @@ def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore):
     vtype = VEC_DOT_TYPE[qtype]
     for simd in (1, 0) if native_simd() else (0,):
         lib.sq_set_simd(simd)
-        for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9)):
+        for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17)):
             rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
             xq = quantized_rows(vtype, n, tokens, rng)
             ldy = n_rows + 2

@@ -12,33 +12,111 @@
 #include "quants/x86/vec_dots.h"
 
 /* ---------------------------------------------------------------------------
- * Q4_1: four activation rows at once
+ * A few activation rows at once, each with the one-row vec_dot's bits
  * ------------------------------------------------------------------------- */
 
-/* Four activation rows (stride bytes apart) at once, each rounded exactly as
- * sq_vec_dot_q4_1_avx2 rounds it: the block's codes are unpacked once for the four. */
-TARGET void sq_vec_dot4_q4_1_avx2(const void *row, const void *xq, int64_t stride, int64_t nb, float *out) {
+/* sq_vec_dotn_*: n activation rows (stride bytes apart, 1 <= n <= SQ_DOTN_MAX) times one
+ * weight row, out[t] rounded exactly as that type's vec_dot rounds row t alone: the
+ * block's codes are unpacked once for the n, and each token keeps its own lanes. They
+ * prefetch as the vec_dots do, up to stop. */
+static inline const void *token_row(const void *xq, int64_t stride, int t) {
+    return (const uint8_t *)xq + t * stride;
+}
+
+TARGET void sq_vec_dotn_q4_1_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out) {
     const block_q4_1 *x = row;
-    const block_q8_1 *y[4];
-    __m256 acc[4];
-    __m128 summs[4];
-    for (int t = 0; t < 4; t++) {
-        y[t] = (const block_q8_1 *)((const uint8_t *)xq + t * stride);
+    __m256 acc[SQ_DOTN_MAX];
+    __m128 summs[SQ_DOTN_MAX];
+    for (int t = 0; t < n; t++) {
         acc[t] = _mm256_setzero_ps();
         summs[t] = _mm_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
+        prefetch_ahead(x + i, sizeof *x, stop);
         const __m128 xs = h2f_pair(&x[i].d);
         const __m256i qx = nibbles32(x[i].qs);
-        for (int t = 0; t < 4; t++) {
-            const __m128 scales = _mm_mul_ps(xs, h2f_pair(&y[t][i].d));
+        for (int t = 0; t < n; t++) {
+            const block_q8_1 *y = (const block_q8_1 *)token_row(xq, stride, t) + i;
+            const __m128 scales = _mm_mul_ps(xs, h2f_pair(&y->d));
             summs[t] = _mm_add_ps(summs[t], scales);
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[t][i].qs);
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
             acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot_us8(qx, qy)), acc[t]);
         }
     }
-    for (int t = 0; t < 4; t++)
+    for (int t = 0; t < n; t++)
         out[t] = sq_hsum8_avx2(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
+}
+
+/* Q8_0: |x| once per block; each token's y takes x's signs. */
+TARGET void sq_vec_dotn_q8_0_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out) {
+    const block_q8_0 *x = row;
+    __m256 acc[SQ_DOTN_MAX];
+    for (int t = 0; t < n; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        prefetch_ahead(x + i, sizeof *x, stop);
+        const float dx = h2f(x[i].d);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256i ax = _mm256_sign_epi8(qx, qx);
+        for (int t = 0; t < n; t++) {
+            const block_q8_0 *y = (const block_q8_0 *)token_row(xq, stride, t) + i;
+            const __m256 d = _mm256_set1_ps(dx * h2f(y->d));
+            const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), qx);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(ax, sy)), acc[t]);
+        }
+    }
+    for (int t = 0; t < n; t++)
+        out[t] = sq_hsum8_avx2(acc[t]);
+}
+
+/* Q6_K: the 6-bit codes and the group scales of a block assembled once, in the lanes of
+ * sq_vec_dot_q6_K_avx2 (the same registers of codes, the same pairs of groups). */
+TARGET void sq_vec_dotn_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out) {
+    const block_q6_K *x = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    __m256 acc[SQ_DOTN_MAX];
+    for (int t = 0; t < n; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        prefetch_ahead(x + i, sizeof *x, stop);
+        /* q[4h + c]: elements 128h + 32c .. +31, groups 8h + 2c (bytes 0..15) and 8h + 2c + 1. */
+        __m256i q[8], scv[8];
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+        }
+        /* scv[j]: the scale of group 2j over the low 128 bits, of group 2j + 1 over the high. */
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i sc_pairs = _mm256_cvtepi8_epi16(
+            _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
+        for (int j = 0; j < 8; j++)
+            scv[j] = broadcast_word(sc_pairs, j);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const float dx = h2f(x[i].d);
+        for (int t = 0; t < n; t++) {
+            const block_q8_K *a = (const block_q8_K *)token_row(xq, stride, t) + i;
+            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
+            __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+            for (int j = 0; j < 8; j++) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
+                sumi = madd_add(sumi, scv[j], _mm256_maddubs_epi16(q[j], qy));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * dx), _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    for (int t = 0; t < n; t++)
+        out[t] = sq_hsum8_avx2(acc[t]);
 }
 
 /* ---------------------------------------------------------------------------
@@ -140,36 +218,46 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
 static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i codes[4][2][8],
                                           __m256i scale[8], __m256i mins[4], __m256 *d_rows, __m256 *dmin_rows) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    float dr[8], dminr[8];
-    int32_t sc_words[8][8], mn_words[4][8];
+    const block_q4_K *x[8];
+    for (int r = 0; r < 8; r++)
+        x[r] = (const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
+    /* Per row: its 8 scales as int32 words (sc | sc << 16), and its mins as the words
+     * (mn 2c | mn 2c+1 << 16), the mins of rows r and r + 4 in one register's halves. */
+    __m256i sc_words[8], mn_words[4];
+    uint32_t dd[8];
     for (int r = 0; r < 8; r++) {
-        const block_q4_K *x = (const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
-        uint8_t sc_mn[16];
-        _mm_storeu_si128((__m128i *)sc_mn, k_scales_mins(x->scales));
-        const uint8_t *sc = sc_mn, *mn = sc_mn + 8;
-        for (int g = 0; g < 8; g++)
-            sc_words[g][r] = (int32_t)(sc[g] | (uint32_t)sc[g] << 16);
-        for (int c = 0; c < 4; c++)
-            mn_words[c][r] = (int32_t)(mn[2 * c] | (uint32_t)mn[2 * c + 1] << 16);
-        dr[r] = h2f(x->d);
-        dminr[r] = h2f(x->dmin);
+        const __m128i sm = k_scales_mins(x[r]->scales);
+        sc_words[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm));
+        const __m128i mn = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+        mn_words[r % 4] = r < 4 ? _mm256_castsi128_si256(mn) : _mm256_inserti128_si256(mn_words[r % 4], mn, 1);
+        memcpy(&dd[r], &x[r]->d, 4);  /* d, dmin */
     }
+    sq_transpose8_epi32(sc_words);  /* sc_words[g]: every row's scale of group g */
     for (int g = 0; g < 8; g++)
-        scale[g] = _mm256_loadu_si256((const __m256i *)sc_words[g]);
+        scale[g] = sc_words[g];
+    /* A 4 x 4 transpose in each half: mins[c] holds rows 0..3, then 4..7. */
+    const __m256i t0 = _mm256_unpacklo_epi32(mn_words[0], mn_words[1]), t1 = _mm256_unpackhi_epi32(mn_words[0], mn_words[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(mn_words[2], mn_words[3]), t3 = _mm256_unpackhi_epi32(mn_words[2], mn_words[3]);
+    mins[0] = _mm256_unpacklo_epi64(t0, t2);
+    mins[1] = _mm256_unpackhi_epi64(t0, t2);
+    mins[2] = _mm256_unpacklo_epi64(t1, t3);
+    mins[3] = _mm256_unpackhi_epi64(t1, t3);
+    /* The 8 d and 8 dmin halves apart, then converted 8 at a time. */
+    const __m256i both = _mm256_loadu_si256((const __m256i *)dd);
+    const __m256i halves = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(both, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(both, 16)), 0xd8);
+    *d_rows = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+    *dmin_rows = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
     for (int c = 0; c < 4; c++) {
-        mins[c] = _mm256_loadu_si256((const __m256i *)mn_words[c]);
         __m256i q[8];
         for (int r = 0; r < 8; r++)
-            q[r] = _mm256_loadu_si256(
-                (const __m256i *)(((const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
+            q[r] = _mm256_loadu_si256((const __m256i *)(x[r]->qs + 32 * c));
         sq_transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
         for (int j = 0; j < 8; j++) {
             codes[c][0][j] = _mm256_and_si256(q[j], m4);
             codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
         }
     }
-    *d_rows = _mm256_loadu_ps(dr);
-    *dmin_rows = _mm256_loadu_ps(dminr);
 }
 
 /* Span c of one activation block against eight rows side by side: the exact integer
@@ -226,6 +314,52 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
                 }
                 sumf[t] = vf;
                 summ[t] = vm;
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_sub_ps(sumf[t], summ[t]));
+    }
+}
+
+/* Eight Q4_K rows times n_tokens activation rows, each output rounded as sq_vec_dot_q4_K_avx2
+ * rounds that row and token alone (the step order of sq_vec_dot_steps_rows): per block one
+ * exact integer total for the codes and one for the mins, fma'd into their chains. The rows
+ * sit side by side as in sq_batch_dot8_q4_K_avx2, which pays for putting them there once per
+ * block; after that a token costs about a fifth of a one-token vec_dot, because a lane
+ * holds a whole row and a group's 32 products add up in int16 before its scale multiplies
+ * them. y[t * ldy + r] for r < 8. */
+TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    enum { TILE = 16 };
+    __m256i codes[4][2][8], scale[8], mins[4];
+    __m256 d_rows, dmin_rows;
+    /* The eight rows after these are asked for a block's share at a time: the hardware
+     * prefetchers do not follow eight rows read a block of each at a time. */
+    const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;
+    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        __m256 sumf[TILE], summ[TILE];
+        for (int t = 0; t < nt; t++)
+            sumf[t] = summ[t] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0)
+                for (int64_t b = i * share; b < (i + 1) * share; b += 64)
+                    if ((uintptr_t)(next + b) < (uintptr_t)stop)
+                        _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
+            q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                __m256i isum = _mm256_setzero_si256(), imin = _mm256_setzero_si256();
+                for (int c = 0; c < 4; c++) {
+                    __m256i s, m;
+                    q4_K_span8(a, c, codes, scale, mins, &s, &m);
+                    isum = _mm256_add_epi32(isum, s);
+                    imin = _mm256_add_epi32(imin, m);
+                }
+                const __m256 a_d = _mm256_set1_ps(a->d);
+                sumf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d_rows, a_d), sumf[t]);
+                summ[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin_rows, a_d), summ[t]);
             }
         }
         for (int t = 0; t < nt; t++)
