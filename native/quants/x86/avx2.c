@@ -23,8 +23,23 @@ static inline const void *token_row(const void *xq, int64_t stride, int t) {
     return (const uint8_t *)xq + t * stride;
 }
 
-TARGET void sq_vec_dotn_q4_1_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
-                           float *out) {
+/* sq_vec_dotn_<name>_avx2 from the body dotn_<name>, inlined for each n with n a constant:
+ * then every token's accumulators stay in registers (a loop over a variable n kept
+ * them in memory, and each block's fmas waited on a store and a load). */
+_Static_assert(SQ_DOTN_MAX == 8, "DOTN_FOR_EACH_N has a case for each n up to SQ_DOTN_MAX");
+#define DOTN_CASE(name, k) case k: dotn_##name(row, xq, stride, k, nb, stop, out); break;
+#define DOTN_FOR_EACH_N(name)                                                                        \
+    TARGET void sq_vec_dotn_##name##_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, \
+                                          const void *stop, float *out) {                          \
+        switch (n) {                                                                                 \
+            DOTN_CASE(name, 1) DOTN_CASE(name, 2) DOTN_CASE(name, 3) DOTN_CASE(name, 4)              \
+            DOTN_CASE(name, 5) DOTN_CASE(name, 6) DOTN_CASE(name, 7) DOTN_CASE(name, 8)              \
+        }                                                                                            \
+    }
+
+static inline __attribute__((always_inline)) TARGET void dotn_q4_1(const void *row, const void *xq, int64_t stride,
+                                                                   const int n, int64_t nb, const void *stop,
+                                                                   float *out) {
     const block_q4_1 *x = row;
     __m256 acc[SQ_DOTN_MAX];
     __m128 summs[SQ_DOTN_MAX];
@@ -47,10 +62,12 @@ TARGET void sq_vec_dotn_q4_1_avx2(const void *row, const void *xq, int64_t strid
     for (int t = 0; t < n; t++)
         out[t] = sq_hsum8_avx2(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
 }
+DOTN_FOR_EACH_N(q4_1)
 
 /* Q8_0: |x| once per block; each token's y takes x's signs. */
-TARGET void sq_vec_dotn_q8_0_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
-                           float *out) {
+static inline __attribute__((always_inline)) TARGET void dotn_q8_0(const void *row, const void *xq, int64_t stride,
+                                                                   const int n, int64_t nb, const void *stop,
+                                                                   float *out) {
     const block_q8_0 *x = row;
     __m256 acc[SQ_DOTN_MAX];
     for (int t = 0; t < n; t++)
@@ -70,11 +87,14 @@ TARGET void sq_vec_dotn_q8_0_avx2(const void *row, const void *xq, int64_t strid
     for (int t = 0; t < n; t++)
         out[t] = sq_hsum8_avx2(acc[t]);
 }
+DOTN_FOR_EACH_N(q8_0)
 
-/* Q6_K: the 6-bit codes and the group scales of a block assembled once, in the lanes of
- * sq_vec_dot_q6_K_avx2 (the same registers of codes, the same pairs of groups). */
-TARGET void sq_vec_dotn_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
-                           float *out) {
+/* Q6_K: the 6-bit codes and the group scales of a block assembled once, half a block at
+ * a time, in the lanes of sq_vec_dot_q6_K_avx2 (the same registers of codes, the same
+ * pairs of groups); a token's integer lanes stay in a register across the two halves. */
+static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *row, const void *xq, int64_t stride,
+                                                                   const int n, int64_t nb, const void *stop,
+                                                                   float *out) {
     const block_q6_K *x = row;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     __m256 acc[SQ_DOTN_MAX];
@@ -82,42 +102,49 @@ TARGET void sq_vec_dotn_q6_K_avx2(const void *row, const void *xq, int64_t strid
         acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
-        /* q[4h + c]: elements 128h + 32c .. +31, groups 8h + 2c (bytes 0..15) and 8h + 2c + 1. */
-        __m256i q[8], scv[8];
-        for (int h = 0; h < 2; h++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
-            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-        }
-        /* scv[j]: the scale of group 2j over the low 128 bits, of group 2j + 1 over the high. */
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        /* The scale of group 2j over the low 128 bits, of group 2j + 1 over the high. */
         const __m256i sc_pairs = _mm256_cvtepi8_epi16(
             _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
-        for (int j = 0; j < 8; j++)
-            scv[j] = broadcast_word(sc_pairs, j);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        const float dx = h2f(x[i].d);
+        __m256i sumi[SQ_DOTN_MAX];
         for (int t = 0; t < n; t++) {
             const block_q8_K *a = (const block_q8_K *)token_row(xq, stride, t) + i;
             const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
-            __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
-            for (int j = 0; j < 8; j++) {
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
-                sumi = madd_add(sumi, scv[j], _mm256_maddubs_epi16(q[j], qy));
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+        }
+        for (int h = 0; h < 2; h++) {
+            /* q[c]: elements 128h + 32c .. +31, groups 8h + 2c (bytes 0..15) and 8h + 2c + 1. */
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+            for (int c = 0; c < 4; c++) {
+                const __m256i scv = broadcast_word(sc_pairs, 4 * h + c);
+                for (int t = 0; t < n; t++) {
+                    const block_q8_K *a = (const block_q8_K *)token_row(xq, stride, t) + i;
+                    const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 128 * h + 32 * c));
+                    sumi[t] = madd_add(sumi[t], scv, _mm256_maddubs_epi16(q[c], qy));
+                }
             }
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * dx), _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+        const float dx = h2f(x[i].d);
+        for (int t = 0; t < n; t++) {
+            const block_q8_K *a = (const block_q8_K *)token_row(xq, stride, t) + i;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
         }
     }
     for (int t = 0; t < n; t++)
         out[t] = sq_hsum8_avx2(acc[t]);
 }
+DOTN_FOR_EACH_N(q6_K)
 
 /* ---------------------------------------------------------------------------
  * Q4_K: the repacked gemm's order (quants/batch.c), for one row and for eight
