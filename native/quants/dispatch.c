@@ -61,6 +61,13 @@ static const sq_vec_dotn_fn simd_vec_dotn[SQ_TYPE_SLOTS] = {
     [SQ_Q4_1] = sq_vec_dotn_q4_1_avx2, [SQ_Q8_0] = sq_vec_dotn_q8_0_avx2, [SQ_Q6_K] = sq_vec_dotn_q6_K_avx2,
 };
 
+/* Eight rows side by side, every token with the one-token vec_dot's bits. */
+typedef void (*steps_dot8_fn)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                              int64_t nb, const void *stop, float *y, int64_t ldy);
+static const steps_dot8_fn simd_steps_dot8[SQ_TYPE_SLOTS] = {
+    [SQ_Q4_K] = sq_steps_dot8_q4_K_avx2, [SQ_Q4_1] = sq_steps_dot8_q4_1_avx2,
+};
+
 /* simd_vec_dotn's function for the type, if the SIMD copies are on. */
 static sq_vec_dotn_fn vec_dotn(int type) { return sq_simd_enabled() ? simd_vec_dotn[type] : NULL; }
 
@@ -259,10 +266,11 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     const uint8_t *base = rows, *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
     int64_t r = 0;
 #ifdef SQ_X86
-    /* Q4_K: eight rows side by side, each token with its one-token bits. */
-    if (type == SQ_Q4_K && n_tokens >= 2 && sq_simd_enabled())
+    /* Q4_K and Q4_1: eight rows side by side, each token with its one-token bits. */
+    const steps_dot8_fn eight = n_tokens >= 2 && sq_simd_enabled() ? simd_steps_dot8[type] : NULL;
+    if (eight)
         for (; r + 8 <= n_rows; r += 8)
-            sq_steps_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
+            eight(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
     /* A row's blocks decoded once for several tokens. */
     const sq_vec_dotn_fn dotn = n_tokens >= 2 ? vec_dotn(type) : NULL;
     if (dotn) {

@@ -136,6 +136,9 @@ void sq_vec_dotn_q6_K_avx2(const void *row, const void *xq, int64_t stride, int 
  * prefetches the eight rows after these, up to stop. */
 void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
+/* The same for eight Q4_1 rows, with sq_vec_dot_q4_1_avx2's bits. */
+void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order
  * (sq_batch_dot_q4_K's bits). */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,

@@ -682,14 +682,18 @@ def test_vec_dot_rows_bad_arguments():
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t in VEC_DOT_TYPE], ids=lambda t: t.name)
 def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore):
     """A batch as one-token steps: every output exactly sq_vec_dot's bits, for token
-    counts below and past every batched order (Q4_K's 4, the tiled 8), on both paths;
-    y is written only where it should be."""
+    counts below and past every batched order (Q4_K's 4, the tiled 8) and past the
+    kernels' tiles (8 tokens per row, 16 per eight rows), rows by eights and left over,
+    rows longer than the eight-row kernels' 32-block chunks, on both paths; y is
+    written only where it should be."""
     rng = np.random.default_rng(900 + int(qtype))
-    n = max(sizes(qtype))
     vtype = VEC_DOT_TYPE[qtype]
+    cases = [(max(sizes(qtype)), n_rows, tokens)
+             for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17))]
+    cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), 8, 3)]
     for simd in (1, 0) if native_simd() else (0,):
         lib.sq_set_simd(simd)
-        for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17)):
+        for n, n_rows, tokens in cases:
             rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
             xq = quantized_rows(vtype, n, tokens, rng)
             ldy = n_rows + 2

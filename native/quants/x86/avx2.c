@@ -147,6 +147,99 @@ static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *r
 DOTN_FOR_EACH_N(q6_K)
 
 /* ---------------------------------------------------------------------------
+ * Q4_1: eight rows side by side, in one-token steps
+ * ------------------------------------------------------------------------- */
+
+/* Block i of eight Q4_1 rows side by side: codes[l] holds the 4 codes of lane l (bytes
+ * 4l..4l+3 in nibbles32's order) of rows 0..7, one row per 32-bit lane; d and m each row's. */
+static inline TARGET void q4_1_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i codes[8],
+                                          __m256 *d_rows, __m256 *m_rows) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i w[4];  /* the 4 words of qs of rows r and r + 4, in one register's halves */
+    uint32_t dm[8];
+    for (int r = 0; r < 8; r++) {
+        const block_q4_1 *x = (const block_q4_1 *)((const uint8_t *)rows + r * row_bytes) + i;
+        const __m128i q = _mm_loadu_si128((const __m128i *)x->qs);
+        w[r % 4] = r < 4 ? _mm256_castsi128_si256(q) : _mm256_inserti128_si256(w[r % 4], q, 1);
+        memcpy(&dm[r], &x->d, 4);  /* d, m */
+    }
+    /* A 4 x 4 transpose in each half: word[j] holds word j of rows 0..3, then of rows 4..7. */
+    const __m256i t0 = _mm256_unpacklo_epi32(w[0], w[1]), t1 = _mm256_unpackhi_epi32(w[0], w[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(w[2], w[3]), t3 = _mm256_unpackhi_epi32(w[2], w[3]);
+    const __m256i word[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                             _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    for (int j = 0; j < 4; j++) {
+        codes[j] = _mm256_and_si256(word[j], m4);                             /* low nibbles: lane j */
+        codes[j + 4] = _mm256_and_si256(_mm256_srli_epi16(word[j], 4), m4);  /* high: lane j + 4 */
+    }
+    const __m256i both = _mm256_loadu_si256((const __m256i *)dm);
+    const __m256i halves = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(both, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(both, 16)), 0xd8);
+    *d_rows = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+    *m_rows = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+}
+
+/* Eight Q4_1 rows (row_bytes apart) times n_tokens activation rows, each output with
+ * sq_vec_dot_q4_1_avx2's bits for its row and token. That kernel keeps 8 float lanes per
+ * row; here register l of a token holds lane l of all eight rows, so a broadcast activation
+ * word multiplies eight rows at once, and the lanes' final sum is sq_hsum8's, done register
+ * by register. CHUNK blocks are put side by side at a time, then each token runs through
+ * them; its accumulators wait in acc_tokens between chunks. It prefetches the eight rows
+ * after these, up to stop. y[t * ldy + r] for r < 8. */
+TARGET void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    enum { CHUNK = 32, TILE = 16 };
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i codes[CHUNK][8];
+    __m256 d_rows[CHUNK], m_rows[CHUNK];
+    __m256 acc_tokens[TILE][9];  /* a token's 8 lane registers, then its sum of m * s */
+    const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;
+    const int64_t share = 8 * (int64_t)sizeof(block_q4_1);  /* of the next rows, per block */
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        for (int t = 0; t < nt; t++)
+            for (int l = 0; l < 9; l++)
+                acc_tokens[t][l] = _mm256_setzero_ps();
+        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
+            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
+            for (int k = 0; k < nc; k++) {
+                if (t0 == 0)
+                    for (int64_t b = (i0 + k) * share; b < (i0 + k + 1) * share; b += 64)
+                        if ((uintptr_t)(next + b) < (uintptr_t)stop)
+                            _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
+                q4_1_side_by_side(rows, row_bytes, i0 + k, codes[k], &d_rows[k], &m_rows[k]);
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
+                __m256 acc[8], summs = acc_tokens[t][8];
+                for (int l = 0; l < 8; l++)
+                    acc[l] = acc_tokens[t][l];
+                for (int k = 0; k < nc; k++) {
+                    const __m128 ds = h2f_pair(&a[k].d);  /* the token's d, s */
+                    const __m256 d = _mm256_mul_ps(d_rows[k], _mm256_broadcastss_ps(ds));
+                    summs = _mm256_add_ps(summs, _mm256_mul_ps(m_rows[k], _mm256_broadcastss_ps(_mm_movehdup_ps(ds))));
+                    for (int l = 0; l < 8; l++) {
+                        int32_t aw;
+                        memcpy(&aw, a[k].qs + 4 * l, 4);
+                        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(codes[k][l], _mm256_set1_epi32(aw)), ones);
+                        acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[l]);
+                    }
+                }
+                for (int l = 0; l < 8; l++)
+                    acc_tokens[t][l] = acc[l];
+                acc_tokens[t][8] = summs;
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            const __m256 *A = acc_tokens[t];
+            const __m256 lanes = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
+                                               _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7])));
+            _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_add_ps(lanes, A[8]));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------
  * Q4_K: the repacked gemm's order (quants/batch.c), for one row and for eight
  * ------------------------------------------------------------------------- */
 
