@@ -164,7 +164,7 @@ def generate(
     started = time.perf_counter()
     recent = list(prompt_ids[-REPEAT_WINDOW:])
     drafter, policy = (NgramDrafter(prompt_ids), DraftPolicy(lookup)) if lookup > 0 else (None, None)
-    check: list = []  # the draft being checked: [tokens drafted, kept so far, seconds its batch took]
+    check: list = []  # the draft being checked: [tokens drafted, kept so far, seconds its batch took, n-gram length]
     # Drafted tokens in the KV cache past the answer, each with the logits after it, and the
     # positions plain decoding's cache would hold: every exit trims the cache back to those.
     ahead: list[tuple[int, np.ndarray]] = []
@@ -210,7 +210,8 @@ def generate(
                 engine.truncate(kept)
                 policy.checked(*check)
             room = min(max_tokens - len(done.output_ids) - 1, engine.n_ctx - kept - 1)
-            draft = drafter.draft(policy.length(room)) if drafter is not None else []
+            order = drafter.order() if drafter is not None else 0
+            draft = drafter.draft(policy.length(room, order)) if drafter is not None else []
             step = time.perf_counter()
             if not draft:
                 logits, kept = engine.eval([token]), kept + 1
@@ -219,7 +220,7 @@ def generate(
                 continue
             rows = engine.eval([token, *draft], all_logits=True, step_order=True)
             done.drafted_tokens += len(draft)
-            check = [len(draft), 0, time.perf_counter() - step]
+            check = [len(draft), 0, time.perf_counter() - step, order]
             logits, ahead, kept = rows[0], list(zip(draft, rows[1:])), kept + 1
         tail = stream.flush()
         if tail:

@@ -55,45 +55,62 @@ class NgramDrafter:
                 follows[tuple(self.tokens[end - n:])] = end
         self.tokens.append(token)
 
+    def _match(self) -> tuple[int, int]:
+        """(n, where its follower is) for the longest n whose ending occurred before; (0, 0) if none."""
+        self._file_prompt()
+        for n in range(self.longest, self.shortest - 1, -1):
+            if len(self.tokens) >= n:
+                at = self._follows[n].get(tuple(self.tokens[-n:]))
+                if at is not None:
+                    return n, at
+        return 0, 0
+
+    def order(self) -> int:
+        """The length of the n-gram a draft would come from now; 0 when there is none."""
+        return self._match()[0]
+
     def draft(self, limit: int) -> list[int]:
         """Up to `limit` tokens to try next; [] when the text's ending did not occur before."""
         if limit <= 0:
             return []
-        self._file_prompt()
-        for n in range(self.longest, self.shortest - 1, -1):
-            if len(self.tokens) < n:
-                continue
-            at = self._follows[n].get(tuple(self.tokens[-n:]))
-            if at is not None:
-                draft = self.tokens[at:at + limit]
-                # Running into the end, the text repeats with period len - at: go on with it.
-                period = len(self.tokens) - at
-                while len(draft) < limit:
-                    draft.append(draft[-period])
-                return draft
-        return []
+        n, at = self._match()
+        if not n:
+            return []
+        draft = self.tokens[at:at + limit]
+        # Running into the end, the text repeats with period len - at: go on with it.
+        period = len(self.tokens) - at
+        while len(draft) < limit:
+            draft.append(draft[-period])
+        return draft
 
 
 class DraftPolicy:
     """How long a draft is worth making. A drafted token costs `cost` of a one-token step
     to check (measured as the answer runs: checking is compute, and the batch reads the
-    weights once) and is kept with a probability `rate` (measured too; a draft is kept up
+    weights once) and is kept with a probability `rate` (measured too, for each length of
+    the n-gram the draft comes from: a longer match is a better guess; a draft is kept up
     to its first miss, so its i-th token counts with rate**i). A draft pays while
     rate**k > cost: the policy drafts the longest such k, up to `limit`, and nothing
     when even one token does not pay, except a one-token probe every `probe_every` steps
     so that an answer which turns to copying is noticed."""
 
     def __init__(self, limit: int, rate: float = 0.6, cost: float = 0.5, probe_every: int = 16):
-        self.limit, self.rate, self.cost, self.probe_every = limit, rate, cost, probe_every
+        self.limit, self.cost, self.probe_every = limit, cost, probe_every
+        self.first_rate = rate
+        self.rates: dict[int, float] = {}  # n-gram length -> the rate its drafts were kept at
         self.step_seconds: float | None = None  # a plain one-token step, as measured here
         self._since_draft = 0
 
-    def length(self, room: int) -> int:
+    def rate(self, order: int) -> float:
+        return self.rates.get(order, self.first_rate)
+
+    def length(self, room: int, order: int = 0) -> int:
+        """Tokens to draft from an n-gram of length `order` (0: a draft of no known origin)."""
         limit = min(self.limit, room)
         if limit <= 0:
             return 0
-        k = 0
-        while k < limit and self.rate ** (k + 1) > self.cost:
+        rate, k = self.rate(order), 0
+        while k < limit and rate ** (k + 1) > self.cost:
             k += 1
         if k == 0 and self._since_draft >= self.probe_every:
             k = 1
@@ -104,10 +121,13 @@ class DraftPolicy:
         """A one-token step took `seconds`."""
         self.step_seconds = seconds if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * seconds
 
-    def checked(self, drafted: int, accepted: int, seconds: float) -> None:
-        """A draft of `drafted` tokens, checked in `seconds`, kept `accepted` of them."""
+    def checked(self, drafted: int, accepted: int, seconds: float, order: int = 0) -> None:
+        """A draft of `drafted` tokens from an n-gram of length `order`, checked in
+        `seconds`, kept `accepted` of them."""
+        rate = self.rate(order)
         for kept in [1.0] * accepted + [0.0] * (accepted < drafted):  # tokens compared, up to the first miss
-            self.rate += 0.1 * (kept - self.rate)
+            rate += 0.1 * (kept - rate)
+        self.rates[order] = rate
         if self.step_seconds:
             each = max(seconds - self.step_seconds, 0.0) / drafted / self.step_seconds
             self.cost += 0.25 * (min(each, 2.0) - self.cost)

@@ -229,6 +229,9 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
         return -1;
+    /* A type whose batches round every token as sq_vec_dot does: the step-order kernels. */
+    if (!t->batch_ints && !t->batch_by4)
+        return sq_vec_dot_steps_rows(type, rows, row_bytes, n_rows, xq, xq_stride, n_tokens, n, y, ldy);
     const uint8_t *base = rows;
     int64_t r = 0;
 #ifdef SQ_X86

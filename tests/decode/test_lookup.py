@@ -57,13 +57,34 @@ def test_the_policy_drafts_longer_as_drafts_are_kept_and_stops_when_they_are_not
     policy.stepped(0.010)
     for _ in range(6):
         policy.checked(4, 4, 0.012)  # every token kept; each cost a fifth of a step
-    assert policy.cost < 0.3 and policy.rate > 0.9
+    assert policy.cost < 0.3 and policy.rate(0) > 0.9
     assert policy.length(100) == 8 and policy.length(3) == 3 and policy.length(0) == 0
     for _ in range(10):
         policy.checked(4, 0, 0.030)  # missed at once, and checking cost half a step per token
-    assert policy.rate < policy.cost
+    assert policy.rate(0) < policy.cost
     lengths = [policy.length(100) for _ in range(40)]
     assert lengths.count(1) == 2 and set(lengths) == {0, 1}  # only a probe now and then
+
+
+def test_the_policy_keeps_a_rate_for_each_length_of_match():
+    policy = DraftPolicy(8, rate=0.6, cost=0.3)
+    policy.stepped(0.010)
+    for _ in range(16):  # each drafted token costs a quarter of a step to check
+        policy.checked(8, 8, 0.030, order=4)  # drafts after a 4-gram match: all kept
+        policy.checked(8, 0, 0.030, order=2)  # after a 2-gram match: missed at once
+    assert abs(policy.cost - 0.25) < 0.01
+    assert policy.rate(4) > 0.9 and policy.rate(2) < 0.15 and policy.rate(3) == 0.6
+    assert policy.length(100, 4) == 8
+    assert policy.length(100, 2) == 0
+    assert policy.length(100, 3) == 2  # no drafts of its own yet: the starting rate, 0.36 > 0.25
+
+
+def test_the_drafter_says_how_long_its_match_is():
+    d = NgramDrafter([1, 2, 3, 9, 5, 2, 3])
+    assert d.order() == 2 and d.draft(2) == [9, 5]  # "2 3" occurred before; "5 2 3" did not
+    d.append(9)
+    assert d.order() == 3 and d.draft(1) == [5]  # now "2 3 9" did
+    assert NgramDrafter([1, 2, 3, 4]).order() == 0
 
 
 # -- a batch in step order: the logits of as many one-token steps ---------------------------
