@@ -5,6 +5,7 @@
                                   [--depth N] [--kv-cache f16|q8_0|f32] [--bandwidth]
     python -m llm_smolq.dev.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
     python -m llm_smolq.dev.bench MODEL.gguf --lookup [8] [--threads N] [--repeat 5] [--json]
+    python -m llm_smolq.dev.bench MODEL.gguf --draft-check [512] [--threads N] [--repeat 5] [--json]
 
 With --depth N the prompt is N random ids fed in batches of 512 (prefill tok/s is their
 average), and decode is timed at that depth; --vs-llama-cpp then runs llama.cpp twice,
@@ -194,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lookup", type=int, nargs="?", const=8, metavar="N",
                         help="instead: greedy answers with lookup decoding (up to N drafted tokens, default 8) "
                              "against plain decoding, on prompts that copy and one that does not")
+    parser.add_argument("--draft-check", type=int, nargs="?", const=512, metavar="DEPTH",
+                        help="instead: what one forward of 1, 2, 4, 8 and 16 tokens in step order costs at DEPTH "
+                             "(default 512), as multiples of one decode step")
     parser.add_argument("--bandwidth", action="store_true",
                         help="also time llm-smolq's threads reading the model file, and decode as a share of it")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
@@ -213,6 +217,13 @@ def main(argv: list[str] | None = None) -> None:
 
         report = lookup_bench.measure(args.model, args.threads, args.lookup, args.repeat)
         print(json.dumps(report, indent=2) if args.json else lookup_bench.format_report(report))
+        return
+
+    if args.draft_check:
+        from llm_smolq.dev import lookup_bench
+
+        report = lookup_bench.measure_check_cost(args.model, args.threads, args.draft_check, args.repeat)
+        print(json.dumps(report, indent=2) if args.json else lookup_bench.format_check_cost(report))
         return
 
     if args.child:

@@ -1,11 +1,19 @@
-"""Lookup decoding against plain decoding, greedy, on prompts that copy and one that does not.
+"""Lookup decoding against plain decoding, greedy, on prompts that copy and one that does not;
+and what checking a draft costs.
 
     python -m llm_smolq.dev.bench MODEL.gguf --lookup [N] [--threads T] [--repeat R] [--json]
+    python -m llm_smolq.dev.bench MODEL.gguf --draft-check [DEPTH] [--threads T] [--repeat R] [--json]
 
 Each prompt is answered with lookup off and with up to N drafted tokens, alternating,
 R rounds, in one process (the engine reset before every answer). The report gives decode
 tok/s of each (median, min-max), their ratio, what was drafted and kept, and whether the
 two answers were the same tokens (they must be).
+
+--draft-check prefills DEPTH random ids (default 512), then times one forward of k tokens
+in step order with every row's logits (what checking a draft of k - 1 tokens costs:
+Engine.eval(..., all_logits=True, step_order=True)) for k = 1, 2, 4, 8, 16, the sizes
+alternating, R rounds; each is reported as its best time and as a multiple of k = 1's,
+a plain decode step.
 """
 
 from __future__ import annotations
@@ -134,3 +142,36 @@ def format_report(r: dict) -> str:
                      f"{f('lookup_tok_s')} tok/s, x{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}); "
                      f"drafted {p['drafted']}, kept {p['accepted']}; same output: {p['same_output']}")
     return "\n".join(lines)
+
+
+CHECK_SIZES = (1, 2, 4, 8, 16)
+
+
+def measure_check_cost(path: str, threads: int, depth: int, repeat: int) -> dict:
+    import numpy as np
+
+    import llm_smolq
+
+    engine = llm_smolq.load(path, n_ctx=depth + max(CHECK_SIZES), threads=threads)
+    ids = [int(i) for i in np.random.default_rng(0).integers(100, min(engine.config.vocab_size, 20000),
+                                                             depth + max(CHECK_SIZES))]
+    for start in range(0, depth, 512):
+        engine.eval(ids[start:min(start + 512, depth)])
+    seconds: dict[int, list[float]] = {k: [] for k in CHECK_SIZES}
+    for _ in range(repeat):
+        for k in CHECK_SIZES:
+            engine.truncate(depth)
+            started = time.perf_counter()
+            engine.eval(ids[depth:depth + k], all_logits=True, step_order=True)
+            seconds[k].append(time.perf_counter() - started)
+    one = min(seconds[1])
+    return {"model": path, "threads": threads, "depth": depth, "repeat": repeat,
+            "sizes": {k: {"ms": min(v) * 1e3, "steps": min(v) / one} for k, v in seconds.items()}}
+
+
+def format_check_cost(r: dict) -> str:
+    lines = [f"{r['model']}: {r['threads']} threads, at depth {r['depth']}, best of {r['repeat']} alternating rounds"]
+    for k, v in r["sizes"].items():
+        lines.append(f"  {k:2d} tokens in step order: {v['ms']:.1f} ms, x{v['steps']:.2f} one step")
+    return "\n".join(lines)
+

@@ -61,3 +61,15 @@ def test_bench_lookup_compares_lookup_with_plain_decoding(smollm2_gguf, monkeypa
         assert p["plain_tok_s"]["median"] > 0 and p["lookup_tok_s"]["median"] > 0
     assert report["prompts"]["repeat a paragraph"]["accepted"] > 0
     assert "x" in lookup_bench.format_report(report)
+
+
+def test_bench_draft_check_times_step_order_batches_against_one_step(smollm2_gguf, capsys):
+    from llm_smolq.dev import bench
+
+    bench.main([str(smollm2_gguf), "--draft-check", "40", "--threads", "2", "--repeat", "2", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["depth"] == 40 and list(report["sizes"]) == ["1", "2", "4", "8", "16"]
+    assert report["sizes"]["1"]["steps"] == 1.0
+    assert all(v["ms"] > 0 for v in report["sizes"].values())
+    assert report["sizes"]["16"]["ms"] > report["sizes"]["1"]["ms"]  # sixteen tokens are not free
+
