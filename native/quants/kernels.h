@@ -121,7 +121,7 @@ typedef float (*sq_simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb,
 SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
 /* The same for n activation rows stride bytes apart (1 <= n <= SQ_DOTN_MAX), into
  * out[0..n-1], each exactly as the one-row function computes it; the weights' blocks
- * are decoded once for the n. */
+ * are decoded once for the n, and prefetched ahead up to stop as the one-row ones do. */
 #define SQ_DOTN_MAX 8
 typedef void (*sq_vec_dotn_fn)(const void *row, const void *xq, int64_t stride, int n, int64_t nb,
                                const void *stop, float *out);
