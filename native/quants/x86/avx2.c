@@ -445,9 +445,9 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
  * rounds that row and token alone (the step order of sq_vec_dot_steps_rows): per block one
  * exact integer total for the codes and one for the mins, fma'd into their chains. The rows
  * sit side by side as in sq_batch_dot8_q4_K_avx2, which pays for putting them there once per
- * block; after that a token costs about a fifth of a one-token vec_dot, because a lane
- * holds a whole row and a group's 32 products add up in int16 before its scale multiplies
- * them. y[t * ldy + r] for r < 8. */
+ * block (about two thirds of a one-token vec_dot per row, measured in L1); after that a
+ * token costs under two fifths of one, because a lane holds a whole row and a group's 32
+ * products add up in int16 before its scale multiplies them. y[t * ldy + r] for r < 8. */
 TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 16 };
