@@ -445,7 +445,7 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
  * rounds that row and token alone (the step order of sq_vec_dot_steps_rows): per block one
  * exact integer total for the codes and one for the mins, fma'd into their chains. The rows
  * sit side by side as in sq_batch_dot8_q4_K_avx2, which pays for putting them there once per
- * block (about two thirds of a one-token vec_dot per row, measured in L1); after that a
+ * block (about three quarters of a one-token vec_dot per row, measured in L1); after that a
  * token costs under two fifths of one, because a lane holds a whole row and a group's 32
  * products add up in int16 before its scale multiplies them. y[t * ldy + r] for r < 8. */
 TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
