@@ -147,6 +147,40 @@ static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *r
 DOTN_FOR_EACH_N(q6_K)
 
 /* ---------------------------------------------------------------------------
+ * Eight weight rows side by side: shared steps
+ * ------------------------------------------------------------------------- */
+
+/* The two f16 halves of pairs[r] (a block's d, and its m or dmin) for rows r = 0..7,
+ * converted eight at a time: first[r] and second[r]. */
+static inline TARGET void halves_of_eight(const uint32_t pairs[8], __m256 *first, __m256 *second) {
+    const __m256i both = _mm256_loadu_si256((const __m256i *)pairs);
+    const __m256i halves = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(both, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(both, 16)), 0xd8);
+    *first = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+    *second = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+}
+
+/* in[r % 4] holds four 32-bit words of row r in its low half (r < 4) or its high half
+ * (r >= 4); out[j] gets word j of rows 0..3, then of rows 4..7: a 4 x 4 transpose per half. */
+static inline TARGET void transpose4_halves(const __m256i in[4], __m256i out[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(in[0], in[1]), t1 = _mm256_unpackhi_epi32(in[0], in[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(in[2], in[3]), t3 = _mm256_unpackhi_epi32(in[2], in[3]);
+    out[0] = _mm256_unpacklo_epi64(t0, t2);
+    out[1] = _mm256_unpackhi_epi64(t0, t2);
+    out[2] = _mm256_unpacklo_epi64(t1, t3);
+    out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* Block i's share (`share` bytes) of the eight rows that follow the ones being worked on,
+ * asked for ahead of use up to stop: the hardware prefetchers do not follow eight rows
+ * read a block of each at a time. */
+static inline TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int64_t share, const void *stop) {
+    for (int64_t b = i * share; b < (i + 1) * share; b += 64)
+        if ((uintptr_t)(next + b) < (uintptr_t)stop)
+            _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
+}
+
+/* ---------------------------------------------------------------------------
  * Q4_1: eight rows side by side, in one-token steps
  * ------------------------------------------------------------------------- */
 
@@ -163,20 +197,13 @@ static inline TARGET void q4_1_side_by_side(const void *rows, int64_t row_bytes,
         w[r % 4] = r < 4 ? _mm256_castsi128_si256(q) : _mm256_inserti128_si256(w[r % 4], q, 1);
         memcpy(&dm[r], &x->d, 4);  /* d, m */
     }
-    /* A 4 x 4 transpose in each half: word[j] holds word j of rows 0..3, then of rows 4..7. */
-    const __m256i t0 = _mm256_unpacklo_epi32(w[0], w[1]), t1 = _mm256_unpackhi_epi32(w[0], w[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(w[2], w[3]), t3 = _mm256_unpackhi_epi32(w[2], w[3]);
-    const __m256i word[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                             _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    __m256i word[4];  /* word j of rows 0..7 */
+    transpose4_halves(w, word);
     for (int j = 0; j < 4; j++) {
         codes[j] = _mm256_and_si256(word[j], m4);                             /* low nibbles: lane j */
         codes[j + 4] = _mm256_and_si256(_mm256_srli_epi16(word[j], 4), m4);  /* high: lane j + 4 */
     }
-    const __m256i both = _mm256_loadu_si256((const __m256i *)dm);
-    const __m256i halves = _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(_mm256_and_si256(both, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(both, 16)), 0xd8);
-    *d_rows = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
-    *m_rows = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+    halves_of_eight(dm, d_rows, m_rows);
 }
 
 /* Eight Q4_1 rows (row_bytes apart) times n_tokens activation rows, each output with
@@ -204,9 +231,7 @@ TARGET void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const v
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
                 if (t0 == 0)
-                    for (int64_t b = (i0 + k) * share; b < (i0 + k + 1) * share; b += 64)
-                        if ((uintptr_t)(next + b) < (uintptr_t)stop)
-                            _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
+                    prefetch_next_rows(next, i0 + k, share, stop);
                 q4_1_side_by_side(rows, row_bytes, i0 + k, codes[k], &d_rows[k], &m_rows[k]);
             }
             for (int t = 0; t < nt; t++) {
@@ -355,19 +380,8 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
     sq_transpose8_epi32(sc_words);  /* sc_words[g]: every row's scale of group g */
     for (int g = 0; g < 8; g++)
         scale[g] = sc_words[g];
-    /* A 4 x 4 transpose in each half: mins[c] holds rows 0..3, then 4..7. */
-    const __m256i t0 = _mm256_unpacklo_epi32(mn_words[0], mn_words[1]), t1 = _mm256_unpackhi_epi32(mn_words[0], mn_words[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(mn_words[2], mn_words[3]), t3 = _mm256_unpackhi_epi32(mn_words[2], mn_words[3]);
-    mins[0] = _mm256_unpacklo_epi64(t0, t2);
-    mins[1] = _mm256_unpackhi_epi64(t0, t2);
-    mins[2] = _mm256_unpacklo_epi64(t1, t3);
-    mins[3] = _mm256_unpackhi_epi64(t1, t3);
-    /* The 8 d and 8 dmin halves apart, then converted 8 at a time. */
-    const __m256i both = _mm256_loadu_si256((const __m256i *)dd);
-    const __m256i halves = _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(_mm256_and_si256(both, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(both, 16)), 0xd8);
-    *d_rows = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
-    *dmin_rows = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+    transpose4_halves(mn_words, mins);  /* mins[c]: every row's (mn 2c, mn 2c+1) */
+    halves_of_eight(dd, d_rows, dmin_rows);
     for (int c = 0; c < 4; c++) {
         __m256i q[8];
         for (int r = 0; r < 8; r++)
@@ -453,9 +467,7 @@ TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
     enum { TILE = 16 };
     __m256i codes[4][2][8], scale[8], mins[4];
     __m256 d_rows, dmin_rows;
-    /* The eight rows after these are asked for a block's share at a time: the hardware
-     * prefetchers do not follow eight rows read a block of each at a time. */
-    const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;
+    const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;  /* prefetched as these are read */
     const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -464,9 +476,7 @@ TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
             sumf[t] = summ[t] = _mm256_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
             if (t0 == 0)
-                for (int64_t b = i * share; b < (i + 1) * share; b += 64)
-                    if ((uintptr_t)(next + b) < (uintptr_t)stop)
-                        _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
+                prefetch_next_rows(next, i, share, stop);
             q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
