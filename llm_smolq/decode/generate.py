@@ -210,8 +210,8 @@ def generate(
                 engine.truncate(kept)
                 policy.checked(*check)
             room = min(max_tokens - len(done.output_ids) - 1, engine.n_ctx - kept - 1)
-            order = drafter.order() if drafter is not None else 0
-            draft = drafter.draft(policy.length(room, order)) if drafter is not None else []
+            order = drafter.order() if drafter is not None else 0  # 0: nothing to draft from
+            draft = drafter.draft(policy.length(room, order)) if order else []
             step = time.perf_counter()
             if not draft:
                 logits, kept = engine.eval([token]), kept + 1

@@ -105,7 +105,7 @@ class DraftPolicy:
         return self.rates.get(order, self.first_rate)
 
     def length(self, room: int, order: int = 0) -> int:
-        """Tokens to draft from an n-gram of length `order` (0: a draft of no known origin)."""
+        """Tokens to draft from an n-gram match of length `order` (0: one rate for every length)."""
         limit = min(self.limit, room)
         if limit <= 0:
             return 0
