@@ -230,6 +230,30 @@ SQ_TWIN void swiglu_rows(float *gate, const float *up, int64_t n) {
 }
 SQ_COMPILED_TWICE(static, swiglu, swiglu_rows, (float *gate, const float *up, int64_t n), (gate, up, n))
 
+static void swiglu_range(void *gu, int64_t lo, int64_t hi) {
+    float **p = gu;
+    swiglu(p[0] + lo, p[1] + lo, hi - lo);
+}
+
+/* A batch's rms norms (one per token row), shared out between the threads. */
+typedef struct {
+    float *out;
+    const float *x, *weight;
+    int dim;
+    float eps;
+} norm_job;
+
+static void norm_rows(void *p, int64_t t0, int64_t t1) {
+    const norm_job *j = p;
+    for (int64_t t = t0; t < t1; t++) rmsnorm(j->out + t * j->dim, j->x + t * j->dim, j->weight, j->dim, j->eps);
+}
+
+static void rmsnorm_rows(sq_pool *pool, float *out, const float *x, const float *weight, int n_rows, int dim,
+                         float eps) {
+    norm_job j = {out, x, weight, dim, eps};
+    sq_pool_ranges(pool, n_rows, 8, norm_rows, &j);
+}
+
 static void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
@@ -246,8 +270,7 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
     int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     size_t rb = sq_kv_row_bytes(kv_type, hd), layer_bytes = (size_t)c->n_kv_heads * c->n_ctx * rb;
 
-    for (int t = 0; t < n_tok; t++)
-        rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->attn_norm.data, dim, c->rms_eps);
+    rmsnorm_rows(pool, s->xn, s->x, L->attn_norm.data, n_tok, dim, c->rms_eps);
     sq_matmul_set qkv = {3, {&L->wq, &L->wk, &L->wv}, {s->q, s->k, s->v}, {qd, kvd, kvd}};
     sq_matmul(pool, &qkv, s->xn, n_tok, s->xq, step);
 
@@ -278,11 +301,11 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
     sq_matmul(pool, &o, s->att, n_tok, s->xq, step);
     add_into(s->x, s->xn, (int64_t)n_tok * dim);
 
-    for (int t = 0; t < n_tok; t++)
-        rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)t * dim, L->ffn_norm.data, dim, c->rms_eps);
+    rmsnorm_rows(pool, s->xn, s->x, L->ffn_norm.data, n_tok, dim, c->rms_eps);
     sq_matmul_set gu = {2, {&L->ffn_gate, &L->ffn_up}, {s->gate, s->up}, {c->hidden_dim, c->hidden_dim}};
     sq_matmul(pool, &gu, s->xn, n_tok, s->xq, step);
-    swiglu(s->gate, s->up, (int64_t)n_tok * c->hidden_dim);
+    float *gu_rows[2] = {s->gate, s->up};
+    sq_pool_ranges(pool, (int64_t)n_tok * c->hidden_dim, 32768, swiglu_range, gu_rows);
     sq_matmul_set down = {1, {&L->ffn_down}, {s->xn}, {dim}};
     sq_matmul(pool, &down, s->gate, n_tok, s->xq, step);
     add_into(s->x, s->xn, (int64_t)n_tok * dim);

@@ -7,6 +7,8 @@
  * sq_vec_dot_steps_rows for a batch rounded as one-token steps),
  * which keeps the logits bit-identical to llama.cpp's on the same file.
  */
+#include <stdatomic.h>
+
 #include "matmul.h"
 #include "pool.h"
 
@@ -17,6 +19,8 @@ typedef struct {
     int64_t total_rows;    /* rows of all matrices in the set, end to end */
     const uint8_t *xq;     /* [n_tokens][xq_row_bytes] activations in the set's vec-dot type */
     int64_t xq_row_bytes;
+    int64_t chunk;         /* rows a thread takes at a time */
+    atomic_llong next_row; /* the first row no thread has taken yet */
 } matmul_job;
 
 static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
@@ -37,9 +41,8 @@ static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
                           job->n_tokens, w->cols, y + r0, ldy);
 }
 
-static void matmul_worker(void *p, int ith, int nth) {
-    const matmul_job *job = p;
-    int64_t lo = job->total_rows * ith / nth, hi = job->total_rows * (ith + 1) / nth;
+/* Rows [lo, hi) of the set's matrices end to end. */
+static void rows_of_set(const matmul_job *job, int64_t lo, int64_t hi) {
     int64_t start = 0;
     for (int i = 0; i < job->set->n && lo < hi; i++) {
         int64_t end = start + job->set->w[i]->rows;
@@ -52,17 +55,59 @@ static void matmul_worker(void *p, int ith, int nth) {
     }
 }
 
-/* All matrices of the set share one vec-dot type: x is converted once for all. */
+/* Threads take chunks of rows in turn until none are left, rather than a fixed half
+ * each: a core that the machine slows (another process, a busy sibling) then takes
+ * fewer chunks instead of keeping the others waiting at the end of every matrix. */
+static void matmul_worker(void *p, int ith, int nth) {
+    matmul_job *job = p;
+    (void)ith, (void)nth;
+    for (;;) {
+        int64_t lo = atomic_fetch_add_explicit(&job->next_row, job->chunk, memory_order_relaxed);
+        if (lo >= job->total_rows) return;
+        rows_of_set(job, lo, lo + job->chunk < job->total_rows ? lo + job->chunk : job->total_rows);
+    }
+}
+
+/* About CHUNKS_PER_THREAD chunks each, in multiples of 16 rows (the kernels take rows
+ * eight at a time). A one-token call is a few microseconds of work, so it takes fewer,
+ * larger chunks: each costs an atomic add that both cores contend for. */
+enum { CHUNKS_PER_THREAD = 8, STEP_CHUNKS_PER_THREAD = 3 };
+
+static int64_t chunk_rows(int64_t total_rows, int n_threads, int n_tokens) {
+    const int64_t per = n_tokens == 1 ? STEP_CHUNKS_PER_THREAD : CHUNKS_PER_THREAD;
+    const int64_t chunk = (total_rows + per * n_threads - 1) / (per * n_threads);
+    return (chunk + 15) / 16 * 16;
+}
+
+typedef struct {
+    const float *x;        /* [n_tokens][cols] */
+    uint8_t *xq;           /* [n_tokens][row_bytes] */
+    int vec_type;
+    int64_t cols, row_bytes;
+} convert_job;
+
+static void convert_tokens(void *p, int64_t t0, int64_t t1) {
+    const convert_job *job = p;
+    for (int64_t t = t0; t < t1; t++)
+        sq_quantize_row(job->vec_type, job->x + t * job->cols, job->xq + t * job->row_bytes, job->cols);
+}
+
+/* All matrices of the set share one vec-dot type: x is converted once for all, a batch's
+ * tokens shared out between the threads (a prompt's conversion on one thread alone would
+ * leave the others waiting for a few percent of the pass). */
 static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq, int step_order) {
     int64_t cols = set->w[0]->cols;
     int vec_type = sq_vec_dot_type(set->w[0]->type);
-    matmul_job job = {set, n_tokens, step_order, 0, (const uint8_t *)x, cols * (int64_t)sizeof(float)};
+    matmul_job job = {.set = set, .n_tokens = n_tokens, .step_order = step_order, .xq = (const uint8_t *)x,
+                      .xq_row_bytes = cols * (int64_t)sizeof(float)};
     for (int i = 0; i < set->n; i++) job.total_rows += set->w[i]->rows;
+    job.chunk = chunk_rows(job.total_rows, sq_pool_threads(pool), n_tokens);
+    atomic_init(&job.next_row, 0);
     if (vec_type != SQ_F32) {
         job.xq = xq;
         job.xq_row_bytes = cols / sq_block_elems(vec_type) * sq_block_bytes(vec_type);
-        for (int t = 0; t < n_tokens; t++)
-            sq_quantize_row(vec_type, x + t * cols, (uint8_t *)xq + t * job.xq_row_bytes, cols);
+        convert_job cj = {x, xq, vec_type, cols, job.xq_row_bytes};
+        sq_pool_ranges(pool, n_tokens, 4, convert_tokens, &cj);
     }
     sq_pool_run(pool, matmul_worker, &job);
 }

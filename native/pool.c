@@ -131,6 +131,28 @@ void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx) {
     }
 }
 
+typedef struct {
+    sq_range_fn fn;
+    void *ctx;
+    int64_t n;
+} range_job;
+
+static void range_worker(void *p, int ith, int nth) {
+    const range_job *job = p;
+    const int64_t lo = job->n * ith / nth, hi = job->n * (ith + 1) / nth;
+    if (lo < hi) job->fn(job->ctx, lo, hi);
+}
+
+void sq_pool_ranges(sq_pool *pool, int64_t n, int64_t min_items, sq_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (!pool || pool->n_threads == 1 || n < 2 * min_items) {
+        fn(ctx, 0, n);
+        return;
+    }
+    range_job job = {fn, ctx, n};
+    sq_pool_run(pool, range_worker, &job);
+}
+
 void sq_pool_free(sq_pool *pool) {
     if (!pool) return;
     atomic_store(&pool->stop, 1);
