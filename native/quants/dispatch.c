@@ -235,17 +235,18 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     const uint8_t *base = rows;
     int64_t r = 0;
 #ifdef SQ_X86
+    const uint8_t *stop = base + (n_rows > 0 ? n_rows - 1 : 0) * row_bytes + nb * t->bytes;  /* the last row's end */
     /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
      * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): eight rows at a time. */
     if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled())
         for (; r + 8 <= n_rows; r += 8)
-            sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, y + r, ldy);
+            sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
     /* Q4_K: the repacked gemm's tokens (all but n_tokens % 4) eight rows at a time; the
      * rest of those rows' tokens as sq_vec_dot_batch would do them. */
     const int by4 = n_tokens - n_tokens % 4;
     if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
         for (; r + 8 <= n_rows; r += 8) {
-            sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, y + r, ldy);
+            sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, stop, y + r, ldy);
             for (int k = by4; k < n_tokens; k++)
                 for (int j = 0; j < 8; j++)
                     y[k * ldy + r + j] = sq_vec_dot(type, base + (r + j) * row_bytes,

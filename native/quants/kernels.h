@@ -144,16 +144,17 @@ void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
 /* Eight Q4_K rows row_bytes apart at once, each with sq_batch_dot_q4_K_avx2's bits:
- * y[t * ldy + r] for r < 8. */
+ * y[t * ldy + r] for r < 8. The next eight rows' bytes are asked of memory up to stop. */
 void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                             int64_t nb, float *y, int64_t ldy);
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Q6_K rows times n_tokens activation rows in llama.cpp's tiled order (sq_batch_dot_k's
  * bits). */
 void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
-/* Eight Q6_K rows at once, each with sq_batch_dot_q6_K_avx2's bits: y[t * ldy + r], r < 8. */
+/* Eight Q6_K rows at once, each with sq_batch_dot_q6_K_avx2's bits: y[t * ldy + r], r < 8.
+ * The next eight rows' bytes are asked of memory up to stop. */
 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                             int64_t nb, float *y, int64_t ldy);
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
 
 /* The same vec_dots for CPUs with AVX-512 VNNI, VL and BW as well
  * (quants/x86/avx512vnni.c): the AVX2 ones' contract and bits. Call only when the CPU

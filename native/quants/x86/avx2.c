@@ -424,19 +424,26 @@ static inline TARGET void q4_K_span8(const block_q8_K *a, int c, __m256i codes[4
  * activation word broadcast to all lanes multiplies all 8 rows at once and every sum
  * stays in its row's lane, with no horizontal reduction. y[t * ldy + r] for r < 8. */
 TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                  int n_tokens, int64_t nb, float *y, int64_t ldy) {
+                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 32 };
     __m256i codes[4][2][8], scale[8], mins[4];
     __m256 d_rows, dmin_rows;
+    const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;  /* prefetched as these are read */
+    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         __m256 sumf[TILE], summ[TILE];
         for (int t = 0; t < nt; t++)
             sumf[t] = summ[t] = _mm256_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0)
+                prefetch_next_rows(next, i, share, stop);
             q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                if (i + 1 < nb)  /* the activations outgrow L2 on long rows: see below */
+                    for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
+                        _mm_prefetch((const char *)(a + 1) + b, _MM_HINT_T0);
                 const __m256 a_d = _mm256_set1_ps(a->d);
                 const __m256 d = _mm256_mul_ps(d_rows, a_d), dmin = _mm256_mul_ps(dmin_rows, a_d);
                 __m256 vf = sumf[t], vm = summ[t];
@@ -508,7 +515,10 @@ TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
  * Two maddubs results fit an int16 (2 * 2 * 63 * 128 = 32256), so pairs are summed
  * before each group's scale multiplies them. y[t * ldy + r] for r < 8. */
 TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                  int n_tokens, int64_t nb, float *y, int64_t ldy) {
+                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    enum { AHEAD = 4 };  /* tokens: each token's activation block is asked for this far ahead */
+    const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;  /* prefetched as these are read */
+    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     __m256i codes[8][8];   /* [chunk k: elements 32k..][word j: elements 32k + 4j..+3], 8 rows */
     __m256i scale[16];     /* group g (16 elements): each row's scale as two int16 */
@@ -516,6 +526,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
     for (int t = 0; t < n_tokens; t++)
         _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
     for (int64_t i = 0; i < nb; i++) {
+        prefetch_next_rows(next, i, share, stop);
         float dr[8];
         int32_t sc_words[16][8], pair_words[8][8];
         for (int r = 0; r < 8; r++) {
@@ -548,6 +559,12 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
         const __m256 d_rows = _mm256_loadu_ps(dr);
         for (int t = 0; t < n_tokens; t++) {
             const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
+            /* A batch's activations outgrow L2 on long rows, and the hardware does not
+             * follow one block from each of a hundred rows at a time. */
+            if (t + AHEAD < n_tokens)
+                for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
+                    _mm_prefetch((const char *)((const block_q8_K *)((const uint8_t *)xq + (t + AHEAD) * stride) + i) + b,
+                                 _MM_HINT_T0);
             __m256i acc = _mm256_setzero_si256(), off = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) {
                 const int8_t *aq = a->qs + 32 * k;
