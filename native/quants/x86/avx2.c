@@ -441,7 +441,9 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
             q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
-                if (i + 1 < nb)  /* the activations outgrow L2 on long rows: see below */
+                /* This token's next block, wanted a tile from now: a batch of long rows
+                 * outgrows L2, and the hardware does not follow a block from each of 32 rows. */
+                if (i + 1 < nb)
                     for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
                         _mm_prefetch((const char *)(a + 1) + b, _MM_HINT_T0);
                 const __m256 a_d = _mm256_set1_ps(a->d);
