@@ -25,7 +25,6 @@
  * and both give the same bits (exp_le0 and the lane trees of max and sum included).
  */
 #include <math.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -459,15 +458,7 @@ typedef struct {
     float *scratch;          /* [threads][sq_flash_scratch_floats] */
     float *partials;         /* decode: [n_heads][chunks][2 + hdp] (m, l, o) */
     float *out;              /* [n_tok][n_heads * head_dim] */
-    atomic_int next_task;    /* the first task no thread has taken yet */
 } flash_job;
-
-/* A prefill's threads take tasks in turn until none are left, so a core the machine
- * slows takes fewer of them instead of holding the others up at the end of the layer. */
-static int take_task(flash_job *job, int n_tasks) {
-    const int task = atomic_fetch_add_explicit(&job->next_task, 1, memory_order_relaxed);
-    return task < n_tasks ? task : -1;
-}
 
 static int use_simd(void) {
 #ifdef SQ_X86
@@ -612,17 +603,13 @@ static void merge_worker(void *p, int ith, int nth) {
     }
 }
 
-/* Prefill: tasks (query block, KV head). */
-static void block_worker(void *p, int ith, int nth) {
-    flash_job *job = p;
-    (void)nth;
+/* Prefill: tasks (query block, KV head), taken by the threads in turn. */
+static void block_task(void *p, int64_t task, int ith) {
+    const flash_job *job = p;
     scratch sc = thread_scratch(job, ith);
-    const int blocks = (job->n_tok + QUERY_BLOCK - 1) / QUERY_BLOCK, n_tasks = blocks * job->c->n_kv_heads;
-    for (int task; (task = take_task(job, n_tasks)) >= 0;) {
-        const int b = task / job->c->n_kv_heads, h = task % job->c->n_kv_heads;
-        const int t0 = b * QUERY_BLOCK, t1 = t0 + QUERY_BLOCK < job->n_tok ? t0 + QUERY_BLOCK : job->n_tok;
-        run_rows(job, &sc, h, t0, t1, -1);
-    }
+    const int b = (int)(task / job->c->n_kv_heads), h = (int)(task % job->c->n_kv_heads);
+    const int t0 = b * QUERY_BLOCK, t1 = t0 + QUERY_BLOCK < job->n_tok ? t0 + QUERY_BLOCK : job->n_tok;
+    run_rows(job, &sc, h, t0, t1, -1);
 }
 
 /* On the pool, or without one on the calling thread alone. */
@@ -638,13 +625,12 @@ int sq_flash_attention(sq_pool *pool, const sq_config *c, const float *q, const 
     if (sq_kv_row_bytes(kv_type, c->head_dim) == 0 || kv_type == SQ_F32 || c->head_dim < 1 || c->head_dim > 1024 ||
         n_tok < 1 || n_past < 0 || n_past + n_tok > c->n_ctx)
         return -1;
-    flash_job job = {c, q, k_layer, v_layer, kv_type, n_tok, n_past, scratch_buf, partials, out, 0};
-    atomic_init(&job.next_task, 0);
+    flash_job job = {c, q, k_layer, v_layer, kv_type, n_tok, n_past, scratch_buf, partials, out};
     if (n_tok == 1) {
         run_job(pool, chunk_worker, &job);
         run_job(pool, merge_worker, &job);
     } else {
-        run_job(pool, block_worker, &job);
+        sq_pool_tasks(pool, (int64_t)((n_tok + QUERY_BLOCK - 1) / QUERY_BLOCK) * c->n_kv_heads, block_task, &job);
     }
     return 0;
 }

@@ -7,8 +7,6 @@
  * sq_vec_dot_steps_rows for a batch rounded as one-token steps),
  * which keeps the logits bit-identical to llama.cpp's on the same file.
  */
-#include <stdatomic.h>
-
 #include "matmul.h"
 #include "pool.h"
 
@@ -20,7 +18,6 @@ typedef struct {
     const uint8_t *xq;     /* [n_tokens][xq_row_bytes] activations in the set's vec-dot type */
     int64_t xq_row_bytes;
     int64_t chunk;         /* rows a thread takes at a time */
-    atomic_llong next_row; /* the first row no thread has taken yet */
 } matmul_job;
 
 static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
@@ -55,17 +52,13 @@ static void rows_of_set(const matmul_job *job, int64_t lo, int64_t hi) {
     }
 }
 
-/* Threads take chunks of rows in turn until none are left, rather than a fixed half
- * each: a core that the machine slows (another process, a busy sibling) then takes
- * fewer chunks instead of keeping the others waiting at the end of every matrix. */
-static void matmul_worker(void *p, int ith, int nth) {
-    matmul_job *job = p;
-    (void)ith, (void)nth;
-    for (;;) {
-        int64_t lo = atomic_fetch_add_explicit(&job->next_row, job->chunk, memory_order_relaxed);
-        if (lo >= job->total_rows) return;
-        rows_of_set(job, lo, lo + job->chunk < job->total_rows ? lo + job->chunk : job->total_rows);
-    }
+/* Task k: the chunk of rows from k * chunk, taken by the threads in turn (sq_pool_tasks)
+ * rather than a fixed half each. */
+static void chunk_of_rows(void *p, int64_t k, int ith) {
+    const matmul_job *job = p;
+    (void)ith;
+    const int64_t lo = k * job->chunk, hi = lo + job->chunk < job->total_rows ? lo + job->chunk : job->total_rows;
+    rows_of_set(job, lo, hi);
 }
 
 /* About CHUNKS_PER_THREAD chunks each, in multiples of 16 rows (the kernels take rows
@@ -102,14 +95,13 @@ static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_t
                       .xq_row_bytes = cols * (int64_t)sizeof(float)};
     for (int i = 0; i < set->n; i++) job.total_rows += set->w[i]->rows;
     job.chunk = chunk_rows(job.total_rows, sq_pool_threads(pool), n_tokens);
-    atomic_init(&job.next_row, 0);
     if (vec_type != SQ_F32) {
         job.xq = xq;
         job.xq_row_bytes = cols / sq_block_elems(vec_type) * sq_block_bytes(vec_type);
         convert_job cj = {x, xq, vec_type, cols, job.xq_row_bytes};
         sq_pool_ranges(pool, n_tokens, 4, convert_tokens, &cj);
     }
-    sq_pool_run(pool, matmul_worker, &job);
+    sq_pool_tasks(pool, (job.total_rows + job.chunk - 1) / job.chunk, chunk_of_rows, &job);
 }
 
 void sq_matmul(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq, int step_order) {

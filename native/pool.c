@@ -153,6 +153,30 @@ void sq_pool_ranges(sq_pool *pool, int64_t n, int64_t min_items, sq_range_fn fn,
     sq_pool_run(pool, range_worker, &job);
 }
 
+typedef struct {
+    sq_task_fn fn;
+    void *ctx;
+    int64_t n_tasks;
+    atomic_llong next;  /* the first task no thread has taken yet */
+} task_job;
+
+static void task_worker(void *p, int ith, int nth) {
+    task_job *job = p;
+    (void)nth;
+    for (int64_t task; (task = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed)) < job->n_tasks;)
+        job->fn(job->ctx, task, ith);
+}
+
+void sq_pool_tasks(sq_pool *pool, int64_t n_tasks, sq_task_fn fn, void *ctx) {
+    if (!pool) {
+        for (int64_t task = 0; task < n_tasks; task++) fn(ctx, task, 0);
+        return;
+    }
+    task_job job = {.fn = fn, .ctx = ctx, .n_tasks = n_tasks};
+    atomic_init(&job.next, 0);
+    sq_pool_run(pool, task_worker, &job);
+}
+
 void sq_pool_free(sq_pool *pool) {
     if (!pool) return;
     atomic_store(&pool->stop, 1);

@@ -16,4 +16,10 @@ void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx);
 typedef void (*sq_range_fn)(void *ctx, int64_t lo, int64_t hi);
 void sq_pool_ranges(sq_pool *pool, int64_t n, int64_t min_items, sq_range_fn fn, void *ctx);
 
+/* fn(ctx, task, ith) for tasks [0, n_tasks), taken by the threads in turn until none are
+ * left (ith: the thread's index), so a core the machine slows takes fewer of them instead
+ * of keeping the others waiting at the end. Without a pool, all on the calling thread. */
+typedef void (*sq_task_fn)(void *ctx, int64_t task, int ith);
+void sq_pool_tasks(sq_pool *pool, int64_t n_tasks, sq_task_fn fn, void *ctx);
+
 #endif
