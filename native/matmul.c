@@ -69,7 +69,7 @@ enum { CHUNKS_PER_THREAD = 8, STEP_CHUNKS_PER_THREAD = 3 };
 static int64_t chunk_rows(int64_t total_rows, int n_threads, int n_tokens) {
     const int64_t per = n_tokens == 1 ? STEP_CHUNKS_PER_THREAD : CHUNKS_PER_THREAD;
     const int64_t chunk = (total_rows + per * n_threads - 1) / (per * n_threads);
-    return (chunk + 15) / 16 * 16;
+    return chunk > 16 ? (chunk + 15) / 16 * 16 : 16;
 }
 
 typedef struct {
