@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(report, indent=2) if args.json else lookup_bench.format_report(report))
         return
 
-    if args.draft_check:
+    if args.draft_check is not None:
         from llm_smolq.dev import lookup_bench
 
         report = lookup_bench.measure_check_cost(args.model, args.threads, args.draft_check, args.repeat)

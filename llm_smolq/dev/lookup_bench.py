@@ -174,4 +174,3 @@ def format_check_cost(r: dict) -> str:
     for k, v in r["sizes"].items():
         lines.append(f"  {k:2d} tokens in step order: {v['ms']:.1f} ms, x{v['steps']:.2f} one step")
     return "\n".join(lines)
-

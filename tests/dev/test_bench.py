@@ -72,4 +72,3 @@ def test_bench_draft_check_times_step_order_batches_against_one_step(smollm2_ggu
     assert report["sizes"]["1"]["steps"] == 1.0
     assert all(v["ms"] > 0 for v in report["sizes"].values())
     assert report["sizes"]["16"]["ms"] > report["sizes"]["1"]["ms"]  # sixteen tokens are not free
-

@@ -180,6 +180,13 @@ static inline TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int
             _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
 }
 
+/* An activation block asked for ahead of use. A batch of long rows outgrows L2, and the
+ * hardware does not follow one block from each of the 32 to a hundred token rows at a time. */
+static inline TARGET void prefetch_block_q8_K(const block_q8_K *a) {
+    for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
+        _mm_prefetch((const char *)a + b, _MM_HINT_T0);
+}
+
 /* ---------------------------------------------------------------------------
  * Q4_1: eight rows side by side, in one-token steps
  * ------------------------------------------------------------------------- */
@@ -441,11 +448,8 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
             q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
-                /* This token's next block, wanted a tile from now: a batch of long rows
-                 * outgrows L2, and the hardware does not follow a block from each of 32 rows. */
                 if (i + 1 < nb)
-                    for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
-                        _mm_prefetch((const char *)(a + 1) + b, _MM_HINT_T0);
+                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
                 const __m256 a_d = _mm256_set1_ps(a->d);
                 const __m256 d = _mm256_mul_ps(d_rows, a_d), dmin = _mm256_mul_ps(dmin_rows, a_d);
                 __m256 vf = sumf[t], vm = summ[t];
@@ -561,12 +565,8 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
         const __m256 d_rows = _mm256_loadu_ps(dr);
         for (int t = 0; t < n_tokens; t++) {
             const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
-            /* A batch's activations outgrow L2 on long rows, and the hardware does not
-             * follow one block from each of a hundred rows at a time. */
             if (t + AHEAD < n_tokens)
-                for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
-                    _mm_prefetch((const char *)((const block_q8_K *)((const uint8_t *)xq + (t + AHEAD) * stride) + i) + b,
-                                 _MM_HINT_T0);
+                prefetch_block_q8_K((const block_q8_K *)((const uint8_t *)xq + (t + AHEAD) * stride) + i);
             __m256i acc = _mm256_setzero_si256(), off = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) {
                 const int8_t *aq = a->qs + 32 * k;
