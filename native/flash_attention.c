@@ -292,8 +292,8 @@ SQ_AVX2 static ALWAYS_INLINE void score_keys(const float *q, size_t hdp, const u
             w[r] = _mm256_loadu_ps(q + r * hdp + d);
             /* HOLD: the query stays in its register for the KP keys. Left alone, the compiler
              * folds it into each fma as a load of its own: G * KP loads of q per step instead
-             * of G, and a prefill's scores ran 12-15% slower. (A decode step reads its keys
-             * from memory, and was no faster held.) */
+             * of G, and a prefill's attention took 12-15% longer. (A decode step reads its
+             * keys from memory: held, it was no faster, SmolLM2's up to a tenth slower.) */
             if (HOLD) __asm__("" : "+x"(w[r]));
         }
 #pragma GCC unroll 8

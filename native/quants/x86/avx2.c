@@ -437,7 +437,8 @@ static inline const block_q8_K *token_block(const void *xq, int64_t stride, int 
  * activation word broadcast to all lanes multiplies all 8 rows at once and every sum
  * stays in its row's lane, with no horizontal reduction. A group's eight registers of
  * codes stay in registers while every token of the tile goes by (token by token, with
- * the codes reloaded for each, the loads held it back by an eighth). y[t * ldy + r] for r < 8. */
+ * the codes reloaded for each, 2048-wide rows took a tenth longer; 11008-wide ones, whose
+ * activations come from L3, no longer). y[t * ldy + r] for r < 8. */
 TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 64 };  /* tokens per pass over a block's codes (32: 5% slower on 2048-wide rows) */
