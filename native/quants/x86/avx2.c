@@ -23,6 +23,11 @@ static inline const void *token_row(const void *xq, int64_t stride, int t) {
     return (const uint8_t *)xq + t * stride;
 }
 
+/* Block i of token t's Q8_K activation row. */
+static inline const block_q8_K *token_block(const void *xq, int64_t stride, int t, int64_t i) {
+    return (const block_q8_K *)token_row(xq, stride, t) + i;
+}
+
 /* sq_vec_dotn_<name>_avx2 from the body dotn_<name>, inlined for each n with n a constant:
  * then every token's accumulators stay in registers (a loop over a variable n kept
  * them in memory, and each block's fmas waited on a store and a load). */
@@ -109,7 +114,7 @@ static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *r
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         __m256i sumi[SQ_DOTN_MAX];
         for (int t = 0; t < n; t++) {
-            const block_q8_K *a = (const block_q8_K *)token_row(xq, stride, t) + i;
+            const block_q8_K *a = token_block(xq, stride, t, i);
             const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
             sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
         }
@@ -129,7 +134,7 @@ static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *r
             for (int c = 0; c < 4; c++) {
                 const __m256i scv = broadcast_word(sc_pairs, 4 * h + c);
                 for (int t = 0; t < n; t++) {
-                    const block_q8_K *a = (const block_q8_K *)token_row(xq, stride, t) + i;
+                    const block_q8_K *a = token_block(xq, stride, t, i);
                     const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 128 * h + 32 * c));
                     sumi[t] = madd_add(sumi[t], scv, _mm256_maddubs_epi16(q[c], qy));
                 }
@@ -137,7 +142,7 @@ static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *r
         }
         const float dx = h2f(x[i].d);
         for (int t = 0; t < n; t++) {
-            const block_q8_K *a = (const block_q8_K *)token_row(xq, stride, t) + i;
+            const block_q8_K *a = token_block(xq, stride, t, i);
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
         }
     }
@@ -425,11 +430,6 @@ static inline TARGET __m256i q4_K_min8(const block_q8_K *a, int c, __m256i mins_
     return _mm256_madd_epi16(mins_c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16)));
 }
 
-/* Block i of token t's activation row. */
-static inline const block_q8_K *token_block(const void *xq, int64_t stride, int t, int64_t i) {
-    return (const block_q8_K *)token_row(xq, stride, t) + i;
-}
-
 /* Eight Q4_K rows (row_bytes apart) times n_tokens activation rows, as sq_batch_dot_q4_K_avx2
  * computes each row (same bits: exact integer sums, the same fmas per 64 elements), with
  * the rows in the float lanes instead of tokens: per block the 8 rows' codes are put
@@ -577,9 +577,9 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
         }
         const __m256 d_rows = _mm256_loadu_ps(dr);
         for (int t = 0; t < n_tokens; t++) {
-            const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
+            const block_q8_K *a = token_block(xq, stride, t, i);
             if (t + AHEAD < n_tokens)
-                prefetch_block_q8_K((const block_q8_K *)((const uint8_t *)xq + (t + AHEAD) * stride) + i);
+                prefetch_block_q8_K(token_block(xq, stride, t + AHEAD, i));
             __m256i acc = _mm256_setzero_si256(), off = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) {
                 const int8_t *aq = a->qs + 32 * k;
@@ -639,7 +639,7 @@ TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stri
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const float d = h2f(x[i].d);
         for (int t = 0; t < n_tokens; t++) {
-            const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
+            const block_q8_K *a = token_block(xq, stride, t, i);
             __m256i acc = _mm256_setzero_si256();
             for (int j = 0; j < 8; j++) {
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
