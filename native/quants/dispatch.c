@@ -245,10 +245,16 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
      * rest of those rows' tokens as sq_vec_dot_batch would do them. */
     const int by4 = n_tokens - n_tokens % 4;
     if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
-        for (; r + 8 <= n_rows; r += 8) {
-            sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, stop, y + r, ldy);
+        /* Sixteen rows at a time in 512-bit registers where the CPU has them (the same bits). */
+        const int wide = simd_level() == SIMD_VNNI;
+        for (int step; r + 8 <= n_rows; r += step) {
+            step = wide && r + 16 <= n_rows ? 16 : 8;
+            if (step == 16)
+                sq_batch_dot16_q4_K_avx512vnni(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, stop, y + r, ldy);
+            else
+                sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, stop, y + r, ldy);
             for (int k = by4; k < n_tokens; k++)
-                for (int j = 0; j < 8; j++)
+                for (int j = 0; j < step; j++)
                     y[k * ldy + r + j] = sq_vec_dot(type, base + (r + j) * row_bytes,
                                                     (const uint8_t *)xq + k * xq_stride, n);
         }

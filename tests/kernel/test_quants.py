@@ -710,16 +710,16 @@ def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore):
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
 def test_vec_dot_batch_rows_is_vec_dot_batch_row_by_row(qtype, simd_restore):
-    """Rows taken together (Q4_K: eight at a time on AVX2, codes side by side in the
-    lanes) give each row exactly sq_vec_dot_batch's bits, for every remainder of rows
-    and tokens and past the eight-row kernels' 64-token tiles, on both paths; y is written
-    only where it should be."""
+    """Rows taken together (Q4_K: eight at a time on AVX2, sixteen with AVX-512 VNNI, codes
+    side by side in the lanes) give each row exactly sq_vec_dot_batch's bits, for every
+    remainder of rows and tokens and past the kernels' 64-token tiles, on both paths; y is
+    written only where it should be."""
     rng = np.random.default_rng(800 + int(qtype))
     n = 512
     vtype = VEC_DOT_TYPE[qtype]
     for simd in (1, 0) if native_simd() else (0,):
         lib.sq_set_simd(simd)
-        for n_rows, tokens in ((8, 4), (17, 13), (9, 35), (16, 1), (3, 8), (9, 70)):
+        for n_rows, tokens in ((8, 4), (17, 13), (9, 35), (16, 1), (3, 8), (9, 70), (16, 4), (27, 70), (40, 22)):
             rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
             xq = quantized_rows(vtype, n, tokens, rng)
             ldy = n_rows + 2

@@ -1,11 +1,15 @@
-/* quants/x86/avx512vnni.c: the vec_dot kernels of x86/vec_dots.h compiled for CPUs
- * with AVX-512 VNNI, VL and BW (sq_vec_dot_<type>_avx512vnni). They keep to 256-bit
- * registers and give the AVX2 copy's bits; vpdpbusd and vpdpwssd each stand for two
- * integer instructions of the AVX2 copy.
+/* quants/x86/avx512vnni.c: for CPUs with AVX-512 VNNI, VL and BW, the vec_dot kernels
+ * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni), and a prefill's Q4_K product
+ * sixteen rows at a time in 512-bit registers (sq_batch_dot16_q4_K_avx512vnni).
+ *
+ * The vec_dots keep to 256-bit registers and give the AVX2 copy's bits; vpdpbusd and
+ * vpdpwssd each stand for two integer instructions of the AVX2 copy. The Q4_K product
+ * gives x86/avx2.c's sq_batch_dot8_q4_K_avx2 bits for each of its rows: its integer
+ * sums are exact, however they are formed, and its float steps are the same, lane by lane.
  *
  * Built with SQ_VNNI_VIA_SIMDE (cffi_build/build_kernel.py, SMOLQ_VNNI_VIA_SIMDE), the
- * copy takes those two instructions from SIMDe and runs on any AVX2 CPU: that is how
- * the tests check it on machines without AVX-512.
+ * VNNI instructions, and the 512-bit ones, come from SIMDe, and the file runs on any AVX2
+ * CPU: that is how the tests check it on machines without AVX-512.
  */
 #include "simd.h"
 
@@ -13,6 +17,131 @@
 
 #define SQ_X86_VNNI 1
 #include "quants/x86/vec_dots.h"
+#include "quants/x86/side_by_side.h"
+
+/* ---------------------------------------------------------------------------
+ * Sixteen lanes: __m512 and __m512i, or SIMDe's stand-ins for them
+ * ------------------------------------------------------------------------- */
+
+#ifdef SQ_VNNI_VIA_SIMDE
+#ifndef __clang__
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+#include <simde/x86/avx512.h>
+#ifndef __clang__
+#pragma GCC pop_options
+#endif
+/* Without AVX-512, gcc warns that a 512-bit vector changes the calling convention; the
+ * functions that pass one are static and inlined, so no call between files sees it. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef simde__m512i v16i;
+typedef simde__m512 v16f;
+#define V16(fn) simde_mm512_##fn
+/* SIMDe's 256-bit type has __m256i's size but another element type: a cast converts. */
+#define AS256I(x) ((simde__m256i)(x))
+#else
+typedef __m512i v16i;
+typedef __m512 v16f;
+#define V16(fn) _mm512_##fn
+#define AS256I(x) (x)
+#endif
+
+/* Rows 0..7 from lo's lanes, rows 8..15 from hi's. */
+static inline TARGET v16i join_i(__m256i lo, __m256i hi) {
+    return V16(inserti64x4)(V16(castsi256_si512)(AS256I(lo)), AS256I(hi), 1);
+}
+static inline TARGET v16f join_f(__m256 lo, __m256 hi) {
+    return V16(castsi512_ps)(join_i(_mm256_castps_si256(lo), _mm256_castps_si256(hi)));
+}
+
+/* A 32-bit word of activation codes in every lane. */
+static inline TARGET v16i word16(const int8_t *p) {
+    int32_t w;
+    memcpy(&w, p, 4);
+    return V16(set1_epi32)(w);
+}
+
+/* ---------------------------------------------------------------------------
+ * Q4_K: sixteen rows side by side
+ * ------------------------------------------------------------------------- */
+
+/* Group g (32 elements) of one token's activation block against sixteen rows' codes
+ * code[j] (lane r: elements 4j..4j+3 of row r's group): each row's exact sum of the 32
+ * products, unscaled. |.| <= 32 * 15 * 128, so the scale's product fits an int32 too. */
+static inline __attribute__((always_inline)) TARGET v16i q4_K_group16(const int8_t *aq, const v16i code[8]) {
+    v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
+    for (int j = 0; j < 8; j += 2) {
+        even = V16(dpbusd_epi32)(even, code[j], word16(aq + 4 * j));
+        odd = V16(dpbusd_epi32)(odd, code[j + 1], word16(aq + 4 * j + 4));
+    }
+    return V16(add_epi32)(even, odd);
+}
+
+/* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each row with
+ * sq_batch_dot8_q4_K_avx2's bits, in the same order: per block and span c (groups 2c
+ * and 2c + 1), one exact integer sum of scale times products, fma'd by the row's d times
+ * the token's into its chain, and one of mins times bsums into the other. The blocks are
+ * put side by side by the eight-row steps, rows 0..7 and 8..15 joined in one register;
+ * a span's sixteen registers of codes stay in registers while every token of the tile
+ * goes by. vpdpbusd forms a group's products in eight instructions, where the AVX2
+ * kernel takes sixteen for half the rows (maddubs and the int16 adds after). y[t * ldy
+ * + r] for r < 16; the next sixteen rows' bytes are asked of memory up to stop. */
+TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    enum { TILE = 64 };
+    const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes;  /* rows 8..15 */
+    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;  /* prefetched as these are read */
+    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
+    __m256i codes[2][4][2][8], scale[2][8], mins[2][4];  /* rows 0..7, rows 8..15 */
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        v16f sumf[TILE], summ[TILE], d[TILE], dmin[TILE];
+        for (int t = 0; t < nt; t++)
+            sumf[t] = summ[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0) {
+                prefetch_next_rows(next, i, share, stop);
+                prefetch_next_rows(next + 8 * row_bytes, i, share, stop);
+            }
+            __m256 d_half[2], dmin_half[2];
+            q4_K_side_by_side(rows, row_bytes, i, codes[0], scale[0], mins[0], &d_half[0], &dmin_half[0]);
+            q4_K_side_by_side(upper, row_bytes, i, codes[1], scale[1], mins[1], &d_half[1], &dmin_half[1]);
+            const v16f d_rows = join_f(d_half[0], d_half[1]), dmin_rows = join_f(dmin_half[0], dmin_half[1]);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
+                d[t] = V16(mul_ps)(d_rows, V16(set1_ps)(a->d));
+                dmin[t] = V16(mul_ps)(dmin_rows, V16(set1_ps)(a->d));
+            }
+            for (int c = 0; c < 4; c++) {
+                /* q4_K_side_by_side's scale words hold the scale twice, as two int16. */
+                const v16i low16 = V16(set1_epi32)(0xffff);
+                const v16i sc0 = V16(and_si512)(join_i(scale[0][2 * c], scale[1][2 * c]), low16);
+                const v16i sc1 = V16(and_si512)(join_i(scale[0][2 * c + 1], scale[1][2 * c + 1]), low16);
+                const v16i mins_c = join_i(mins[0][c], mins[1][c]);
+                v16i code0[8], code1[8];
+                for (int j = 0; j < 8; j++) {
+                    code0[j] = join_i(codes[0][c][0][j], codes[1][c][0][j]);
+                    code1[j] = join_i(codes[0][c][1][j], codes[1][c][1][j]);
+                }
+                for (int t = 0; t < nt; t++) {
+                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                    const v16i isum = V16(add_epi32)(V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c, code0), sc0),
+                                                     V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c + 32, code1), sc1));
+                    const int32_t bs_lo = a->bsums[4 * c] + a->bsums[4 * c + 1];
+                    const int32_t bs_hi = a->bsums[4 * c + 2] + a->bsums[4 * c + 3];
+                    const v16i bs = V16(set1_epi32)((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16));
+                    sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), d[t], sumf[t]);
+                    summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(V16(madd_epi16)(mins_c, bs)), dmin[t], summ[t]);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sumf[t], summ[t]));
+    }
+}
 
 #else
 /* ISO C forbids an empty translation unit. */

@@ -1,0 +1,98 @@
+/* quants/x86/side_by_side.h: the steps the batched products share, written once and
+ * compiled by each file that includes it (x86/avx2.c, and x86/avx512vnni.c for the
+ * 512-bit Q4_K product) under that file's TARGET: where a token's activation block
+ * lies, prefetches, and eight weight rows' blocks put side by side, a row per 32-bit
+ * lane, so that an activation word broadcast to every lane multiplies all the rows.
+ * vec_dots.h comes first (k_scales_mins, TARGET).
+ */
+#ifndef SMOLQ_QUANTS_X86_SIDE_BY_SIDE_H
+#define SMOLQ_QUANTS_X86_SIDE_BY_SIDE_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* Token t's activation row, stride bytes apart from the one before. */
+static inline const void *token_row(const void *xq, int64_t stride, int t) {
+    return (const uint8_t *)xq + t * stride;
+}
+
+/* Block i of token t's Q8_K activation row. */
+static inline const block_q8_K *token_block(const void *xq, int64_t stride, int t, int64_t i) {
+    return (const block_q8_K *)token_row(xq, stride, t) + i;
+}
+
+/* The two f16 halves of pairs[r] (a block's d, and its m or dmin) for rows r = 0..7,
+ * converted eight at a time: first[r] and second[r]. */
+static inline TARGET void halves_of_eight(const uint32_t pairs[8], __m256 *first, __m256 *second) {
+    const __m256i both = _mm256_loadu_si256((const __m256i *)pairs);
+    const __m256i halves = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(both, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(both, 16)), 0xd8);
+    *first = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+    *second = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+}
+
+/* in[r % 4] holds four 32-bit words of row r in its low half (r < 4) or its high half
+ * (r >= 4); out[j] gets word j of rows 0..3, then of rows 4..7: a 4 x 4 transpose per half. */
+static inline TARGET void transpose4_halves(const __m256i in[4], __m256i out[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(in[0], in[1]), t1 = _mm256_unpackhi_epi32(in[0], in[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(in[2], in[3]), t3 = _mm256_unpackhi_epi32(in[2], in[3]);
+    out[0] = _mm256_unpacklo_epi64(t0, t2);
+    out[1] = _mm256_unpackhi_epi64(t0, t2);
+    out[2] = _mm256_unpacklo_epi64(t1, t3);
+    out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* Block i's share (`share` bytes) of the eight rows that follow the ones being worked on,
+ * asked for ahead of use up to stop: the hardware prefetchers do not follow eight rows
+ * read a block of each at a time. */
+static inline TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int64_t share, const void *stop) {
+    for (int64_t b = i * share; b < (i + 1) * share; b += 64)
+        if ((uintptr_t)(next + b) < (uintptr_t)stop)
+            _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
+}
+
+/* An activation block asked for ahead of use. A batch of long rows outgrows L2, and the
+ * hardware does not follow one block from each of the 32 to a hundred token rows at a time. */
+static inline TARGET void prefetch_block_q8_K(const block_q8_K *a) {
+    for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
+        _mm_prefetch((const char *)a + b, _MM_HINT_T0);
+}
+
+/* Block i of eight Q4_K rows side by side (see sq_batch_dot8_q4_K_avx2): codes[c][h][j]
+ * holds elements 64c + 32h + 4j .. +3 of every row, one row per 32-bit lane; scale[g]
+ * each row's scale of group g as two int16; mins[c] each row's (min 2c, min 2c+1). */
+static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i codes[4][2][8],
+                                          __m256i scale[8], __m256i mins[4], __m256 *d_rows, __m256 *dmin_rows) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const block_q4_K *x[8];
+    for (int r = 0; r < 8; r++)
+        x[r] = (const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
+    /* Per row: its 8 scales as int32 words (sc | sc << 16), and its mins as the words
+     * (mn 2c | mn 2c+1 << 16), the mins of rows r and r + 4 in one register's halves. */
+    __m256i sc_words[8], mn_words[4];
+    uint32_t dd[8];
+    for (int r = 0; r < 8; r++) {
+        const __m128i sm = k_scales_mins(x[r]->scales);
+        sc_words[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm));
+        const __m128i mn = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+        mn_words[r % 4] = r < 4 ? _mm256_castsi128_si256(mn) : _mm256_inserti128_si256(mn_words[r % 4], mn, 1);
+        memcpy(&dd[r], &x[r]->d, 4);  /* d, dmin */
+    }
+    sq_transpose8_epi32(sc_words);  /* sc_words[g]: every row's scale of group g */
+    for (int g = 0; g < 8; g++)
+        scale[g] = sc_words[g];
+    transpose4_halves(mn_words, mins);  /* mins[c]: every row's (mn 2c, mn 2c+1) */
+    halves_of_eight(dd, d_rows, dmin_rows);
+    for (int c = 0; c < 4; c++) {
+        __m256i q[8];
+        for (int r = 0; r < 8; r++)
+            q[r] = _mm256_loadu_si256((const __m256i *)(x[r]->qs + 32 * c));
+        sq_transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
+        for (int j = 0; j < 8; j++) {
+            codes[c][0][j] = _mm256_and_si256(q[j], m4);
+            codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
+        }
+    }
+}
+
+#endif
