@@ -237,16 +237,19 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
 #ifdef SQ_X86
     const uint8_t *stop = base + (n_rows > 0 ? n_rows - 1 : 0) * row_bytes + nb * t->bytes;  /* the last row's end */
     /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
-     * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): eight rows at a time. */
-    if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled())
+     * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): sixteen rows at a
+     * time in 512-bit registers where the CPU has AVX-512 VNNI, else eight. */
+    const int wide = simd_level() == SIMD_VNNI;
+    if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled()) {
+        for (; wide && r + 16 <= n_rows; r += 16)
+            sq_batch_dot16_q6_K_avx512vnni(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
         for (; r + 8 <= n_rows; r += 8)
             sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
-    /* Q4_K: the repacked gemm's tokens (all but n_tokens % 4) eight rows at a time; the
-     * rest of those rows' tokens as sq_vec_dot_batch would do them. */
+    }
+    /* Q4_K: the repacked gemm's tokens (all but n_tokens % 4) sixteen or eight rows at a
+     * time; the rest of those rows' tokens as sq_vec_dot_batch would do them. */
     const int by4 = n_tokens - n_tokens % 4;
     if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
-        /* Sixteen rows at a time in 512-bit registers where the CPU has them (the same bits). */
-        const int wide = simd_level() == SIMD_VNNI;
         for (int step; r + 8 <= n_rows; r += step) {
             step = wide && r + 16 <= n_rows ? 16 : 8;
             if (step == 16)

@@ -156,8 +156,12 @@ void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int
 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Sixteen Q4_K rows at once in 512-bit registers (CPUs with AVX-512 VNNI), each with
- * sq_batch_dot8_q4_K_avx2's bits: y[t * ldy + r] for r < 16. */
+ * sq_batch_dot8_q4_K_avx2's bits: y[t * ldy + r] for r < 16. The next sixteen rows'
+ * bytes are asked of memory up to stop. */
 void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                    int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+/* Sixteen Q6_K rows the same way, each with sq_batch_dot8_q6_K_avx2's bits. */
+void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 
 /* The same vec_dots for CPUs with AVX-512 VNNI, VL and BW as well

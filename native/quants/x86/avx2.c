@@ -454,7 +454,6 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
     enum { AHEAD = 4 };  /* tokens: each token's activation block is asked for this far ahead */
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;  /* prefetched as these are read */
     const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     __m256i codes[8][8];   /* [chunk k: elements 32k..][word j: elements 32k + 4j..+3], 8 rows */
     __m256i scale[16];     /* group g (16 elements): each row's scale as two int16 */
     __m256i bs_scale[8];   /* groups 2p, 2p+1: each row's (scale 2p, scale 2p+1) as int16 */
@@ -476,21 +475,8 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
             scale[g] = _mm256_loadu_si256((const __m256i *)sc_words[g]);
         for (int p = 0; p < 8; p++)
             bs_scale[p] = _mm256_loadu_si256((const __m256i *)pair_words[p]);
-        for (int k = 0; k < 8; k++) {
-            const int h = k / 4, part = k % 4;  /* elements 128h + 32 part .. */
-            __m256i q[8];
-            for (int r = 0; r < 8; r++) {
-                const block_q6_K *x = (const block_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32 * (part & 1)));
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
-                const __m256i low = part < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
-                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m2);
-                q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
-            }
-            sq_transpose8_epi32(q);
-            for (int j = 0; j < 8; j++)
-                codes[k][j] = q[j];
-        }
+        for (int k = 0; k < 8; k++)
+            q6_K_side_by_side(rows, row_bytes, i, k, codes[k]);
         const __m256 d_rows = _mm256_loadu_ps(dr);
         for (int t = 0; t < n_tokens; t++) {
             const block_q8_K *a = token_block(xq, stride, t, i);

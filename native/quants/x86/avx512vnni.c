@@ -1,11 +1,11 @@
 /* quants/x86/avx512vnni.c: for CPUs with AVX-512 VNNI, VL and BW, the vec_dot kernels
- * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni), and a prefill's Q4_K product
- * sixteen rows at a time in 512-bit registers (sq_batch_dot16_q4_K_avx512vnni).
+ * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni), and a prefill's Q4_K and Q6_K
+ * products sixteen rows at a time in 512-bit registers (sq_batch_dot16_*_avx512vnni).
  *
  * The vec_dots keep to 256-bit registers and give the AVX2 copy's bits; vpdpbusd and
- * vpdpwssd each stand for two integer instructions of the AVX2 copy. The Q4_K product
- * gives x86/avx2.c's sq_batch_dot8_q4_K_avx2 bits for each of its rows: its integer
- * sums are exact, however they are formed, and its float steps are the same, lane by lane.
+ * vpdpwssd each stand for two integer instructions of the AVX2 copy. The batched products
+ * give x86/avx2.c's eight-row kernels' bits for each of their rows: the integer sums are
+ * exact, however they are formed, and the float steps are the same, lane by lane.
  *
  * Built with SQ_VNNI_VIA_SIMDE (cffi_build/build_kernel.py, SMOLQ_VNNI_VIA_SIMDE), the
  * VNNI instructions, and the 512-bit ones, come from SIMDe, and the file runs on any AVX2
@@ -55,6 +55,28 @@ static inline TARGET v16f join_f(__m256 lo, __m256 hi) {
     return V16(castsi512_ps)(join_i(_mm256_castps_si256(lo), _mm256_castps_si256(hi)));
 }
 
+/* Rows r (low half) and r + 8 (high half) of q in, word j of those sixteen rows out:
+ * q[j] lane l holds word j of row l. sq_transpose8's steps in each half at once, the
+ * last one taking 128-bit quarters from two registers (vpermt2q). */
+static inline TARGET void transpose8_halves(v16i q[8]) {
+    v16i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = V16(unpacklo_epi32)(q[i], q[i + 1]);
+        t[i + 1] = V16(unpackhi_epi32)(q[i], q[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = V16(unpacklo_epi64)(t[i], t[i + 2]);
+        u[i + 1] = V16(unpackhi_epi64)(t[i], t[i + 2]);
+        u[i + 2] = V16(unpacklo_epi64)(t[i + 1], t[i + 3]);
+        u[i + 3] = V16(unpackhi_epi64)(t[i + 1], t[i + 3]);
+    }
+    const v16i first = V16(setr_epi64)(0, 1, 8, 9, 4, 5, 12, 13), second = V16(setr_epi64)(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int i = 0; i < 4; i++) {
+        q[i] = V16(permutex2var_epi64)(u[i], first, u[i + 4]);
+        q[i + 4] = V16(permutex2var_epi64)(u[i], second, u[i + 4]);
+    }
+}
+
 /* A 32-bit word of activation codes in every lane. */
 static inline TARGET v16i word16(const int8_t *p) {
     int32_t w;
@@ -65,6 +87,24 @@ static inline TARGET v16i word16(const int8_t *p) {
 /* ---------------------------------------------------------------------------
  * Q4_K: sixteen rows side by side
  * ------------------------------------------------------------------------- */
+
+/* Span c (elements 64c .. 64c + 63) of block i of sixteen Q4_K rows side by side:
+ * code[h][j] lane r holds elements 64c + 32h + 4j .. +3 of row r. */
+static inline TARGET void q4_K_codes16(const uint8_t *rows, int64_t row_bytes, int64_t i, int c, v16i code[2][8]) {
+    const v16i m4 = V16(set1_epi8)(0x0f);
+    v16i q[8];
+    for (int r = 0; r < 8; r++) {
+        const block_q4_K *x = (const block_q4_K *)(rows + r * row_bytes) + i;
+        const block_q4_K *x8 = (const block_q4_K *)(rows + (r + 8) * row_bytes) + i;
+        q[r] = join_i(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * c)),
+                      _mm256_loadu_si256((const __m256i *)(x8->qs + 32 * c)));
+    }
+    transpose8_halves(q);
+    for (int j = 0; j < 8; j++) {
+        code[0][j] = V16(and_si512)(q[j], m4);
+        code[1][j] = V16(and_si512)(V16(srli_epi16)(q[j], 4), m4);
+    }
+}
 
 /* Group g (32 elements) of one token's activation block against sixteen rows' codes
  * code[j] (lane r: elements 4j..4j+3 of row r's group): each row's exact sum of the 32
@@ -81,10 +121,10 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_group16(const int8
 /* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each row with
  * sq_batch_dot8_q4_K_avx2's bits, in the same order: per block and span c (groups 2c
  * and 2c + 1), one exact integer sum of scale times products, fma'd by the row's d times
- * the token's into its chain, and one of mins times bsums into the other. The blocks are
- * put side by side by the eight-row steps, rows 0..7 and 8..15 joined in one register;
- * a span's sixteen registers of codes stay in registers while every token of the tile
- * goes by. vpdpbusd forms a group's products in eight instructions, where the AVX2
+ * the token's into its chain, and one of mins times bsums into the other. A span's codes
+ * are put side by side sixteen rows at once (q4_K_codes16), its scales and mins by the
+ * eight-row steps, and its sixteen registers of codes stay in registers while every
+ * token of the tile goes by. vpdpbusd forms a group's products in eight instructions, where the AVX2
  * kernel takes sixteen for half the rows (maddubs and the int16 adds after). y[t * ldy
  * + r] for r < 16; the next sixteen rows' bytes are asked of memory up to stop. */
 TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
@@ -93,7 +133,7 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
     const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes;  /* rows 8..15 */
     const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;  /* prefetched as these are read */
     const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
-    __m256i codes[2][4][2][8], scale[2][8], mins[2][4];  /* rows 0..7, rows 8..15 */
+    __m256i scale[2][8], mins[2][4];  /* rows 0..7, rows 8..15 */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sumf[TILE], summ[TILE], d[TILE], dmin[TILE];
@@ -105,8 +145,8 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
                 prefetch_next_rows(next + 8 * row_bytes, i, share, stop);
             }
             __m256 d_half[2], dmin_half[2];
-            q4_K_side_by_side(rows, row_bytes, i, codes[0], scale[0], mins[0], &d_half[0], &dmin_half[0]);
-            q4_K_side_by_side(upper, row_bytes, i, codes[1], scale[1], mins[1], &d_half[1], &dmin_half[1]);
+            q4_K_scales_side_by_side(rows, row_bytes, i, scale[0], mins[0], &d_half[0], &dmin_half[0]);
+            q4_K_scales_side_by_side(upper, row_bytes, i, scale[1], mins[1], &d_half[1], &dmin_half[1]);
             const v16f d_rows = join_f(d_half[0], d_half[1]), dmin_rows = join_f(dmin_half[0], dmin_half[1]);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
@@ -116,20 +156,17 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
                 dmin[t] = V16(mul_ps)(dmin_rows, V16(set1_ps)(a->d));
             }
             for (int c = 0; c < 4; c++) {
-                /* q4_K_side_by_side's scale words hold the scale twice, as two int16. */
+                /* q4_K_scales_side_by_side's scale words hold the scale twice, as two int16. */
                 const v16i low16 = V16(set1_epi32)(0xffff);
                 const v16i sc0 = V16(and_si512)(join_i(scale[0][2 * c], scale[1][2 * c]), low16);
                 const v16i sc1 = V16(and_si512)(join_i(scale[0][2 * c + 1], scale[1][2 * c + 1]), low16);
                 const v16i mins_c = join_i(mins[0][c], mins[1][c]);
-                v16i code0[8], code1[8];
-                for (int j = 0; j < 8; j++) {
-                    code0[j] = join_i(codes[0][c][0][j], codes[1][c][0][j]);
-                    code1[j] = join_i(codes[0][c][1][j], codes[1][c][1][j]);
-                }
+                v16i code[2][8];
+                q4_K_codes16(rows, row_bytes, i, c, code);
                 for (int t = 0; t < nt; t++) {
                     const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                    const v16i isum = V16(add_epi32)(V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c, code0), sc0),
-                                                     V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c + 32, code1), sc1));
+                    const v16i isum = V16(add_epi32)(V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c, code[0]), sc0),
+                                                     V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c + 32, code[1]), sc1));
                     const int32_t bs_lo = a->bsums[4 * c] + a->bsums[4 * c + 1];
                     const int32_t bs_hi = a->bsums[4 * c + 2] + a->bsums[4 * c + 3];
                     const v16i bs = V16(set1_epi32)((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16));
@@ -140,6 +177,85 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
         }
         for (int t = 0; t < nt; t++)
             V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sumf[t], summ[t]));
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Q6_K: sixteen rows side by side
+ * ------------------------------------------------------------------------- */
+
+/* Sixteen Q6_K rows (row_bytes apart) times n_tokens activation rows, each row with
+ * sq_batch_dot8_q6_K_avx2's bits, in the same order: per block the exact sum s1 =
+ * sum(scale * code * a) - 32 * sum(scale * bsums), then y = fma(d * s1, a->d, y). The
+ * chunks of 32 codes are put side by side by the eight-row steps, rows 0..7 and 8..15
+ * joined in one register, and a chunk's eight registers stay in registers while every
+ * token of the tile goes by; a 16-element group's products (|.| <= 16 * 63 * 128) are
+ * summed by vpdpbusd, then multiplied by its scale. y[t * ldy + r] for r < 16; the next
+ * sixteen rows' bytes are asked of memory up to stop. */
+TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    enum { TILE = 64 };
+    const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes;  /* rows 8..15 */
+    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;  /* prefetched as these are read */
+    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        v16f sum[TILE];
+        v16i acc[TILE];
+        for (int t = 0; t < nt; t++)
+            sum[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0) {
+                prefetch_next_rows(next, i, share, stop);
+                prefetch_next_rows(next + 8 * row_bytes, i, share, stop);
+            }
+            /* Per group its scale, per pair of groups (scale 2p, scale 2p+1) as int16, per row d. */
+            int32_t sc_lanes[16][16], pair_lanes[8][16];
+            float dr[16];
+            for (int r = 0; r < 16; r++) {
+                const block_q6_K *x = (const block_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
+                for (int g = 0; g < 16; g++)
+                    sc_lanes[g][r] = x->scales[g];
+                for (int p = 0; p < 8; p++)
+                    pair_lanes[p][r] = (int32_t)((uint16_t)x->scales[2 * p] | (uint32_t)(uint16_t)x->scales[2 * p + 1] << 16);
+                dr[r] = h2f(x->d);
+            }
+            const v16f d_rows = V16(loadu_ps)(dr);
+            for (int t = 0; t < nt; t++)
+                acc[t] = V16(setzero_si512)();
+            for (int k = 0; k < 8; k++) {
+                __m256i lo[8], hi[8];
+                q6_K_side_by_side(rows, row_bytes, i, k, lo);
+                q6_K_side_by_side(upper, row_bytes, i, k, hi);
+                v16i code[8];
+                for (int j = 0; j < 8; j++)
+                    code[j] = join_i(lo[j], hi[j]);
+                const v16i sc0 = V16(loadu_si512)(sc_lanes[2 * k]), sc1 = V16(loadu_si512)(sc_lanes[2 * k + 1]);
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 32 * k;
+                    v16i g0 = V16(setzero_si512)(), g1 = V16(setzero_si512)();
+                    for (int j = 0; j < 4; j++) {
+                        g0 = V16(dpbusd_epi32)(g0, code[j], word16(aq + 4 * j));
+                        g1 = V16(dpbusd_epi32)(g1, code[j + 4], word16(aq + 16 + 4 * j));
+                    }
+                    acc[t] = V16(add_epi32)(acc[t], V16(add_epi32)(V16(mullo_epi32)(g0, sc0), V16(mullo_epi32)(g1, sc1)));
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
+                v16i off = V16(setzero_si512)();
+                for (int p = 0; p < 8; p++) {
+                    const int32_t pair = (int32_t)((uint32_t)(uint16_t)a->bsums[2 * p] | (uint32_t)(uint16_t)a->bsums[2 * p + 1] << 16);
+                    off = V16(add_epi32)(off, V16(madd_epi16)(V16(loadu_si512)(pair_lanes[p]), V16(set1_epi32)(pair)));
+                }
+                const v16i s1 = V16(sub_epi32)(acc[t], V16(slli_epi32)(off, 5));
+                sum[t] = V16(fmadd_ps)(V16(mul_ps)(d_rows, V16(cvtepi32_ps)(s1)), V16(set1_ps)(a->d), sum[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, sum[t]);
     }
 }
 

@@ -58,41 +58,63 @@ static inline TARGET void prefetch_block_q8_K(const block_q8_K *a) {
         _mm_prefetch((const char *)a + b, _MM_HINT_T0);
 }
 
-/* Block i of eight Q4_K rows side by side (see sq_batch_dot8_q4_K_avx2): codes[c][h][j]
- * holds elements 64c + 32h + 4j .. +3 of every row, one row per 32-bit lane; scale[g]
- * each row's scale of group g as two int16; mins[c] each row's (min 2c, min 2c+1). */
-static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i codes[4][2][8],
-                                          __m256i scale[8], __m256i mins[4], __m256 *d_rows, __m256 *dmin_rows) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const block_q4_K *x[8];
-    for (int r = 0; r < 8; r++)
-        x[r] = (const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
+/* The scales, mins and d of block i of eight Q4_K rows side by side (see
+ * sq_batch_dot8_q4_K_avx2): scale[g] each row's scale of group g as two int16; mins[c]
+ * each row's (min 2c, min 2c+1); d_rows and dmin_rows each row's d and dmin. */
+static inline TARGET void q4_K_scales_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i scale[8],
+                                                 __m256i mins[4], __m256 *d_rows, __m256 *dmin_rows) {
     /* Per row: its 8 scales as int32 words (sc | sc << 16), and its mins as the words
      * (mn 2c | mn 2c+1 << 16), the mins of rows r and r + 4 in one register's halves. */
     __m256i sc_words[8], mn_words[4];
     uint32_t dd[8];
     for (int r = 0; r < 8; r++) {
-        const __m128i sm = k_scales_mins(x[r]->scales);
+        const block_q4_K *x = (const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i;
+        const __m128i sm = k_scales_mins(x->scales);
         sc_words[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm));
         const __m128i mn = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
         mn_words[r % 4] = r < 4 ? _mm256_castsi128_si256(mn) : _mm256_inserti128_si256(mn_words[r % 4], mn, 1);
-        memcpy(&dd[r], &x[r]->d, 4);  /* d, dmin */
+        memcpy(&dd[r], &x->d, 4);  /* d, dmin */
     }
     sq_transpose8_epi32(sc_words);  /* sc_words[g]: every row's scale of group g */
     for (int g = 0; g < 8; g++)
         scale[g] = sc_words[g];
     transpose4_halves(mn_words, mins);  /* mins[c]: every row's (mn 2c, mn 2c+1) */
     halves_of_eight(dd, d_rows, dmin_rows);
+}
+
+/* Block i of eight Q4_K rows side by side: codes[c][h][j] holds elements 64c + 32h + 4j
+ * .. +3 of every row, one row per 32-bit lane, and the rest as q4_K_scales_side_by_side. */
+static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i codes[4][2][8],
+                                          __m256i scale[8], __m256i mins[4], __m256 *d_rows, __m256 *dmin_rows) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    q4_K_scales_side_by_side(rows, row_bytes, i, scale, mins, d_rows, dmin_rows);
     for (int c = 0; c < 4; c++) {
         __m256i q[8];
         for (int r = 0; r < 8; r++)
-            q[r] = _mm256_loadu_si256((const __m256i *)(x[r]->qs + 32 * c));
+            q[r] = _mm256_loadu_si256((const __m256i *)(((const block_q4_K *)((const uint8_t *)rows + r * row_bytes) + i)->qs + 32 * c));
         sq_transpose8_epi32(q);  /* q[j]: bytes 4j..4j+3 of this span's 32, for rows 0..7 */
         for (int j = 0; j < 8; j++) {
             codes[c][0][j] = _mm256_and_si256(q[j], m4);
             codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
         }
     }
+}
+
+
+/* Chunk k (elements 32k .. 32k + 31) of block i of eight Q6_K rows side by side: q[j]
+ * holds the 6-bit codes 32k + 4j .. +3 of every row, one row per 32-bit lane. */
+static inline TARGET void q6_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, int k, __m256i q[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    const int h = k / 4, part = k % 4;  /* elements 128h + 32 part .. */
+    for (int r = 0; r < 8; r++) {
+        const block_q6_K *x = (const block_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32 * (part & 1)));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        const __m256i low = part < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m2);
+        q[r] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    }
+    sq_transpose8_epi32(q);
 }
 
 #endif
