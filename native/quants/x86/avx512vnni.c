@@ -77,6 +77,15 @@ static inline TARGET void transpose8_halves(v16i q[8]) {
     }
 }
 
+/* Block i's share of the sixteen rows after the sixteen at rows, asked of memory up to
+ * stop while these are read (prefetch_next_rows for each eight). */
+static inline TARGET void prefetch_next16(const void *rows, int64_t row_bytes, int64_t i, int64_t nb, const void *stop) {
+    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;
+    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
+    prefetch_next_rows(next, i, share, stop);
+    prefetch_next_rows(next + 8 * row_bytes, i, share, stop);
+}
+
 /* A 32-bit word of activation codes in every lane. */
 static inline TARGET v16i word16(const int8_t *p) {
     int32_t w;
@@ -124,15 +133,14 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_group16(const int8
  * the token's into its chain, and one of mins times bsums into the other. A span's codes
  * are put side by side sixteen rows at once (q4_K_codes16), its scales and mins by the
  * eight-row steps, and its sixteen registers of codes stay in registers while every
- * token of the tile goes by. vpdpbusd forms a group's products in eight instructions, where the AVX2
- * kernel takes sixteen for half the rows (maddubs and the int16 adds after). y[t * ldy
- * + r] for r < 16; the next sixteen rows' bytes are asked of memory up to stop. */
+ * token of the tile goes by. vpdpbusd forms a group's products in eight instructions,
+ * where the AVX2 kernel takes sixteen for half the rows (maddubs and the int16 adds
+ * after). y[t * ldy + r] for r < 16; the next sixteen rows' bytes are asked of memory up
+ * to stop. */
 TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 64 };
     const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes;  /* rows 8..15 */
-    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;  /* prefetched as these are read */
-    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
     __m256i scale[2][8], mins[2][4];  /* rows 0..7, rows 8..15 */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -140,10 +148,8 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int t = 0; t < nt; t++)
             sumf[t] = summ[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
-            if (t0 == 0) {
-                prefetch_next_rows(next, i, share, stop);
-                prefetch_next_rows(next + 8 * row_bytes, i, share, stop);
-            }
+            if (t0 == 0)
+                prefetch_next16(rows, row_bytes, i, nb, stop);
             __m256 d_half[2], dmin_half[2];
             q4_K_scales_side_by_side(rows, row_bytes, i, scale[0], mins[0], &d_half[0], &dmin_half[0]);
             q4_K_scales_side_by_side(upper, row_bytes, i, scale[1], mins[1], &d_half[1], &dmin_half[1]);
@@ -196,8 +202,6 @@ TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, 
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 64 };
     const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes;  /* rows 8..15 */
-    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;  /* prefetched as these are read */
-    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[TILE];
@@ -205,10 +209,8 @@ TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int t = 0; t < nt; t++)
             sum[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
-            if (t0 == 0) {
-                prefetch_next_rows(next, i, share, stop);
-                prefetch_next_rows(next + 8 * row_bytes, i, share, stop);
-            }
+            if (t0 == 0)
+                prefetch_next16(rows, row_bytes, i, nb, stop);
             /* Per group its scale, per pair of groups (scale 2p, scale 2p+1) as int16, per row d. */
             int32_t sc_lanes[16][16], pair_lanes[8][16];
             float dr[16];
