@@ -3,7 +3,7 @@
  *
  * The batched products serve CPUs with AVX-512 VNNI as well (the same bits on either),
  * and quants/dispatch.c calls them whichever vec_dot copy is in use, except that a
- * prefill's Q4_K rows go sixteen at a time through x86/avx512vnni.c's 512-bit product
+ * prefill's Q4_K and Q6_K rows go sixteen at a time through x86/avx512vnni.c's 512-bit products
  * where the CPU has it. Each has the bits of quants/batch.c's order for its type.
  */
 #include "simd.h"
