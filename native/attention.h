@@ -31,4 +31,18 @@ int sq_flash_attention(sq_pool *pool, const sq_config *c, const float *q, const 
 size_t sq_flash_scratch_floats(const sq_config *c);
 size_t sq_flash_partials_floats(const sq_config *c);
 
+/* Keys of one online-softmax step: the block that a task's rows score together. */
+enum { SQ_FLASH_KEY_BLOCK = 32 };
+
+/* A prefill's rows through one key block in 512-bit registers (flash_attention_x16.c),
+ * for the x86-64 build at sq_simd_512(); each gives the bits of flash_attention.c's
+ * code for the same step. q: [n][hdp] scaled queries; s: [n][SQ_FLASH_KEY_BLOCK];
+ * kw: the block's keys as floats in pairs (flash_attention.c, widen_key_pairs);
+ * lanes: [4][SQ_FLASH_KEY_BLOCK][8] scratch; v: [SQ_FLASH_KEY_BLOCK][hdp] widened
+ * values; o: [n][hdp]. */
+void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, size_t head_dim, float *lanes,
+                         float *s);
+void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *o, size_t hdp);
+void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o);
+
 #endif

@@ -35,6 +35,23 @@ SQ_TWIN float exp_ggml(float x) {
     return fmaf(s2, j, s2) * s1;
 }
 
+/* e^x for x <= 0 as exp_ggml computes it (the same operations, so the same bits down to
+ * x = -87), without its branch for |n| > 126: x is held at -87 or above, where e^x is
+ * 1.6e-38, a weight that no sum of one attention chunk's weights (flash_attention.c) can
+ * feel. */
+SQ_TWIN float exp_le0(float x) {
+    x = -87.0f > x ? -87.0f : x;
+    const float shift = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, shift);
+    const float n = z - shift;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float k = sq_bits_f32((sq_f32_bits(z) << 23) + sq_f32_bits(1.0f));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, 0x1.ffffecp-1f * b);
+    return fmaf(j, k, k);
+}
+
 /* SiLU(gate) * up, as llama.cpp's fused SwiGLU: x / (1 + exp(0 - x)), then the product. */
 SQ_TWIN float swiglu_ggml(float gate, float up) {
     return gate / (1.0f + exp_ggml(0.0f - gate)) * up;

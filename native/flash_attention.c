@@ -37,7 +37,7 @@
 #include "simd.h"
 
 enum {
-    KEY_BLOCK = 32,    /* keys widened and scored together */
+    KEY_BLOCK = SQ_FLASH_KEY_BLOCK,  /* keys scored together (attention.h) */
     KEY_CHUNK = 256,   /* keys of one partial softmax: what decode shares out between threads */
     QUERY_BLOCK = 16,  /* tokens of one prefill task */
     ROWS = 4,          /* query rows through a key block at once */
@@ -64,6 +64,7 @@ static size_t n_chunks(int n_ctx) { return ((size_t)n_ctx + KEY_CHUNK - 1) / KEY
 /* One thread's scratch. Rows are a task's query rows: row (t, g) is query head g of
  * the KV head's group, for the task's token t. */
 typedef struct {
+    float *k;          /* [KEY_BLOCK][hdp] the current key block's keys, widened in pairs (512-bit path) */
     float *v;          /* [KEY_BLOCK][hdp] the current key block's values, widened */
     float *lanes;      /* [ROWS][KEY_BLOCK][8] score lanes before their reduction */
     float *s;          /* [rows][KEY_BLOCK] scores, then weights, of the block */
@@ -74,21 +75,28 @@ typedef struct {
     float *to;         /* [rows][hdp] */
 } scratch;
 
+/* The arrays the kernels stream through start on a cache line (64 bytes, 16 floats): a
+ * 512-bit load that straddles two lines costs two. */
+enum { LINE = 16, ALIGNED_ARRAYS = 5 };
+
 size_t sq_flash_scratch_floats(const sq_config *c) {
     size_t hd = padded(c->head_dim), rows = max_rows(c);
-    return KEY_BLOCK * hd + ROWS * KEY_BLOCK * 8 + rows * (KEY_BLOCK + 4 + 3 * hd);
+    return 2 * KEY_BLOCK * hd + ROWS * KEY_BLOCK * 8 + rows * (KEY_BLOCK + 4 + 3 * hd) + ALIGNED_ARRAYS * LINE;
 }
+
+static float *line_up(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 static scratch carve(float *base, const sq_config *c) {
     size_t hd = padded(c->head_dim), rows = max_rows(c);
     scratch sc;
-    sc.v = base; base += KEY_BLOCK * hd;
-    sc.lanes = base; base += ROWS * KEY_BLOCK * 8;
+    sc.k = line_up(base); base = sc.k + KEY_BLOCK * hd;
+    sc.v = line_up(base); base = sc.v + KEY_BLOCK * hd;
+    sc.lanes = line_up(base); base = sc.lanes + ROWS * KEY_BLOCK * 8;
+    sc.q = line_up(base); base = sc.q + rows * hd;
+    sc.o = line_up(base); base = sc.o + rows * hd;
     sc.s = base; base += rows * KEY_BLOCK;
-    sc.q = base; base += rows * hd;
     sc.m = base; base += rows;
     sc.l = base; base += rows;
-    sc.o = base; base += rows * hd;
     sc.tm = base; base += rows;
     sc.tl = base; base += rows;
     sc.to = base;
@@ -100,22 +108,6 @@ size_t sq_flash_partials_floats(const sq_config *c) {
 }
 
 /* -- the arithmetic, plainly -------------------------------------------------------------- */
-
-/* e^x for x <= 0 as exp_ggml computes it (the same operations, so the same bits down to
- * x = -87), without its branch for |n| > 126: x is held at -87 or above, where e^x is
- * 1.6e-38, a weight no sum of KEY_CHUNK of them can feel. */
-SQ_TWIN float exp_le0(float x) {
-    x = -87.0f > x ? -87.0f : x;
-    const float shift = 0x1.8p23f;
-    const float z = fmaf(x, 0x1.715476p+0f, shift);
-    const float n = z - shift;
-    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
-    const float k = sq_bits_f32((sq_f32_bits(z) << 23) + sq_f32_bits(1.0f));
-    const float u = b * b;
-    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-                         u, 0x1.ffffecp-1f * b);
-    return fmaf(j, k, k);
-}
 
 static inline float max2(float a, float b) { return a > b ? a : b; }
 
@@ -217,13 +209,6 @@ SQ_AVX2 static inline __m256 exp_le0_v(__m256 x) {
     return _mm256_fmadd_ps(j, k, k);
 }
 
-/* sq_hsum8's order with max for +: max32's */
-SQ_AVX2 static inline float hmax8(__m256 t) {
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    return max2(_mm_cvtss_f32(h), _mm_cvtss_f32(_mm_shuffle_ps(h, h, 1)));
-}
-
 SQ_AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, float *o, size_t hdp) {
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), ninf = _mm256_set1_ps(-INFINITY);
     __m256 x[4], keep[4];
@@ -233,7 +218,7 @@ SQ_AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, floa
         x[i] = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * i), keep[i]);
     }
     const int first = *m == -INFINITY;
-    const float mx = max2(hmax8(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]))), *m);
+    const float mx = max2(sq_hmax8_avx2(_mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]))), *m);
     const __m256 vmx = _mm256_set1_ps(mx);
     for (int i = 0; i < 4; i++) x[i] = _mm256_and_ps(exp_le0_v(_mm256_sub_ps(x[i], vmx)), keep[i]);
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(s + 8 * i, x[i]);
@@ -437,6 +422,28 @@ SQ_AVX2 static void widen_avx2(const uint8_t *v, int kv_type, size_t head_dim, s
         memset(dst + (j < nk ? head_dim : 0), 0, (hdp - (j < nk ? head_dim : 0)) * sizeof(float));
     }
 }
+
+/* The block's nk keys as floats for sq_flash_scores_x16, two keys side by side:
+ * kw[(p * steps + s) * 16 + 8h + l] is element 8s + l of key 2p + h (steps = head_dim / 8),
+ * and keys past nk are zeros, whose scores are 0 as scores_plain's are. Each key's row of
+ * this block's values and of the next block's keys (pf_a, pf_b, rb bytes apart; pf_b may
+ * be NULL) is asked of memory as the key is read. */
+SQ_AVX2 static void widen_key_pairs(const uint8_t *k, int kv_type, size_t rb, size_t head_dim, size_t nk, float *kw,
+                                    const uint8_t *pf_a, const uint8_t *pf_b) {
+    const size_t steps = head_dim / 8;
+    for (size_t j = 0; j < KEY_BLOCK; j++) {
+        float *dst = kw + (j / 2) * steps * 16 + (j % 2) * 8;
+        if (j >= nk) {
+            for (size_t s = 0; s < steps; s++) _mm256_storeu_ps(dst + s * 16, _mm256_setzero_ps());
+            continue;
+        }
+        for (size_t at = 0; at < rb; at += 64) {
+            __builtin_prefetch(pf_a + j * rb + at);
+            if (pf_b) __builtin_prefetch(pf_b + j * rb + at);
+        }
+        for (size_t s = 0; s < steps; s++) _mm256_storeu_ps(dst + s * 16, load8(k + j * rb, kv_type, 8 * s));
+    }
+}
 #endif
 
 /* -- chunks, merged --------------------------------------------------------------------------- */
@@ -493,12 +500,15 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
 #ifndef SQ_X86
     (void)simd, (void)end; /* no SIMD path to choose, nor prefetches to bound, in this build */
 #else
-    const int fast = simd && hd % 8 == 0;
-    if (fast) {
-        /* This block's values (read next) and the next block's keys asked of memory while
-         * the keys are scored: left to the hardware prefetchers, decode waits on memory
-         * for half its time. */
-        const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
+    const int fast = simd && hd % 8 == 0, wide = fast && n > ROWS && sq_simd_512();
+    /* This block's values (read next) and the next block's keys asked of memory while
+     * the keys are scored (or widened): left to the hardware prefetchers, decode waits on
+     * memory for half its time. */
+    const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
+    if (wide) {
+        widen_key_pairs(k, job->kv_type, rb, hd, nk, sc->k, vh + b0 * rb, next_keys);
+        sq_flash_scores_x16(q, n, hdp, sc->k, hd, sc->lanes, s);
+    } else if (fast) {
         scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
     }
     else
@@ -509,7 +519,9 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
         const size_t valid = pos - b0 + 1 < nk ? pos - b0 + 1 : nk;
         most = valid > most ? valid : most;
 #ifdef SQ_X86
-        if (simd)
+        if (wide)
+            sq_flash_online_x16(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
+        else if (simd)
             online_avx2(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
         else
 #endif
@@ -526,6 +538,10 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
 #endif
         widen_plain(vh, job->kv_type, hd, hdp, b0, nk, sc->v);
 #ifdef SQ_X86
+    if (wide) {
+        sq_flash_weigh_x16(s, n, most, sc->v, hdp, o);
+        return;
+    }
     if (simd) {
         weigh_avx2(s, n, most, sc->v, job->kv_type, 0, hdp, hdp, o);
         return;

@@ -31,6 +31,10 @@
  * sq_simd_name and sq_set_simd (smolq.h) report and change. */
 int sq_simd_enabled(void);
 
+/* Whether the 512-bit code is in use (the "avx512vnni" setting): a prefill's attention
+ * (flash_attention_x16.c) as well as the vec_dots of quants/x86/avx512vnni.c. */
+int sq_simd_512(void);
+
 /* ---------------------------------------------------------------------------
  * CPU checks
  * ------------------------------------------------------------------------- */
@@ -130,6 +134,14 @@ SQ_AVX2 static inline __attribute__((always_inline)) float sq_hsum8_avx2(__m256 
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     return _mm_cvtss_f32(r);
+}
+
+/* sq_hsum8's order with max (a > b ? a : b) in place of + (flash_attention.c's max32). */
+SQ_AVX2 static inline __attribute__((always_inline)) float sq_hmax8_avx2(__m256 t) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float a = _mm_cvtss_f32(h), b = _mm_cvtss_f32(_mm_shuffle_ps(h, h, 1));
+    return a > b ? a : b;
 }
 
 /* Eight registers of eight 32-bit values transposed: value j of r[i] becomes value i of

@@ -23,7 +23,9 @@
  * ------------------------------------------------------------------------- */
 
 /* The setting: which copy of the vec_dots is in use. The batched products, attention
- * and the rest have one SIMD version, used at SIMD_BASE and SIMD_VNNI alike. */
+ * and the rest have one SIMD version, used at SIMD_BASE and SIMD_VNNI alike, except a
+ * prefill's Q4_K and Q6_K products and its attention, which take 512-bit registers at
+ * SIMD_VNNI (sq_simd_512). */
 enum { SIMD_OFF, SIMD_BASE, SIMD_VNNI, SIMD_LEVELS };
 
 #if defined(SQ_X86)
@@ -134,6 +136,8 @@ static int simd_level(void) {
 }
 
 int sq_simd_enabled(void) { return simd_level() != SIMD_OFF; }
+
+int sq_simd_512(void) { return simd_level() == SIMD_VNNI; }
 
 const char *sq_simd_name(void) {
 #ifdef HAVE_SIMD

@@ -7,7 +7,7 @@ import pytest
 
 import llm_smolq
 from llm_smolq import LayoutError, Q8_0_BLOCK
-from llm_smolq._kernel import lib
+from llm_smolq._kernel import ffi, lib
 from llm_smolq.kernel import attention
 from llm_smolq.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 
@@ -222,3 +222,56 @@ def test_a_gpu_cache_is_refused_before_its_type_is_read():
     k, v = q8_caches()
     with pytest.raises(llm_smolq.DeviceError, match="k_cache is on cuda:0"):
         attention(np.zeros((4, 64), np.float32), OnGPU(), v, 4)
+
+
+# (n_heads, n_kv_heads, head_dim): query groups of 1, 2, 3, 5 and 8 rows, and head_dims whose
+# padded rows take every width of the kernels' output passes (32, 64, 96, 128).
+PREFILL_SHAPES = [(4, 4, 64), (6, 3, 96), (9, 3, 64), (10, 2, 32), (8, 1, 128)]
+
+
+@pytest.fixture(scope="module", params=PREFILL_SHAPES, ids=lambda s: "heads{}-kv{}-dim{}".format(*s))
+def shaped_model(request, tmp_path_factory):
+    from llm_smolq.dev.synth import Preset, write_synthetic
+    n_heads, n_kv_heads, head_dim = request.param
+    path = tmp_path_factory.mktemp("shapes") / f"h{n_heads}-kv{n_kv_heads}-d{head_dim}.gguf"
+    dim = n_heads * head_dim
+    write_synthetic(path, Preset("smollm3", dim, 1, n_heads, n_kv_heads, head_dim, 256, 1024, 4096, 5e6, 1e-6),
+                    "Q8_0")
+    return path
+
+
+def simd_paths(monkeypatch):
+    """Each SIMD path this CPU (or build) runs, as (name, setter): the best one (512-bit
+    attention at the avx512vnni setting), AVX2 held by SMOLQ_SIMD=avx2, and the plain code."""
+    def use(env, on):
+        def set_path():
+            if env is None:
+                monkeypatch.delenv("SMOLQ_SIMD", raising=False)
+            else:
+                monkeypatch.setenv("SMOLQ_SIMD", env)
+            lib.sq_set_simd(on)
+            return ffi.string(lib.sq_simd_name()).decode()
+        return set_path
+    return [use(None, 1), use("avx2", 1), use(None, 0)]
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])
+def test_a_prefills_attention_gives_every_simd_paths_bits(shaped_model, kv_dtype, monkeypatch):
+    """A prefill of many rows per KV head (the path the 512-bit kernels take) against the
+    AVX2 and plain code, bit for bit, past key blocks (32), chunks (256), partial blocks
+    on the diagonal and a second batch that starts mid-block; then one decode step."""
+    prompt, more = ids(300, seed=2), ids(37, seed=3)
+    results = {}
+    try:
+        for set_path in simd_paths(monkeypatch):
+            name = set_path()
+            eng = llm_smolq.load(shaped_model, n_ctx=512, threads=2, kv_dtype=kv_dtype)
+            rows = [eng.eval(prompt, all_logits=True), eng.eval(more, all_logits=True), eng.eval([5], all_logits=True)]
+            results[name] = np.concatenate(rows).view(np.uint32)
+    finally:
+        monkeypatch.delenv("SMOLQ_SIMD", raising=False)
+        lib.sq_set_simd(1)
+    assert "scalar" in results and len(results) >= 2, results.keys()
+    base = results.pop("scalar")
+    for name, got in results.items():
+        assert np.array_equal(got, base), f"{name} differs from the plain code"

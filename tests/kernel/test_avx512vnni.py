@@ -1,11 +1,15 @@
-"""The AVX-512 VNNI vec_dots (native/quants/x86/avx512vnni.c) on a CPU without AVX-512.
+"""The code of the avx512vnni setting on a CPU without AVX-512: the VNNI vec_dots and
+16-row batch products (native/quants/x86/avx512vnni.c) and a prefill's 512-bit attention
+(native/flash_attention_x16.c).
 
 cffi_build/build_kernel.py builds a copy of the kernel from the same source whose VNNI
 kernels take their two VNNI instructions (vpdpbusd, vpdpwssd) from SIMDe (the simde-py
 package, in the `test` extra), which implements them with AVX2 and plain C, and which
-chooses those kernels on any AVX2 CPU. A child python loads that copy and runs the kernel
-tests (every type's SIMD vec_dot against the scalar one, bit for bit, with sq_simd_name()
-"avx512vnni") and the engine's tests against llama.cpp's reference logits.
+takes the 512-bit registers from SIMDe's stand-ins, and chooses that code on any AVX2 CPU.
+A child python loads that copy and runs the kernel tests (every type's SIMD vec_dot
+against the scalar one, bit for bit, with sq_simd_name() "avx512vnni"), the engine's tests
+against llama.cpp's reference logits, and the KV cache tests (a prefill's attention on
+every SIMD path, bit for bit).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import pytest
 from helpers.kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
 from test_quants import cpu_flags
 
-SELECTION = ["tests/kernel/test_quants.py", "tests/engine/test_engine_reference.py",
+SELECTION = ["tests/kernel/test_quants.py", "tests/engine/test_engine_reference.py", "tests/engine/test_kv_cache.py",
              "-k", "not long_context and not 1threads and not 3threads and not 4threads"]
 
 

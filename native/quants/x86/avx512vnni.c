@@ -18,34 +18,7 @@
 #define SQ_X86_VNNI 1
 #include "quants/x86/vec_dots.h"
 #include "quants/x86/side_by_side.h"
-
-/* ---------------------------------------------------------------------------
- * Sixteen lanes: __m512 and __m512i, or SIMDe's stand-ins for them
- * ------------------------------------------------------------------------- */
-
-#ifdef SQ_VNNI_VIA_SIMDE
-#ifndef __clang__
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
-#include <simde/x86/avx512.h>
-#ifndef __clang__
-#pragma GCC pop_options
-#endif
-/* Without AVX-512, gcc warns that a 512-bit vector changes the calling convention; the
- * functions that pass one are static and inlined, so no call between files sees it. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-typedef simde__m512i v16i;
-typedef simde__m512 v16f;
-#define V16(fn) simde_mm512_##fn
-/* SIMDe's 256-bit type has __m256i's size but another element type: a cast converts. */
-#define AS256I(x) ((simde__m256i)(x))
-#else
-typedef __m512i v16i;
-typedef __m512 v16f;
-#define V16(fn) _mm512_##fn
-#define AS256I(x) (x)
-#endif
+#include "simd512.h"
 
 /* Rows 0..7 from lo's lanes, rows 8..15 from hi's. */
 static inline TARGET v16i join_i(__m256i lo, __m256i hi) {

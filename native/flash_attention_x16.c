@@ -1,0 +1,207 @@
+/* flash_attention_x16.c: a prefill's query rows through one key block (flash_attention.c's
+ * block step) in 512-bit registers, at the "avx512vnni" SIMD setting.
+ *
+ * Each piece keeps the bits of the AVX2 and plain code it stands for:
+ *  - scores: a register holds two keys side by side (key 2p in lanes 0-7, key 2p + 1 in
+ *    lanes 8-15), so each lane is the same fma chain over d as lane l of an 8-lane key;
+ *    a key's 8 lanes are then added in sq_hsum8's order, sixteen keys at once;
+ *  - the online softmax: the block's 32 scores in two registers, their max and sum taken
+ *    in the pairing of the AVX2 trees (keys 0-7 with 8-15, 16-23 with 24-31, then the two);
+ *  - weighted values: sixteen outputs a register, each output one fma chain over the
+ *    keys in order.
+ * The gain is in the width and in the 32 registers: four rows times eight keys of
+ * accumulators, each key read once for the four rows and each query once for the eight
+ * keys, where the AVX2 kernels hold four rows times two keys.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "attention.h"
+#include "exp_ggml.h"
+#include "simd512.h"
+
+#ifdef SQ_X86
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+enum {
+    KEY_BLOCK = SQ_FLASH_KEY_BLOCK,
+    PAIRS = KEY_BLOCK / 2,
+    ROWS = 4,  /* query rows through the keys at once */
+};
+
+/* flash_attention.c's exp_le0, sixteen lanes at a time. */
+SQ_AVX512 static ALWAYS_INLINE v16f exp_le0_x16(v16f x) {
+    x = V16(max_ps)(V16(set1_ps)(-87.0f), x);
+    const v16f shift = V16(set1_ps)(0x1.8p23f);
+    const v16f z = V16(fmadd_ps)(x, V16(set1_ps)(0x1.715476p+0f), shift);
+    const v16f n = V16(sub_ps)(z, shift);
+    const v16f b = V16(fnmadd_ps)(n, V16(set1_ps)(0x1.7f7d1cp-20f), V16(fnmadd_ps)(n, V16(set1_ps)(0x1.62e4p-1f), x));
+    const v16f k = V16(castsi512_ps)(
+        V16(add_epi32)(V16(slli_epi32)(V16(castps_si512)(z), 23), V16(set1_epi32)(0x3f800000)));
+    const v16f u = V16(mul_ps)(b, b);
+    const v16f j = V16(fmadd_ps)(
+        V16(fmadd_ps)(V16(fmadd_ps)(V16(set1_ps)(0x1.0e4020p-7f), b, V16(set1_ps)(0x1.573e2ep-5f)), u,
+                      V16(fmadd_ps)(V16(set1_ps)(0x1.555e66p-3f), b, V16(set1_ps)(0x1.fffdb6p-2f))),
+        u, V16(mul_ps)(V16(set1_ps)(0x1.ffffecp-1f), b));
+    return V16(fmadd_ps)(j, k, k);
+}
+
+/* -- scores --------------------------------------------------------------------------------- */
+
+/* Lanes of key pairs p0..p0+KP-1 for G rows: lanes[r][2p + h][l] sums q[r][d] k[2p + h][d]
+ * over d = l mod 8, in order of d. kw holds the block's keys in pairs:
+ * kw[(p * steps + s) * 16 + 8h + l] is element 8s + l of key 2p + h. */
+SQ_AVX512 static ALWAYS_INLINE void score_pairs(const float *q, size_t hdp, const float *kw, size_t steps, size_t p0,
+                                             float *lanes, const int G, const int KP) {
+    v16f acc[ROWS][8];
+#pragma GCC unroll 4
+    for (int r = 0; r < G; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < KP; i++) acc[r][i] = V16(setzero_ps)();
+    const float *kp = kw + p0 * steps * 16;
+    for (size_t s = 0; s < steps; s++) {
+        v16f key[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < KP; i++) key[i] = V16(loadu_ps)(kp + ((size_t)i * steps + s) * 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < G; r++) {
+            const v16f w = sq_both_halves(q + (size_t)r * hdp + 8 * s);
+#pragma GCC unroll 8
+            for (int i = 0; i < KP; i++) acc[r][i] = V16(fmadd_ps)(w, key[i], acc[r][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < G; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < KP; i++) V16(storeu_ps)(lanes + ((size_t)r * KEY_BLOCK + 2 * (p0 + (size_t)i)) * 8, acc[r][i]);
+}
+
+SQ_AVX512 static ALWAYS_INLINE void score_rows(const float *q, size_t hdp, const float *kw, size_t steps, float *lanes,
+                                            const int G) {
+    const int KP = G <= 2 ? 8 : 4;
+    for (size_t p0 = 0; p0 < PAIRS; p0 += (size_t)KP) score_pairs(q, hdp, kw, steps, p0, lanes, G, KP);
+}
+
+/* Sixteen keys' lanes (lanes[j][8]) to their scores, each key's 8 lanes added in
+ * sq_hsum8's order: (l0 + l4) + (l2 + l6), plus (l1 + l5) + (l3 + l7). */
+SQ_AVX512 static void reduce16(const float *lanes, float *s) {
+    v16f t[4], u[2];
+    for (int m = 0; m < 4; m++) {  /* quarter c of t[m]: key 4m + c's l0 + l4, l1 + l5, l2 + l6, l3 + l7 */
+        const v16f a = V16(loadu_ps)(lanes + 32 * m), b = V16(loadu_ps)(lanes + 32 * m + 16);
+        t[m] = V16(add_ps)(V16(shuffle_f32x4)(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                           V16(shuffle_f32x4)(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    for (int h = 0; h < 2; h++)  /* quarter c of u[h]: the two halves of keys 8h + c, then of 8h + 4 + c */
+        u[h] = V16(add_ps)(V16(shuffle_ps)(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           V16(shuffle_ps)(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane 4c + e: the score of key c + 4e */
+    const v16f sum = V16(add_ps)(V16(shuffle_ps)(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 V16(shuffle_ps)(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const v16i order = V16(setr_epi32)(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    V16(storeu_ps)(s, V16(permutexvar_ps)(order, sum));
+}
+
+SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, size_t head_dim,
+                                   float *lanes, float *s) {
+    const size_t steps = head_dim / 8;
+    for (size_t r0 = 0; r0 < n; r0 += ROWS) {
+        const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
+        const float *qr = q + r0 * hdp;
+        switch (g) {
+        case 1: score_rows(qr, hdp, kw, steps, lanes, 1); break;
+        case 2: score_rows(qr, hdp, kw, steps, lanes, 2); break;
+        case 3: score_rows(qr, hdp, kw, steps, lanes, 3); break;
+        default: score_rows(qr, hdp, kw, steps, lanes, 4); break;
+        }
+        for (size_t r = 0; r < g; r++)
+            for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 16)
+                reduce16(lanes + (r * KEY_BLOCK + j0) * 8, s + (r0 + r) * KEY_BLOCK + j0);
+    }
+}
+
+/* -- the online softmax --------------------------------------------------------------------- */
+
+/* Lanes 0-7 of a and of b, then lanes 8-15 of a and of b. */
+#define LOW_HALVES(a, b) V16(shuffle_f32x4)(a, b, _MM_SHUFFLE(1, 0, 1, 0))
+#define HIGH_HALVES(a, b) V16(shuffle_f32x4)(a, b, _MM_SHUFFLE(3, 2, 3, 2))
+
+SQ_AVX512 void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *o, size_t hdp) {
+    const mask16 keep0 = valid >= 16 ? 0xffff : (mask16)((1u << valid) - 1);
+    const mask16 keep1 = valid >= 32 ? 0xffff : valid <= 16 ? 0 : (mask16)((1u << (valid - 16)) - 1);
+    const v16f ninf = V16(set1_ps)(-INFINITY);
+    v16f a = V16(mask_blend_ps)(keep0, ninf, V16(loadu_ps)(s)), b = V16(mask_blend_ps)(keep1, ninf, V16(loadu_ps)(s + 16));
+    const int first = *m == -INFINITY;
+    const v16f pair_max = V16(max_ps)(LOW_HALVES(a, b), HIGH_HALVES(a, b));
+    const float block_max = sq_hmax8_avx2(_mm256_max_ps(sq_low8(pair_max), sq_high8(pair_max)));
+    const float mx = block_max > *m ? block_max : *m;
+    const v16f vmx = V16(set1_ps)(mx);
+    a = V16(maskz_mov_ps)(keep0, exp_le0_x16(V16(sub_ps)(a, vmx)));
+    b = V16(maskz_mov_ps)(keep1, exp_le0_x16(V16(sub_ps)(b, vmx)));
+    V16(storeu_ps)(s, a);
+    V16(storeu_ps)(s + 16, b);
+    const float corr = first ? 0.0f : exp_le0(*m - mx);
+    const v16f pair_sum = V16(add_ps)(LOW_HALVES(a, b), HIGH_HALVES(a, b));
+    *l = (first ? 0.0f : *l * corr) + sq_hsum8_avx2(_mm256_add_ps(sq_low8(pair_sum), sq_high8(pair_sum)));
+    *m = mx;
+    if (first) {
+        memset(o, 0, hdp * sizeof(float));
+    } else if (corr != 1.0f) {
+        const v16f c = V16(set1_ps)(corr);
+        for (size_t d = 0; d < hdp; d += 16) V16(storeu_ps)(o + d, V16(mul_ps)(V16(loadu_ps)(o + d), c));
+    }
+}
+
+/* -- weighted values ------------------------------------------------------------------------ */
+
+/* Outputs d..d+16W-1 of G rows: o[r][d] += s[r][j] v[j][d] over j < most, in order of j. */
+SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const float *v, size_t hdp, float *o,
+                                            size_t d, const int G, const int W) {
+    v16f acc[ROWS][8];
+#pragma GCC unroll 4
+    for (int r = 0; r < G; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < W; i++) acc[r][i] = V16(loadu_ps)(o + (size_t)r * hdp + d + 16 * (size_t)i);
+    for (size_t j = 0; j < most; j++) {
+        v16f w[ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < G; r++) w[r] = V16(set1_ps)(s[(size_t)r * KEY_BLOCK + j]);
+#pragma GCC unroll 8
+        for (int i = 0; i < W; i++) {
+            const v16f x = V16(loadu_ps)(v + j * hdp + d + 16 * (size_t)i);
+#pragma GCC unroll 4
+            for (int r = 0; r < G; r++) acc[r][i] = V16(fmadd_ps)(w[r], x, acc[r][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < G; r++)
+#pragma GCC unroll 8
+        for (int i = 0; i < W; i++) V16(storeu_ps)(o + (size_t)r * hdp + d + 16 * (size_t)i, acc[r][i]);
+}
+
+/* hdp is a multiple of 32: eight, four, then two registers of outputs at a time. */
+SQ_AVX512 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const float *v, size_t hdp, float *o,
+                                            const int G) {
+    size_t d = 0;
+    if (G <= 2)
+        for (; d + 128 <= hdp; d += 128) weigh_outs(s, most, v, hdp, o, d, G, 8);
+    for (; d + 64 <= hdp; d += 64) weigh_outs(s, most, v, hdp, o, d, G, 4);
+    for (; d < hdp; d += 32) weigh_outs(s, most, v, hdp, o, d, G, 2);
+}
+
+SQ_AVX512 void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o) {
+    for (size_t r0 = 0; r0 < n; r0 += ROWS) {
+        const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
+        const float *sr = s + r0 * KEY_BLOCK;
+        float *orow = o + r0 * hdp;
+        switch (g) {
+        case 1: weigh_rows(sr, most, v, hdp, orow, 1); break;
+        case 2: weigh_rows(sr, most, v, hdp, orow, 2); break;
+        case 3: weigh_rows(sr, most, v, hdp, orow, 3); break;
+        default: weigh_rows(sr, most, v, hdp, orow, 4); break;
+        }
+    }
+}
+
+#endif
