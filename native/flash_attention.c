@@ -425,23 +425,13 @@ SQ_AVX2 static void widen_avx2(const uint8_t *v, int kv_type, size_t head_dim, s
 
 /* The block's nk keys as floats for sq_flash_scores_x16, two keys side by side:
  * kw[(p * steps + s) * 16 + 8h + l] is element 8s + l of key 2p + h (steps = head_dim / 8),
- * and keys past nk are zeros, whose scores are 0 as scores_plain's are. Each key's row of
- * this block's values and of the next block's keys (pf_a, pf_b, rb bytes apart; pf_b may
- * be NULL) is asked of memory as the key is read. */
-SQ_AVX2 static void widen_key_pairs(const uint8_t *k, int kv_type, size_t rb, size_t head_dim, size_t nk, float *kw,
-                                    const uint8_t *pf_a, const uint8_t *pf_b) {
+ * and keys past nk are zeros, whose scores are 0 as scores_plain's are. */
+SQ_AVX2 static void widen_key_pairs(const uint8_t *k, int kv_type, size_t rb, size_t head_dim, size_t nk, float *kw) {
     const size_t steps = head_dim / 8;
     for (size_t j = 0; j < KEY_BLOCK; j++) {
         float *dst = kw + (j / 2) * steps * 16 + (j % 2) * 8;
-        if (j >= nk) {
-            for (size_t s = 0; s < steps; s++) _mm256_storeu_ps(dst + s * 16, _mm256_setzero_ps());
-            continue;
-        }
-        for (size_t at = 0; at < rb; at += 64) {
-            __builtin_prefetch(pf_a + j * rb + at);
-            if (pf_b) __builtin_prefetch(pf_b + j * rb + at);
-        }
-        for (size_t s = 0; s < steps; s++) _mm256_storeu_ps(dst + s * 16, load8(k + j * rb, kv_type, 8 * s));
+        for (size_t s = 0; s < steps; s++)
+            _mm256_storeu_ps(dst + s * 16, j < nk ? load8(k + j * rb, kv_type, 8 * s) : _mm256_setzero_ps());
     }
 }
 #endif
@@ -506,8 +496,8 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
      * memory for half its time. */
     const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
     if (wide) {
-        widen_key_pairs(k, job->kv_type, rb, hd, nk, sc->k, vh + b0 * rb, next_keys);
-        sq_flash_scores_x16(q, n, hdp, sc->k, hd, sc->lanes, s);
+        widen_key_pairs(k, job->kv_type, rb, hd, nk, sc->k);
+        sq_flash_scores_x16(q, n, hdp, sc->k, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
     } else if (fast) {
         scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
     }

@@ -15,6 +15,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "attention.h"
@@ -104,11 +105,17 @@ SQ_AVX512 static void reduce16(const float *lanes, float *s) {
 }
 
 SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, size_t head_dim,
-                                   float *lanes, float *s) {
+                                   float *lanes, float *s, const uint8_t *pf_a, const uint8_t *pf_b, size_t pf_bytes) {
     const size_t steps = head_dim / 8;
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
         const float *qr = q + r0 * hdp;
+        /* A slice of the prefetches per group of rows: asked all at once, they fill the
+         * line fill buffers and the thread waits on them. */
+        for (size_t at = r0 * pf_bytes / n & ~(size_t)63; at < (r0 + g) * pf_bytes / n; at += 64) {
+            __builtin_prefetch(pf_a + at);
+            if (pf_b) __builtin_prefetch(pf_b + at);
+        }
         switch (g) {
         case 1: score_rows(qr, hdp, kw, steps, lanes, 1); break;
         case 2: score_rows(qr, hdp, kw, steps, lanes, 2); break;
