@@ -8,11 +8,13 @@
  *   forward.c            a batch of tokens through every layer (sq_forward)
  *   attention.c/.h       attention over an F32 cache, in llama.cpp's order
  *   flash_attention.c    attention over the F16 and Q8_0 caches, in one pass
+ *   flash_attention_x16.c  its prefill step in 512-bit registers (AVX-512 CPUs)
  *   matmul.c/.h          weight matrices times activations, on the pool
  *   pool.c/.h            the worker threads
  *   read_bandwidth.c     the pool's threads reading a buffer: the wall decode runs against
  *   exp_ggml.h           llama.cpp's exp, for softmax and SiLU
  *   simd.h               SIMD build flags, CPU checks, code compiled twice, horizontal sums
+ *   simd512.h            sixteen-lane registers, or SIMDe's stand-ins in the test build
  *   quants/              the tensor types: the list and why every path gives the same
  *                        bits (types.h), block layouts, scalar code, batched orders,
  *                        dispatch, and the x86/ and arm/ kernels (quants/kernels.h)
