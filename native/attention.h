@@ -40,11 +40,13 @@ enum { SQ_FLASH_KEY_BLOCK = 32 };
  * code for the same step. q: [n][hdp] scaled queries; s: [n][SQ_FLASH_KEY_BLOCK];
  * kw: the block's keys as floats in pairs (flash_attention.c, widen_key_pairs);
  * lanes: [4][SQ_FLASH_KEY_BLOCK][8] scratch; v: [SQ_FLASH_KEY_BLOCK][hdp] widened
- * values; o: [n][hdp]. The scores also ask memory for the first pf_bytes at pf_a and
+ * values; o: [n][hdp]; scale: [n], what the online step leaves for the weighted sum
+ * (sq_flash_online_x16). The scores also ask memory for the first pf_bytes at pf_a and
  * (unless NULL) pf_b, a slice per group of rows. */
 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, size_t head_dim, float *lanes,
                          float *s, const uint8_t *pf_a, const uint8_t *pf_b, size_t pf_bytes);
-void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *o, size_t hdp);
-void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o);
+void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *scale);
+void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o,
+                        const float *scale);
 
 #endif

@@ -71,6 +71,7 @@ typedef struct {
     float *q;          /* [rows][hdp] the queries, scaled by 1/sqrt(head_dim) */
     float *m, *l;      /* [rows] the current chunk's running max and sum */
     float *o;          /* [rows][hdp] and weighted sum of V rows */
+    float *c;          /* [rows] 512-bit path: the factor the online step leaves for the outputs */
     float *tm, *tl;    /* [rows] totals merged over the chunks so far */
     float *to;         /* [rows][hdp] */
 } scratch;
@@ -81,7 +82,7 @@ enum { LINE = 16, ALIGNED_ARRAYS = 5 };
 
 size_t sq_flash_scratch_floats(const sq_config *c) {
     size_t hd = padded(c->head_dim), rows = max_rows(c);
-    return 2 * KEY_BLOCK * hd + ROWS * KEY_BLOCK * 8 + rows * (KEY_BLOCK + 4 + 3 * hd) + ALIGNED_ARRAYS * LINE;
+    return 2 * KEY_BLOCK * hd + ROWS * KEY_BLOCK * 8 + rows * (KEY_BLOCK + 5 + 3 * hd) + ALIGNED_ARRAYS * LINE;
 }
 
 static float *line_up(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
@@ -97,6 +98,7 @@ static scratch carve(float *base, const sq_config *c) {
     sc.s = base; base += rows * KEY_BLOCK;
     sc.m = base; base += rows;
     sc.l = base; base += rows;
+    sc.c = base; base += rows;
     sc.tm = base; base += rows;
     sc.tl = base; base += rows;
     sc.to = base;
@@ -439,7 +441,7 @@ SQ_AVX2 static void widen_key_pairs(const uint8_t *k, int kv_type, size_t rb, si
 /* -- chunks, merged --------------------------------------------------------------------------- */
 
 /* A closed chunk (m, l, o) into a row's total (tm, tl, to), which starts empty (tm = -inf). */
-static void merge(float m, float l, const float *o, size_t hdp, float *tm, float *tl, float *to) {
+SQ_TWIN void merge_into(float m, float l, const float *o, size_t hdp, float *tm, float *tl, float *to) {
     if (*tm == -INFINITY) {
         *tm = m, *tl = l;
         memcpy(to, o, hdp * sizeof(float));
@@ -450,6 +452,10 @@ static void merge(float m, float l, const float *o, size_t hdp, float *tm, float
     *tm = mx;
     for (size_t d = 0; d < hdp; d++) to[d] = to[d] * a + o[d] * b;
 }
+/* The outputs' loop vectorizes in 8 lanes in the AVX2 copy (no fma: products and sum
+ * rounded apart, as written, in both copies). */
+SQ_COMPILED_TWICE(static, merge, merge_into, (float m, float l, const float *o, size_t hdp, float *tm, float *tl, float *to),
+                  (m, l, o, hdp, tm, tl, to))
 
 static void finish(float tl, const float *to, size_t head_dim, float *out) {
     const float inv = 1.0f / tl;
@@ -510,7 +516,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
         most = valid > most ? valid : most;
 #ifdef SQ_X86
         if (wide)
-            sq_flash_online_x16(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
+            sq_flash_online_x16(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->c + r);
         else if (simd)
             online_avx2(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
         else
@@ -529,7 +535,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
         widen_plain(vh, job->kv_type, hd, hdp, b0, nk, sc->v);
 #ifdef SQ_X86
     if (wide) {
-        sq_flash_weigh_x16(s, n, most, sc->v, hdp, o);
+        sq_flash_weigh_x16(s, n, most, sc->v, hdp, o, sc->c + r0);
         return;
     }
     if (simd) {

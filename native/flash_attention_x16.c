@@ -16,7 +16,6 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "attention.h"
 #include "exp_ggml.h"
@@ -134,7 +133,11 @@ SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const f
 #define LOW_HALVES(a, b) V16(shuffle_f32x4)(a, b, _MM_SHUFFLE(1, 0, 1, 0))
 #define HIGH_HALVES(a, b) V16(shuffle_f32x4)(a, b, _MM_SHUFFLE(3, 2, 3, 2))
 
-SQ_AVX512 void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *o, size_t hdp) {
+/* online_avx2's step, but what was summed so far is not rescaled here: *scale is left for
+ * sq_flash_weigh_x16, which multiplies the row's outputs as it loads them (0: the chunk's
+ * first block, outputs start from zero). The same operations as the rescale in place, so
+ * the same bits, and one pass over the outputs fewer. */
+SQ_AVX512 void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *scale) {
     const mask16 keep0 = valid >= 16 ? 0xffff : (mask16)((1u << valid) - 1);
     const mask16 keep1 = valid >= 32 ? 0xffff : valid <= 16 ? 0 : (mask16)((1u << (valid - 16)) - 1);
     const v16f ninf = V16(set1_ps)(-INFINITY);
@@ -152,24 +155,27 @@ SQ_AVX512 void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, f
     const v16f pair_sum = V16(add_ps)(LOW_HALVES(a, b), HIGH_HALVES(a, b));
     *l = (first ? 0.0f : *l * corr) + sq_hsum8_avx2(_mm256_add_ps(sq_low8(pair_sum), sq_high8(pair_sum)));
     *m = mx;
-    if (first) {
-        memset(o, 0, hdp * sizeof(float));
-    } else if (corr != 1.0f) {
-        const v16f c = V16(set1_ps)(corr);
-        for (size_t d = 0; d < hdp; d += 16) V16(storeu_ps)(o + d, V16(mul_ps)(V16(loadu_ps)(o + d), c));
-    }
+    *scale = corr;
 }
 
 /* -- weighted values ------------------------------------------------------------------------ */
 
-/* Outputs d..d+16W-1 of G rows: o[r][d] += s[r][j] v[j][d] over j < most, in order of j. */
+/* Outputs d..d+16W-1 of G rows: o[r][d] = o[r][d] * scale[r] (0 * anything: 0) plus
+ * s[r][j] v[j][d] over j < most, in order of j. */
 SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const float *v, size_t hdp, float *o,
-                                            size_t d, const int G, const int W) {
+                                            const float *scale, size_t d, const int G, const int W) {
     v16f acc[ROWS][8];
 #pragma GCC unroll 4
-    for (int r = 0; r < G; r++)
+    for (int r = 0; r < G; r++) {
+        const v16f c = V16(set1_ps)(scale[r]);
 #pragma GCC unroll 8
-        for (int i = 0; i < W; i++) acc[r][i] = V16(loadu_ps)(o + (size_t)r * hdp + d + 16 * (size_t)i);
+        for (int i = 0; i < W; i++) {
+            const float *at = o + (size_t)r * hdp + d + 16 * (size_t)i;
+            /* a chunk's first block: o holds the last chunk's outputs (or nothing yet) */
+            acc[r][i] = scale[r] == 0.0f ? V16(setzero_ps)()
+                        : scale[r] == 1.0f ? V16(loadu_ps)(at) : V16(mul_ps)(V16(loadu_ps)(at), c);
+        }
+    }
     for (size_t j = 0; j < most; j++) {
         v16f w[ROWS];
 #pragma GCC unroll 4
@@ -189,24 +195,25 @@ SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, cons
 
 /* hdp is a multiple of 32: eight, four, then two registers of outputs at a time. */
 SQ_AVX512 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const float *v, size_t hdp, float *o,
-                                            const int G) {
+                                            const float *scale, const int G) {
     size_t d = 0;
     if (G <= 2)
-        for (; d + 128 <= hdp; d += 128) weigh_outs(s, most, v, hdp, o, d, G, 8);
-    for (; d + 64 <= hdp; d += 64) weigh_outs(s, most, v, hdp, o, d, G, 4);
-    for (; d < hdp; d += 32) weigh_outs(s, most, v, hdp, o, d, G, 2);
+        for (; d + 128 <= hdp; d += 128) weigh_outs(s, most, v, hdp, o, scale, d, G, 8);
+    for (; d + 64 <= hdp; d += 64) weigh_outs(s, most, v, hdp, o, scale, d, G, 4);
+    for (; d < hdp; d += 32) weigh_outs(s, most, v, hdp, o, scale, d, G, 2);
 }
 
-SQ_AVX512 void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o) {
+SQ_AVX512 void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o,
+                                  const float *scale) {
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
-        const float *sr = s + r0 * KEY_BLOCK;
+        const float *sr = s + r0 * KEY_BLOCK, *cr = scale + r0;
         float *orow = o + r0 * hdp;
         switch (g) {
-        case 1: weigh_rows(sr, most, v, hdp, orow, 1); break;
-        case 2: weigh_rows(sr, most, v, hdp, orow, 2); break;
-        case 3: weigh_rows(sr, most, v, hdp, orow, 3); break;
-        default: weigh_rows(sr, most, v, hdp, orow, 4); break;
+        case 1: weigh_rows(sr, most, v, hdp, orow, cr, 1); break;
+        case 2: weigh_rows(sr, most, v, hdp, orow, cr, 2); break;
+        case 3: weigh_rows(sr, most, v, hdp, orow, cr, 3); break;
+        default: weigh_rows(sr, most, v, hdp, orow, cr, 4); break;
         }
     }
 }
