@@ -22,7 +22,10 @@
  * from the cache when few do (decode). The AVX2 version runs those chains in registers,
  * up to four rows and eight keys or outputs at once, and asks memory for the next keys
  * and values ahead of use; the plain version runs the same chains one value at a time,
- * and both give the same bits (exp_le0 and the lane trees of max and sum included).
+ * and both give the same bits (exp_le0 and the lane trees of max and sum included). At
+ * the avx512vnni setting a prefill's block step (more than ROWS rows) goes to
+ * flash_attention_x16.c instead, with the keys widened once into scratch, two side by
+ * side, for all of the task's rows: the same chains again, so the same bits.
  */
 #include <math.h>
 #include <stddef.h>
