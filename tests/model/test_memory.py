@@ -64,12 +64,13 @@ def state_buffers(d, max_batch, n_ctx):
 
 def thread_scratch(d):
     """One pool thread's attention scratch, allocated on the first pass (besides its row
-    of n_ctx scores for the F32 path): flash_attention.c's block of 32 value rows
-    (padded), the 8 lanes of 4 rows' scores for 32 keys, and for each row of a 16-token
-    query block its 32 scores, its query, two maxima, two sums and two sums of V rows."""
+    of n_ctx scores for the F32 path): flash_attention.c's blocks of 32 key and 32 value
+    rows (padded), the 8 lanes of 4 rows' scores for 32 keys, for each row of a 16-token
+    query block its 32 scores, its query, two maxima, two sums, a rescale factor and two
+    sums of V rows, and up to 15 floats before each of 5 arrays that start on a 64-byte line."""
     padded = -(-d["head_dim"] // 32) * 32
     rows = 16 * (d["n_heads"] // d["n_kv_heads"])
-    return (32 * padded + 4 * 32 * 8 + rows * (32 + 4 + 3 * padded)) * F32
+    return (2 * 32 * padded + 4 * 32 * 8 + rows * (32 + 5 + 3 * padded) + 5 * 16) * F32
 
 
 def buffer_bytes(d, n_ctx, threads, max_batch=MAX_BATCH):
