@@ -35,6 +35,16 @@ size_t sq_flash_partials_floats(const sq_config *c);
 /* Keys of one online-softmax step: the block that a task's rows score together. */
 enum { SQ_FLASH_KEY_BLOCK = 32 };
 
+/* CALL(G) with G the constant 1, 2, 3 or 4 that g (1..4) holds: the kernels that take
+ * query rows four at a time are inlined once for each size of group. */
+#define SQ_FOR_GROUP_OF_ROWS(g, CALL) \
+    switch (g) {                      \
+    case 1: CALL(1); break;           \
+    case 2: CALL(2); break;           \
+    case 3: CALL(3); break;           \
+    default: CALL(4); break;          \
+    }
+
 /* A prefill's rows through one key block in 512-bit registers (flash_attention_x16.c),
  * for the x86-64 build at sq_simd_512(); each gives the bits of flash_attention.c's
  * code for the same step. q: [n][hdp] scaled queries; s: [n][SQ_FLASH_KEY_BLOCK];

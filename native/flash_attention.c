@@ -339,14 +339,6 @@ SQ_AVX2 static void reduce_lanes(const float *lanes, size_t g, float *s) {
         }
 }
 
-#define FOR_EACH_G(CALL) \
-    switch (g) {          \
-    case 1: CALL(1); break; \
-    case 2: CALL(2); break; \
-    case 3: CALL(3); break; \
-    default: CALL(4); break; \
-    }
-
 /* scores_plain's scores for n rows (head_dim a multiple of 8), ROWS rows at a time; the
  * queries held in registers where more than ROWS rows share the block (a prefill's). */
 SQ_AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb,
@@ -360,7 +352,7 @@ SQ_AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint
 #define SCORE(G)                                                                   \
     (kv_type == SQ_F16 ? (hold ? SCORE_AS(G, SQ_F16, 1) : SCORE_AS(G, SQ_F16, 0)) \
                        : (hold ? SCORE_AS(G, SQ_Q8_0, 1) : SCORE_AS(G, SQ_Q8_0, 0)))
-        FOR_EACH_G(SCORE)
+        SQ_FOR_GROUP_OF_ROWS(g, SCORE)
 #undef SCORE
 #undef SCORE_AS
         reduce_lanes(lanes, g, s + r0 * KEY_BLOCK);
@@ -412,7 +404,7 @@ SQ_AVX2 static void weigh_avx2(const float *s, size_t n, size_t most, const void
     (!row_bytes ? weigh_rows(sr, most, v, 0, width, hdp, orow, WIDE, G)               \
      : kv_type == SQ_F16 ? weigh_rows(sr, most, v, row_bytes, width, hdp, orow, SQ_F16, G) \
                          : weigh_rows(sr, most, v, row_bytes, width, hdp, orow, SQ_Q8_0, G))
-        FOR_EACH_G(WEIGH)
+        SQ_FOR_GROUP_OF_ROWS(g, WEIGH)
 #undef WEIGH
     }
 }
@@ -477,11 +469,15 @@ typedef struct {
     float *out;              /* [n_tok][n_heads * head_dim] */
 } flash_job;
 
+/* Which code a task runs: the plain C, the AVX2 kernels, or those and the 512-bit
+ * block step (flash_attention_x16.c). Asked once a task. */
+enum { PLAIN, SIMD_256, SIMD_512 };
+
 static int use_simd(void) {
 #ifdef SQ_X86
-    return sq_simd_enabled();
+    return !sq_simd_enabled() ? PLAIN : sq_simd_512() ? SIMD_512 : SIMD_256;
 #else
-    return 0;
+    return PLAIN;
 #endif
 }
 
@@ -499,7 +495,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
 #ifndef SQ_X86
     (void)simd, (void)end; /* no SIMD path to choose, nor prefetches to bound, in this build */
 #else
-    const int fast = simd && hd % 8 == 0, wide = fast && n > ROWS && sq_simd_512();
+    const int fast = simd && hd % 8 == 0, wide = fast && n > ROWS && simd == SIMD_512;
     /* This block's values (read next) and the next block's keys asked of memory while
      * the keys are scored (or widened): left to the hardware prefetchers, decode waits on
      * memory for half its time. */

@@ -31,7 +31,7 @@ enum {
     ROWS = 4,  /* query rows through the keys at once */
 };
 
-/* flash_attention.c's exp_le0, sixteen lanes at a time. */
+/* exp_le0 (exp_ggml.h), sixteen lanes at a time. */
 SQ_AVX512 static ALWAYS_INLINE v16f exp_le0_x16(v16f x) {
     x = V16(max_ps)(V16(set1_ps)(-87.0f), x);
     const v16f shift = V16(set1_ps)(0x1.8p23f);
@@ -115,12 +115,9 @@ SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const f
             __builtin_prefetch(pf_a + at);
             if (pf_b) __builtin_prefetch(pf_b + at);
         }
-        switch (g) {
-        case 1: score_rows(qr, hdp, kw, steps, lanes, 1); break;
-        case 2: score_rows(qr, hdp, kw, steps, lanes, 2); break;
-        case 3: score_rows(qr, hdp, kw, steps, lanes, 3); break;
-        default: score_rows(qr, hdp, kw, steps, lanes, 4); break;
-        }
+#define SCORE(G) score_rows(qr, hdp, kw, steps, lanes, G)
+        SQ_FOR_GROUP_OF_ROWS(g, SCORE)
+#undef SCORE
         for (size_t r = 0; r < g; r++)
             for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 16)
                 reduce16(lanes + (r * KEY_BLOCK + j0) * 8, s + (r0 + r) * KEY_BLOCK + j0);
@@ -160,8 +157,8 @@ SQ_AVX512 void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, f
 
 /* -- weighted values ------------------------------------------------------------------------ */
 
-/* Outputs d..d+16W-1 of G rows: o[r][d] = o[r][d] * scale[r] (0 * anything: 0) plus
- * s[r][j] v[j][d] over j < most, in order of j. */
+/* Outputs d..d+16W-1 of G rows: o[r][d] * scale[r] (0 where scale[r] is 0: the chunk
+ * starts afresh) plus s[r][j] v[j][d] over j < most, in order of j. */
 SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const float *v, size_t hdp, float *o,
                                             const float *scale, size_t d, const int G, const int W) {
     v16f acc[ROWS][8];
@@ -170,10 +167,9 @@ SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, cons
         const v16f c = V16(set1_ps)(scale[r]);
 #pragma GCC unroll 8
         for (int i = 0; i < W; i++) {
-            const float *at = o + (size_t)r * hdp + d + 16 * (size_t)i;
-            /* a chunk's first block: o holds the last chunk's outputs (or nothing yet) */
-            acc[r][i] = scale[r] == 0.0f ? V16(setzero_ps)()
-                        : scale[r] == 1.0f ? V16(loadu_ps)(at) : V16(mul_ps)(V16(loadu_ps)(at), c);
+            /* at a chunk's first block o holds the last chunk's outputs (or nothing yet) */
+            const v16f was = scale[r] == 0.0f ? V16(setzero_ps)() : V16(loadu_ps)(o + (size_t)r * hdp + d + 16 * (size_t)i);
+            acc[r][i] = scale[r] == 1.0f ? was : V16(mul_ps)(was, c);
         }
     }
     for (size_t j = 0; j < most; j++) {
@@ -209,12 +205,9 @@ SQ_AVX512 void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const f
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
         const float *sr = s + r0 * KEY_BLOCK, *cr = scale + r0;
         float *orow = o + r0 * hdp;
-        switch (g) {
-        case 1: weigh_rows(sr, most, v, hdp, orow, cr, 1); break;
-        case 2: weigh_rows(sr, most, v, hdp, orow, cr, 2); break;
-        case 3: weigh_rows(sr, most, v, hdp, orow, cr, 3); break;
-        default: weigh_rows(sr, most, v, hdp, orow, cr, 4); break;
-        }
+#define WEIGH(G) weigh_rows(sr, most, v, hdp, orow, cr, G)
+        SQ_FOR_GROUP_OF_ROWS(g, WEIGH)
+#undef WEIGH
     }
 }
 

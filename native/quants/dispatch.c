@@ -243,7 +243,7 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
      * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): sixteen rows at a
      * time in 512-bit registers where the CPU has AVX-512 VNNI, else eight. */
-    const int wide = simd_level() == SIMD_VNNI;
+    const int wide = sq_simd_512();
     if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled()) {
         for (; wide && r + 16 <= n_rows; r += 16)
             sq_batch_dot16_q6_K_avx512vnni(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
