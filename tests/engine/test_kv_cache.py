@@ -262,15 +262,16 @@ def test_a_prefills_attention_gives_every_simd_paths_bits(shaped_model, kv_dtype
     on the diagonal and a second batch that starts mid-block; then one decode step."""
     prompt, more = ids(300, seed=2), ids(37, seed=3)
     results = {}
+    was_on = lib.sq_set_simd(1)
     try:
         for set_path in simd_paths(monkeypatch):
             name = set_path()
             eng = llm_smolq.load(shaped_model, n_ctx=512, threads=2, kv_dtype=kv_dtype)
             rows = [eng.eval(prompt, all_logits=True), eng.eval(more, all_logits=True), eng.eval([5], all_logits=True)]
             results[name] = np.concatenate(rows).view(np.uint32)
-    finally:
-        monkeypatch.delenv("SMOLQ_SIMD", raising=False)
-        lib.sq_set_simd(1)
+    finally:  # the setting the run had (SMOLQ_SIMD=0 or avx2 in some runs), for the tests after
+        monkeypatch.undo()
+        lib.sq_set_simd(was_on)
     assert "scalar" in results and len(results) >= 2, results.keys()
     base = results.pop("scalar")
     for name, got in results.items():
