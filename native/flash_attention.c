@@ -312,7 +312,7 @@ SQ_AVX2 static ALWAYS_INLINE void score_block(const float *q, size_t hdp, const 
             if (HOLD) {
                 __builtin_prefetch(pf_a + at);
                 if (pf_b) __builtin_prefetch(pf_b + at);
-            } else {  /* to L2 only: see block_step */
+            } else { /* up to ROWS rows: into L2 only (block_step says why) */
                 __builtin_prefetch(pf_a + at, 0, 2);
                 if (pf_b) __builtin_prefetch(pf_b + at, 0, 2);
             }
@@ -502,10 +502,11 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
     const int fast = simd && hd % 8 == 0, wide = fast && n > ROWS && simd == SIMD_512;
     /* This block's values (read next) and the next block's keys asked of memory while
      * the keys are scored (or widened): left to the hardware prefetchers, decode waits on
-     * memory for half its time. A decode step asks for them into L2 only (prefetcht1): a
-     * request for L1 holds one of the core's few line fill buffers until its line
-     * arrives, and with them all taken the prefetches themselves stall; SmolLM2's decode
-     * at depth 8,000 went 8% faster with an F16 cache, 20% with Q8_0. */
+     * memory for half its time. Up to ROWS rows (a decode step, where up to four query
+     * heads share a KV head) ask for them into L2 only (prefetcht1): a request for L1
+     * holds one of the core's few line fill buffers until its line arrives, and with them
+     * all taken the prefetches themselves stall; SmolLM2's decode at depth 8,000 went 8%
+     * faster with an F16 cache, 20% with Q8_0. More rows (a prefill) keep prefetcht0. */
     const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
     if (wide) {
         widen_key_pairs(k, job->kv_type, rb, hd, nk, sc->k);
