@@ -101,7 +101,7 @@ static inline TARGET int32_t hsum8_i32(__m256i v) {
  * The VNNI copy asks into L2 only (prefetcht1), 3 KiB ahead, then for the same lines
  * into L1 512 bytes ahead: on the Xeon with AVX-512 the requests for L1 from afar used up
  * the core's line fill buffers and the prefetches waited on them. The 3B shape's decode
- * went 8-13% faster with the L2 requests, and 2-3% more with the near ones (SmolLM2's
+ * went 8-13% faster with the L2 requests, and 3-6% more with the near ones (SmolLM2's
  * 4%). (The AVX2 copy, run on the same Xeon, gained nothing from the L2 requests; it
  * keeps the setting measured on the AVX2-only machines.) */
 #ifdef SQ_X86_VNNI
