@@ -58,20 +58,26 @@ static const sq_batch_fn simd_batch[SQ_TYPE_SLOTS] = {
 #endif
 
 #ifdef SQ_X86
-/* Up to SQ_DOTN_MAX activation rows at a time, each with the one-row function's bits. */
-static const sq_vec_dotn_fn simd_vec_dotn[SQ_TYPE_SLOTS] = {
-    [SQ_Q4_1] = sq_vec_dotn_q4_1_avx2, [SQ_Q8_0] = sq_vec_dotn_q8_0_avx2, [SQ_Q6_K] = sq_vec_dotn_q6_K_avx2,
+/* Up to SQ_DOTN_MAX activation rows at a time, each with the one-row function's bits;
+ * by setting, then type, as simd_vec_dot. */
+#define VEC_DOTNS(simd) \
+    { [SQ_Q4_1] = sq_vec_dotn_q4_1_##simd, [SQ_Q8_0] = sq_vec_dotn_q8_0_##simd, [SQ_Q6_K] = sq_vec_dotn_q6_K_##simd }
+static const sq_vec_dotn_fn simd_vec_dotn[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
+    [SIMD_BASE] = VEC_DOTNS(avx2), [SIMD_VNNI] = VEC_DOTNS(avx512vnni),
 };
 
 /* Eight rows side by side, every token with the one-token vec_dot's bits. */
 typedef void (*steps_dot8_fn)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                               int64_t nb, const void *stop, float *y, int64_t ldy);
-static const steps_dot8_fn simd_steps_dot8[SQ_TYPE_SLOTS] = {
-    [SQ_Q4_K] = sq_steps_dot8_q4_K_avx2, [SQ_Q4_1] = sq_steps_dot8_q4_1_avx2,
+#define STEPS_DOT8S(simd) { [SQ_Q4_K] = sq_steps_dot8_q4_K_##simd, [SQ_Q4_1] = sq_steps_dot8_q4_1_##simd }
+static const steps_dot8_fn simd_steps_dot8[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
+    [SIMD_BASE] = STEPS_DOT8S(avx2), [SIMD_VNNI] = STEPS_DOT8S(avx512vnni),
 };
 
-/* simd_vec_dotn's function for the type, if the SIMD copies are on. */
-static sq_vec_dotn_fn vec_dotn(int type) { return sq_simd_enabled() ? simd_vec_dotn[type] : NULL; }
+static int simd_level(void);
+
+/* simd_vec_dotn's function for the type at the setting in use (NULL with the SIMD copies off). */
+static sq_vec_dotn_fn vec_dotn(int type) { return simd_vec_dotn[simd_level()][type]; }
 
 /* Tokens t0..n_tokens-1 of one row through dotn, SQ_DOTN_MAX at a time: y[t * ldy]. */
 static void dotn_tokens(sq_vec_dotn_fn dotn, const void *row, const void *xq, int64_t xq_stride, int t0,
@@ -284,7 +290,7 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     int64_t r = 0;
 #ifdef SQ_X86
     /* Q4_K and Q4_1: eight rows side by side, each token with its one-token bits. */
-    const steps_dot8_fn eight = n_tokens >= 2 && sq_simd_enabled() ? simd_steps_dot8[type] : NULL;
+    const steps_dot8_fn eight = n_tokens >= 2 ? simd_steps_dot8[simd_level()][type] : NULL;
     if (eight)
         for (; r + 8 <= n_rows; r += 8)
             eight(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);

@@ -125,20 +125,25 @@ SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
 #define SQ_DOTN_MAX 8
 typedef void (*sq_vec_dotn_fn)(const void *row, const void *xq, int64_t stride, int n, int64_t nb,
                                const void *stop, float *out);
-void sq_vec_dotn_q4_1_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
-                           float *out);
-void sq_vec_dotn_q8_0_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
-                           float *out);
-void sq_vec_dotn_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
-                           float *out);
-/* Eight Q4_K rows row_bytes apart times n_tokens activation rows, each output with
- * sq_vec_dot_q4_K_avx2's bits for its row and token: y[t * ldy + r] for r < 8. It
- * prefetches the eight rows after these, up to stop. */
-void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                             int64_t nb, const void *stop, float *y, int64_t ldy);
-/* The same for eight Q4_1 rows, with sq_vec_dot_q4_1_avx2's bits. */
-void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                             int64_t nb, const void *stop, float *y, int64_t ldy);
+/* The step-order kernels below come in two copies (quants/x86/step_order.h), _avx2 and,
+ * for the CPUs of the VNNI vec_dots, _avx512vnni: the same contract and bits. */
+#define SQ_DECLARE_STEP_ORDER(simd)                                                                         \
+    void sq_vec_dotn_q4_1_##simd(const void *row, const void *xq, int64_t stride, int n, int64_t nb,        \
+                                 const void *stop, float *out);                                             \
+    void sq_vec_dotn_q8_0_##simd(const void *row, const void *xq, int64_t stride, int n, int64_t nb,        \
+                                 const void *stop, float *out);                                             \
+    void sq_vec_dotn_q6_K_##simd(const void *row, const void *xq, int64_t stride, int n, int64_t nb,        \
+                                 const void *stop, float *out);                                             \
+    /* Eight Q4_K rows row_bytes apart times n_tokens activation rows, each output with the       \
+     * one-token vec_dot's bits for its row and token: y[t * ldy + r] for r < 8. It prefetches    \
+     * the eight rows after these, up to stop. */                                                   \
+    void sq_steps_dot8_q4_K_##simd(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,     \
+                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);     \
+    /* The same for eight Q4_1 rows. */                                                             \
+    void sq_steps_dot8_q4_1_##simd(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,     \
+                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+SQ_DECLARE_STEP_ORDER(avx2)
+SQ_DECLARE_STEP_ORDER(avx512vnni)
 /* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order
  * (sq_batch_dot_q4_K's bits). */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,

@@ -1,9 +1,10 @@
 /* quants/x86/avx512vnni.c: for CPUs with AVX-512 VNNI, VL and BW, the vec_dot kernels
- * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni), and a prefill's Q4_K and Q6_K
- * products sixteen rows at a time in 512-bit registers (sq_batch_dot16_*_avx512vnni).
+ * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni) and the step-order kernels of
+ * x86/step_order.h, and a prefill's Q4_K and Q6_K products sixteen rows at a time in
+ * 512-bit registers (sq_batch_dot16_*_avx512vnni).
  *
- * The vec_dots keep to 256-bit registers and give the AVX2 copy's bits; vpdpbusd and
- * vpdpwssd each stand for two integer instructions of the AVX2 copy. The batched products
+ * The vec_dots and step-order kernels keep to 256-bit registers and give the AVX2 copy's
+ * bits; vpdpbusd and vpdpwssd each stand for two integer instructions of the AVX2 copy. The batched products
  * give x86/avx2.c's eight-row kernels' bits for each of their rows: the integer sums are
  * exact, however they are formed, and the float steps are the same, lane by lane.
  *
@@ -18,6 +19,7 @@
 #define SQ_X86_VNNI 1
 #include "quants/x86/vec_dots.h"
 #include "quants/x86/side_by_side.h"
+#include "quants/x86/step_order.h"
 #include "simd512.h"
 
 /* Rows 0..7 from lo's lanes, rows 8..15 from hi's. */

@@ -101,6 +101,30 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
 }
 
 
+/* Group g (32 elements) of one token's activation block against eight rows side by side:
+ * each row's exact sum of the group's products times its scale. code[j] is codes[c][h][j]
+ * of q4_K_side_by_side (g = 2c + h); each activation word is broadcast to all eight rows.
+ * The pair sums of the 8 maddubs fit an int16: |.| <= 8 * 3840. */
+static inline __attribute__((always_inline)) TARGET __m256i q4_K_group8(const int8_t *aq, const __m256i code[8],
+                                                                        __m256i scale) {
+    __m256i p[8];
+    for (int j = 0; j < 8; j++) {
+        int32_t w;
+        memcpy(&w, aq + 4 * j, 4);
+        p[j] = _mm256_maddubs_epi16(code[j], _mm256_set1_epi32(w));
+    }
+    const __m256i s16 = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+                                         _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
+    return _mm256_madd_epi16(s16, scale);
+}
+
+/* Span c's min term for eight rows: the bsums of its four 16-element quarters, paired. */
+static inline TARGET __m256i q4_K_min8(const block_q8_K *a, int c, __m256i mins_c) {
+    const int32_t bs_lo = a->bsums[4 * c] + a->bsums[4 * c + 1];
+    const int32_t bs_hi = a->bsums[4 * c + 2] + a->bsums[4 * c + 3];
+    return _mm256_madd_epi16(mins_c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16)));
+}
+
 /* Chunk k (elements 32k .. 32k + 31) of block i of eight Q6_K rows side by side: q[j]
  * holds the 6-bit codes 32k + 4j .. +3 of every row, one row per 32-bit lane. */
 static inline TARGET void q6_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, int k, __m256i q[8]) {
