@@ -71,7 +71,9 @@ typedef void (*steps_dot8_fn)(const void *rows, int64_t row_bytes, const void *x
                               int64_t nb, const void *stop, float *y, int64_t ldy);
 #define STEPS_DOT8S(simd) { [SQ_Q4_K] = sq_steps_dot8_q4_K_##simd, [SQ_Q4_1] = sq_steps_dot8_q4_1_##simd }
 static const steps_dot8_fn simd_steps_dot8[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
-    [SIMD_BASE] = STEPS_DOT8S(avx2), [SIMD_VNNI] = STEPS_DOT8S(avx512vnni),
+    [SIMD_BASE] = STEPS_DOT8S(avx2),
+    [SIMD_VNNI] = {[SQ_Q4_K] = sq_steps_dot8_q4_K_avx512vnni, [SQ_Q4_1] = sq_steps_dot8_q4_1_avx512vnni,
+                   [SQ_Q8_0] = sq_steps_dot8_q8_0_avx512vnni},
 };
 
 static int simd_level(void);

@@ -224,6 +224,88 @@ TARGET void KERNEL(steps_dot8_q4_1)(const void *rows, int64_t row_bytes, const v
     }
 }
 
+#ifdef SQ_X86_VNNI
+/* ---------------------------------------------------------------------------
+ * Q8_0: eight rows side by side, in one-token steps (VNNI copy only)
+ * ------------------------------------------------------------------------- */
+
+/* Block i of eight Q8_0 rows side by side: codes[l] holds word l (codes 4l..4l+3) of rows
+ * 0..7, one row per 32-bit lane, each code plus 128 so that it multiplies as an unsigned
+ * byte; d each row's. */
+static inline TARGET void q8_0_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i codes[8],
+                                          __m256 *d_rows) {
+    uint16_t d[8];
+    for (int r = 0; r < 8; r++) {
+        const block_q8_0 *x = (const block_q8_0 *)((const uint8_t *)rows + r * row_bytes) + i;
+        codes[r] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x->qs), _mm256_set1_epi8((char)0x80));
+        d[r] = x->d;
+    }
+    sq_transpose8_epi32(codes);
+    *d_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+}
+
+/* Eight Q8_0 rows (row_bytes apart) times n_tokens activation rows, each output with the
+ * one-token vec_dot's bits for its row and token, as KERNEL(steps_dot8_q4_1) does for
+ * Q4_1: register l holds float lane l of all eight rows. The vec_dot's lane is the sum of
+ * four signed products; here the codes are offset to unsigned, (x + 128) * y, so that one
+ * vpdpbusd with a broadcast activation word does eight rows, and the 128 * sum(y) that
+ * the offset adds, the same for every row, starts the sum negated. (The AVX2 copy has no
+ * such instruction that does not saturate, and keeps to the dotn kernel.)
+ * y[t * ldy + r] for r < 8. */
+TARGET void KERNEL(steps_dot8_q8_0)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    enum { CHUNK = 32, TILE = 16 };
+    __m256i codes[CHUNK][8];
+    __m256 d_rows[CHUNK];
+    __m256 acc_tokens[TILE][8];  /* a token's 8 lane registers */
+    const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;
+    const int64_t share = 8 * (int64_t)sizeof(block_q8_0);  /* of the next rows, per block */
+    const __m256i offset = _mm256_set1_epi8((char)0x80);
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        for (int t = 0; t < nt; t++)
+            for (int l = 0; l < 8; l++)
+                acc_tokens[t][l] = _mm256_setzero_ps();
+        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
+            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
+            for (int k = 0; k < nc; k++) {
+                if (t0 == 0)
+                    prefetch_next_rows(next, i0 + k, share, stop);
+                q8_0_side_by_side(rows, row_bytes, i0 + k, codes[k], &d_rows[k]);
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_0 *a = (const block_q8_0 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
+                __m256 acc[8];
+                for (int l = 0; l < 8; l++)
+                    acc[l] = acc_tokens[t][l];
+                for (int k = 0; k < nc; k++) {
+                    const __m256 d = _mm256_mul_ps(d_rows[k], _mm256_set1_ps(h2f(a[k].d)));
+                    const __m256i qy = _mm256_loadu_si256((const __m256i *)a[k].qs);
+                    /* -128 * (the sum of word l's four codes), for each l */
+                    int32_t start[8];
+                    _mm256_storeu_si256((__m256i *)start,
+                                        _mm256_sub_epi32(_mm256_setzero_si256(), vnni_dpbusd(_mm256_setzero_si256(), offset, qy)));
+                    for (int l = 0; l < 8; l++) {
+                        int32_t aw;
+                        memcpy(&aw, a[k].qs + 4 * l, 4);
+                        const __m256i p = vnni_dpbusd(_mm256_set1_epi32(start[l]), codes[k][l], _mm256_set1_epi32(aw));
+                        acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[l]);
+                    }
+                }
+                for (int l = 0; l < 8; l++)
+                    acc_tokens[t][l] = acc[l];
+            }
+        }
+        for (int t = 0; t < nt; t++) {  /* sq_hsum8_avx2's order, eight rows at once */
+            const __m256 *A = acc_tokens[t];
+            _mm256_storeu_ps(y + (t0 + t) * ldy,
+                             _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
+                                           _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7]))));
+        }
+    }
+}
+#endif
+
 /* q4_K_group8 for the step-order kernel below. The VNNI copy sums a group's 32 products
  * per row straight into int32 with vpdpbusd (two chains, so that each waits on half the
  * instructions), then multiplies by the scale: fewer instructions per token than the int16
