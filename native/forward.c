@@ -305,6 +305,7 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
     sq_matmul_set gu = {2, {&L->ffn_gate, &L->ffn_up}, {s->gate, s->up}, {c->hidden_dim, c->hidden_dim}};
     sq_matmul(pool, &gu, s->xn, n_tok, s->xq, step);
     float *gu_rows[2] = {s->gate, s->up};
+    /* Shared out from 8,192 elements: a draft check's few tokens are worth both threads. */
     sq_pool_ranges(pool, (int64_t)n_tok * c->hidden_dim, 4096, swiglu_range, gu_rows);
     sq_matmul_set down = {1, {&L->ffn_down}, {s->xn}, {dim}};
     sq_matmul(pool, &down, s->gate, n_tok, s->xq, step);

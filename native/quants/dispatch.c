@@ -69,9 +69,8 @@ static const sq_vec_dotn_fn simd_vec_dotn[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
 /* Eight rows side by side, every token with the one-token vec_dot's bits. */
 typedef void (*steps_dot8_fn)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                               int64_t nb, const void *stop, float *y, int64_t ldy);
-#define STEPS_DOT8S(simd) { [SQ_Q4_K] = sq_steps_dot8_q4_K_##simd, [SQ_Q4_1] = sq_steps_dot8_q4_1_##simd }
 static const steps_dot8_fn simd_steps_dot8[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
-    [SIMD_BASE] = STEPS_DOT8S(avx2),
+    [SIMD_BASE] = {[SQ_Q4_K] = sq_steps_dot8_q4_K_avx2, [SQ_Q4_1] = sq_steps_dot8_q4_1_avx2},
     [SIMD_VNNI] = {[SQ_Q4_K] = sq_steps_dot8_q4_K_avx512vnni, [SQ_Q4_1] = sq_steps_dot8_q4_1_avx512vnni,
                    [SQ_Q8_0] = sq_steps_dot8_q8_0_avx512vnni},
 };
@@ -291,7 +290,8 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     const uint8_t *base = rows, *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
     int64_t r = 0;
 #ifdef SQ_X86
-    /* Q4_K and Q4_1: eight rows side by side, each token with its one-token bits. */
+    /* Q4_K, Q4_1 and, in the VNNI copy, Q8_0: eight rows side by side, each token with its
+     * one-token bits. */
     const steps_dot8_fn eight = n_tokens >= 2 ? simd_steps_dot8[simd_level()][type] : NULL;
     if (eight)
         for (; r + 8 <= n_rows; r += 8)

@@ -1,8 +1,9 @@
 /* quants/x86/side_by_side.h: the steps the batched products share, written once and
- * compiled by each file that includes it (x86/avx2.c, and x86/avx512vnni.c for the
- * 512-bit Q4_K product) under that file's TARGET: where a token's activation block
- * lies, prefetches, and eight weight rows' blocks put side by side, a row per 32-bit
- * lane, so that an activation word broadcast to every lane multiplies all the rows.
+ * compiled by each file that includes it (x86/avx2.c, and x86/avx512vnni.c for its
+ * 512-bit products and its copy of x86/step_order.h) under that file's TARGET: where a
+ * token's activation block lies, prefetches, and eight weight rows' blocks put side by
+ * side, a row per 32-bit lane, so that an activation word broadcast to every lane
+ * multiplies all the rows.
  * vec_dots.h comes first (k_scales_mins, TARGET).
  */
 #ifndef SMOLQ_QUANTS_X86_SIDE_BY_SIDE_H
@@ -99,7 +100,6 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
         }
     }
 }
-
 
 /* Group g (32 elements) of one token's activation block against eight rows side by side:
  * each row's exact sum of the group's products times its scale. code[j] is codes[c][h][j]
