@@ -679,20 +679,38 @@ def test_vec_dot_rows_bad_arguments():
         assert rc == -1 and (y == 7.0).all(), (qtype, n, n_rows)
 
 
+def simd_settings() -> list[str]:
+    """The settings to test a kernel at, each a SMOLQ_SIMD value for sq_set_simd(1), or
+    "0" for the plain code: the best copy this CPU runs, the AVX2 copy as well where the
+    best is the VNNI one (the two have their own copies of some kernels), and plain."""
+    simd = native_simd()
+    return (["best", "avx2"] if simd == "avx512vnni" else ["best"] if simd else []) + ["0"]
+
+
+def use_simd_setting(setting: str, monkeypatch) -> None:
+    if setting == "best":
+        monkeypatch.delenv("SMOLQ_SIMD", raising=False)
+    elif setting != "0":
+        monkeypatch.setenv("SMOLQ_SIMD", setting)
+    lib.sq_set_simd(setting != "0")
+    if setting == "avx2":
+        assert ffi.string(lib.sq_simd_name()).decode() == "avx2"
+
+
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t in VEC_DOT_TYPE], ids=lambda t: t.name)
-def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore):
+def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore, monkeypatch):
     """A batch as one-token steps: every output exactly sq_vec_dot's bits, for token
     counts below and past every batched order (Q4_K's 4, the tiled 8) and past the
     kernels' tiles (8 tokens per row, 16 per eight rows), rows by eights and left over,
-    rows longer than the eight-row kernels' 32-block chunks, on both paths; y is
-    written only where it should be."""
+    rows longer than the eight-row kernels' 32-block chunks, on every path (the VNNI and
+    the AVX2 copy where the CPU has both); y is written only where it should be."""
     rng = np.random.default_rng(900 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     cases = [(max(sizes(qtype)), n_rows, tokens)
              for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17))]
     cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), 8, 3)]
-    for simd in (1, 0) if native_simd() else (0,):
-        lib.sq_set_simd(simd)
+    for simd in simd_settings():
+        use_simd_setting(simd, monkeypatch)
         for n, n_rows, tokens in cases:
             rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
             xq = quantized_rows(vtype, n, tokens, rng)
