@@ -4,6 +4,7 @@ whatever the batch, thread count or SIMD path, and the gate's refusals."""
 
 import numpy as np
 import pytest
+from helpers.simd_paths import simd_paths
 
 import llm_smolq
 from llm_smolq import LayoutError, Q8_0_BLOCK
@@ -238,21 +239,6 @@ def shaped_model(request, tmp_path_factory):
     write_synthetic(path, Preset("smollm3", dim, 1, n_heads, n_kv_heads, head_dim, 256, 1024, 4096, 5e6, 1e-6),
                     "Q8_0")
     return path
-
-
-def simd_paths(monkeypatch):
-    """Each SIMD path this CPU (or build) runs, as (name, setter): the best one (512-bit
-    attention at the avx512vnni setting), AVX2 held by SMOLQ_SIMD=avx2, and the plain code."""
-    def use(env, on):
-        def set_path():
-            if env is None:
-                monkeypatch.delenv("SMOLQ_SIMD", raising=False)
-            else:
-                monkeypatch.setenv("SMOLQ_SIMD", env)
-            lib.sq_set_simd(on)
-            return ffi.string(lib.sq_simd_name()).decode()
-        return set_path
-    return [use(None, 1), use("avx2", 1), use(None, 0)]
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])

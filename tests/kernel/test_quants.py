@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
+from helpers.simd_paths import simd_paths
 
 from llm_smolq._kernel import ffi, lib
 
@@ -679,24 +680,6 @@ def test_vec_dot_rows_bad_arguments():
         assert rc == -1 and (y == 7.0).all(), (qtype, n, n_rows)
 
 
-def simd_settings() -> list[str]:
-    """The settings to test a kernel at, each a SMOLQ_SIMD value for sq_set_simd(1), or
-    "0" for the plain code: the best copy this CPU runs, the AVX2 copy as well where the
-    best is the VNNI one (the two have their own copies of some kernels), and plain."""
-    simd = native_simd()
-    return (["best", "avx2"] if simd == "avx512vnni" else ["best"] if simd else []) + ["0"]
-
-
-def use_simd_setting(setting: str, monkeypatch) -> None:
-    if setting == "best":
-        monkeypatch.delenv("SMOLQ_SIMD", raising=False)
-    elif setting != "0":
-        monkeypatch.setenv("SMOLQ_SIMD", setting)
-    lib.sq_set_simd(setting != "0")
-    if setting == "avx2":
-        assert ffi.string(lib.sq_simd_name()).decode() == "avx2"
-
-
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t in VEC_DOT_TYPE], ids=lambda t: t.name)
 def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore, monkeypatch):
     """A batch as one-token steps: every output exactly sq_vec_dot's bits, for token
@@ -709,8 +692,10 @@ def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore, monke
     cases = [(max(sizes(qtype)), n_rows, tokens)
              for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17))]
     cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), 8, 3)]
-    for simd in simd_settings():
-        use_simd_setting(simd, monkeypatch)
+    seen = []
+    for set_path in simd_paths(monkeypatch):
+        simd = set_path()
+        seen.append(simd)
         for n, n_rows, tokens in cases:
             rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
             xq = quantized_rows(vtype, n, tokens, rng)
@@ -724,6 +709,8 @@ def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore, monke
             steps = np.array([[c_vec_dot(qtype, row, xq[t], n) for row in rows] for t in range(tokens)],
                              dtype=np.float32)
             assert y[:, :n_rows].tobytes() == steps.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"
+    if native_simd() == "avx512vnni":  # each copy has its own step-order kernels
+        assert {"avx512vnni", "avx2"} <= set(seen), seen
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)

@@ -4,9 +4,10 @@
  * 512-bit registers (sq_batch_dot16_*_avx512vnni).
  *
  * The vec_dots and step-order kernels keep to 256-bit registers and give the AVX2 copy's
- * bits; vpdpbusd and vpdpwssd each stand for two integer instructions of the AVX2 copy. The batched products
- * give x86/avx2.c's eight-row kernels' bits for each of their rows: the integer sums are
- * exact, however they are formed, and the float steps are the same, lane by lane.
+ * bits; vpdpbusd and vpdpwssd each stand for two integer instructions of the AVX2 copy.
+ * The batched products give x86/avx2.c's eight-row kernels' bits for each of their rows:
+ * the integer sums are exact, however they are formed, and the float steps are the same,
+ * lane by lane.
  *
  * Built with SQ_VNNI_VIA_SIMDE (cffi_build/build_kernel.py, SMOLQ_VNNI_VIA_SIMDE), the
  * VNNI instructions, and the 512-bit ones, come from SIMDe, and the file runs on any AVX2
