@@ -291,7 +291,10 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     int64_t r = 0;
 #ifdef SQ_X86
     /* Q4_K, Q4_1 and, in the VNNI copy, Q8_0: eight rows side by side, each token with its
-     * one-token bits. */
+     * one-token bits; in the VNNI copy Q4_K takes sixteen at a time first. */
+    if (type == SQ_Q4_K && n_tokens >= 2 && sq_simd_512())
+        for (; r + 16 <= n_rows; r += 16)
+            sq_steps_dot16_q4_K_avx512vnni(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
     const steps_dot8_fn eight = n_tokens >= 2 ? simd_steps_dot8[simd_level()][type] : NULL;
     if (eight)
         for (; r + 8 <= n_rows; r += 8)
