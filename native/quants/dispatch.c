@@ -75,6 +75,12 @@ static const steps_dot8_fn simd_steps_dot8[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
                    [SQ_Q8_0] = sq_steps_dot8_q8_0_avx512vnni},
 };
 
+/* Sixteen rows side by side in 512-bit registers, same contract (the VNNI copy only). */
+static const steps_dot8_fn steps_dot16[SQ_TYPE_SLOTS] = {
+    [SQ_Q4_K] = sq_steps_dot16_q4_K_avx512vnni, [SQ_Q4_1] = sq_steps_dot16_q4_1_avx512vnni,
+    [SQ_Q8_0] = sq_steps_dot16_q8_0_avx512vnni,
+};
+
 static int simd_level(void);
 
 /* simd_vec_dotn's function for the type at the setting in use (NULL with the SIMD copies off). */
@@ -291,10 +297,11 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     int64_t r = 0;
 #ifdef SQ_X86
     /* Q4_K, Q4_1 and, in the VNNI copy, Q8_0: eight rows side by side, each token with its
-     * one-token bits; in the VNNI copy Q4_K takes sixteen at a time first. */
-    if (type == SQ_Q4_K && n_tokens >= 2 && sq_simd_512())
+     * one-token bits; in the VNNI copy sixteen at a time first. */
+    const steps_dot8_fn sixteen = n_tokens >= 2 && sq_simd_512() ? steps_dot16[type] : NULL;
+    if (sixteen)
         for (; r + 16 <= n_rows; r += 16)
-            sq_steps_dot16_q4_K_avx512vnni(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
+            sixteen(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
     const steps_dot8_fn eight = n_tokens >= 2 ? simd_steps_dot8[simd_level()][type] : NULL;
     if (eight)
         for (; r + 8 <= n_rows; r += 8)
