@@ -243,6 +243,13 @@ static inline TARGET v16f biased_to_float(v16i biased) {
     return V16(sub_ps)(V16(castsi512_ps)(biased), V16(set1_ps)(12582912.0f));
 }
 
+/* The eight lane registers of sixteen rows (register l: float lane l of each row) summed
+ * in sq_hsum8_avx2's order, each row's sum in its lane. */
+static inline TARGET v16f lane_sums16(const v16f A[8]) {
+    return V16(add_ps)(V16(add_ps)(V16(add_ps)(A[0], A[4]), V16(add_ps)(A[2], A[6])),
+                       V16(add_ps)(V16(add_ps)(A[1], A[5]), V16(add_ps)(A[3], A[7])));
+}
+
 /* Sixteen Q4_1 rows (row_bytes apart) times n_tokens activation rows, each output with
  * the one-token vec_dot's bits: KERNEL(steps_dot8_q4_1) of x86/step_order.h with rows 0..7
  * and 8..15 joined in one register, so that each instruction of a token's steps does
@@ -294,12 +301,8 @@ TARGET void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, 
                 acc_tokens[t][8] = summs;
             }
         }
-        for (int t = 0; t < nt; t++) {  /* sq_hsum8_avx2's order, sixteen rows at once */
-            const v16f *A = acc_tokens[t];
-            const v16f lanes = V16(add_ps)(V16(add_ps)(V16(add_ps)(A[0], A[4]), V16(add_ps)(A[2], A[6])),
-                                           V16(add_ps)(V16(add_ps)(A[1], A[5]), V16(add_ps)(A[3], A[7])));
-            V16(storeu_ps)(y + (t0 + t) * ldy, V16(add_ps)(lanes, A[8]));
-        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, V16(add_ps)(lane_sums16(acc_tokens[t]), acc_tokens[t][8]));
     }
 }
 
@@ -353,12 +356,8 @@ TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, 
                     acc_tokens[t][l] = acc[l];
             }
         }
-        for (int t = 0; t < nt; t++) {  /* sq_hsum8_avx2's order, sixteen rows at once */
-            const v16f *A = acc_tokens[t];
-            V16(storeu_ps)(y + (t0 + t) * ldy,
-                           V16(add_ps)(V16(add_ps)(V16(add_ps)(A[0], A[4]), V16(add_ps)(A[2], A[6])),
-                                       V16(add_ps)(V16(add_ps)(A[1], A[5]), V16(add_ps)(A[3], A[7]))));
-        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, lane_sums16(acc_tokens[t]));
     }
 }
 
