@@ -235,10 +235,10 @@ TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
 
 /* An integer sum started at EXACT_FLOAT_BIAS (the bits of the float 1.5 * 2^23) has the
  * bits of the float 1.5 * 2^23 + sum while |sum| < 2^22; subtracting 1.5 * 2^23 then gives
- * the sum exactly, as vcvtdq2ps would. A Q4_1 lane's sum is four products (|.| <= 4 * 15
- * * 128), and the subtraction issues on two ports where the conversion has one: the Q4_1
- * check kernel below ran 2-3% faster with it. (The Q8_0 one, whose start differs per lane,
- * ran slower.) */
+ * the sum exactly, as vcvtdq2ps would. A Q4_1 lane's sum is four products, at most
+ * 4 * 15 * 128 in size, and the subtraction issues on two ports where the conversion has
+ * one: the Q4_1 check kernel below ran 2-3% faster with it. (The Q8_0 one, whose start
+ * differs per lane, ran slower.) */
 #define EXACT_FLOAT_BIAS 0x4B400000
 static inline TARGET v16f biased_to_float(v16i biased) {
     return V16(sub_ps)(V16(castsi512_ps)(biased), V16(set1_ps)(12582912.0f));
