@@ -21,7 +21,7 @@
  * KERNEL(vec_dotn_<name>) from the body dotn_<name>, inlined for each n with n a constant:
  * then every token's accumulators stay in registers (a loop over a variable n kept
  * them in memory, and each block's fmas waited on a store and a load). */
-_Static_assert(SQ_DOTN_MAX == 8, "DOTN_FOR_EACH_N has a case for each n up to SQ_DOTN_MAX");
+_Static_assert(SQ_DOTN_MAX == 9, "DOTN_FOR_EACH_N has a case for each n up to SQ_DOTN_MAX");
 #define DOTN_CASE(name, k) case k: dotn_##name(row, xq, stride, k, nb, stop, out); break;
 #define DOTN_FOR_EACH_N(name)                                                                        \
     TARGET void KERNEL(vec_dotn_##name)(const void *row, const void *xq, int64_t stride, int n, int64_t nb, \
@@ -29,6 +29,7 @@ _Static_assert(SQ_DOTN_MAX == 8, "DOTN_FOR_EACH_N has a case for each n up to SQ
         switch (n) {                                                                                 \
             DOTN_CASE(name, 1) DOTN_CASE(name, 2) DOTN_CASE(name, 3) DOTN_CASE(name, 4)              \
             DOTN_CASE(name, 5) DOTN_CASE(name, 6) DOTN_CASE(name, 7) DOTN_CASE(name, 8)              \
+            DOTN_CASE(name, 9)                                                                       \
         }                                                                                            \
     }
 
