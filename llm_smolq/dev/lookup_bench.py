@@ -11,9 +11,10 @@ two answers were the same tokens (they must be).
 
 --draft-check prefills DEPTH random ids (default 512), then times one forward of k tokens
 in step order with every row's logits (what checking a draft of k - 1 tokens costs:
-Engine.eval(..., all_logits=True, step_order=True)) for k = 1, 2, 4, 8, 16, the sizes
-alternating, R rounds; each is reported as its best time and as a multiple of k = 1's,
-a plain decode step.
+Engine.eval(..., all_logits=True, step_order=True)) for k = 1, 2, 4, 8, 9, 16 (9: the check
+of a default lookup draft, the sampled token and 8 drafted), the sizes alternating, R
+rounds; each is reported as its best time and as a multiple of k = 1's, a plain decode
+step.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-CHECK_SIZES = (1, 2, 4, 8, 16)
+CHECK_SIZES = (1, 2, 4, 8, 9, 16)
 
 
 def measure_check_cost(path: str, threads: int, depth: int, repeat: int) -> dict:

@@ -68,7 +68,7 @@ def test_bench_draft_check_times_step_order_batches_against_one_step(smollm2_ggu
 
     bench.main([str(smollm2_gguf), "--draft-check", "40", "--threads", "2", "--repeat", "2", "--json"])
     report = json.loads(capsys.readouterr().out)
-    assert report["depth"] == 40 and list(report["sizes"]) == ["1", "2", "4", "8", "16"]
+    assert report["depth"] == 40 and list(report["sizes"]) == ["1", "2", "4", "8", "9", "16"]
     assert report["sizes"]["1"]["steps"] == 1.0
     assert all(v["ms"] > 0 for v in report["sizes"].values())
     assert report["sizes"]["16"]["ms"] > report["sizes"]["1"]["ms"]  # sixteen tokens are not free
