@@ -27,8 +27,9 @@ class NgramDrafter:
 
     Up to 8: in an answer that copies code with a change, a match of 5-8 tokens more often
     points at the place being copied than one of 4 does (a line's ending, say, occurs in
-    several places); on the typo benchmark's answer, replayed with measured check costs,
-    lookup went from x1.55 to x1.65 with the other prompts unchanged (BENCHMARKS.md)."""
+    several places). Replayed with measured check costs, the typo benchmark's answer went
+    from x1.55 to x1.65 and the other two moved by 0.03 at most; measured live, with the
+    two drafters alternating, the gain was inside the noise (BENCHMARKS.md)."""
 
     def __init__(self, tokens: Sequence[int] = (), shortest: int = 2, longest: int = 8):
         if not 1 <= shortest <= longest:
