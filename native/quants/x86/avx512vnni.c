@@ -244,8 +244,8 @@ static inline TARGET v16f biased_to_float(v16i biased) {
     return V16(sub_ps)(V16(castsi512_ps)(biased), V16(set1_ps)(12582912.0f));
 }
 
-/* The eight lane registers of sixteen rows (register l: float lane l of each row) summed
- * in sq_hsum8_avx2's order, each row's sum in its lane. */
+/* lane_sums8 (x86/step_order.h) for sixteen rows: the eight lane registers summed in
+ * sq_hsum8_avx2's order, each row's sum in its lane. */
 static inline TARGET v16f lane_sums16(const v16f A[8]) {
     return V16(add_ps)(V16(add_ps)(V16(add_ps)(A[0], A[4]), V16(add_ps)(A[2], A[6])),
                        V16(add_ps)(V16(add_ps)(A[1], A[5]), V16(add_ps)(A[3], A[7])));
@@ -317,7 +317,6 @@ TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, 
     v16f acc_tokens[TILE][8];  /* a token's 8 lane registers */
     const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes, *next = (const uint8_t *)rows + 16 * row_bytes;
     const int64_t share = 16 * (int64_t)sizeof(block_q8_0);  /* of the next rows, per block */
-    const __m256i offset = _mm256_set1_epi8((char)0x80);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
@@ -343,11 +342,8 @@ TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, 
                     acc[l] = acc_tokens[t][l];
                 for (int k = 0; k < nc; k++) {
                     const v16f d = V16(mul_ps)(d_rows[k], V16(set1_ps)(h2f(a[k].d)));
-                    const __m256i qy = _mm256_loadu_si256((const __m256i *)a[k].qs);
-                    /* -128 * (the sum of word l's four codes), for each l */
                     int32_t start[8];
-                    _mm256_storeu_si256((__m256i *)start,
-                                        _mm256_sub_epi32(_mm256_setzero_si256(), vnni_dpbusd(_mm256_setzero_si256(), offset, qy)));
+                    q8_0_starts(a[k].qs, start);
                     for (int l = 0; l < 8; l++) {
                         const v16i p = V16(dpbusd_epi32)(V16(set1_epi32)(start[l]), codes[k][l], word16(a[k].qs + 4 * l));
                         acc[l] = V16(fmadd_ps)(d, V16(cvtepi32_ps)(p), acc[l]);

@@ -142,6 +142,13 @@ static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *r
 }
 DOTN_FOR_EACH_N(q6_K)
 
+/* The eight lane registers of eight rows (register l: float lane l of each row) summed in
+ * sq_hsum8_avx2's order, each row's sum in its lane. */
+static inline TARGET __m256 lane_sums8(const __m256 A[8]) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
+                         _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7])));
+}
+
 /* ---------------------------------------------------------------------------
  * Q4_1: eight rows side by side, in one-token steps
  * ------------------------------------------------------------------------- */
@@ -216,12 +223,8 @@ TARGET void KERNEL(steps_dot8_q4_1)(const void *rows, int64_t row_bytes, const v
                 acc_tokens[t][8] = summs;
             }
         }
-        for (int t = 0; t < nt; t++) {
-            const __m256 *A = acc_tokens[t];
-            const __m256 lanes = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
-                                               _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7])));
-            _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_add_ps(lanes, A[8]));
-        }
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_add_ps(lane_sums8(acc_tokens[t]), acc_tokens[t][8]));
     }
 }
 
@@ -245,6 +248,14 @@ static inline TARGET void q8_0_side_by_side(const void *rows, int64_t row_bytes,
     *d_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
 }
 
+/* Where each lane's sum starts for the codes offset by 128: start[l] = -128 * (the sum of
+ * the activation block's word l, its codes 4l..4l+3). */
+static inline TARGET void q8_0_starts(const int8_t *qs, int32_t start[8]) {
+    const __m256i sums = vnni_dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
+                                     _mm256_loadu_si256((const __m256i *)qs));
+    _mm256_storeu_si256((__m256i *)start, _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+}
+
 /* Eight Q8_0 rows (row_bytes apart) times n_tokens activation rows, each output with the
  * one-token vec_dot's bits for its row and token, as KERNEL(steps_dot8_q4_1) does for
  * Q4_1: register l holds float lane l of all eight rows. The vec_dot's lane is the sum of
@@ -261,7 +272,6 @@ TARGET void KERNEL(steps_dot8_q8_0)(const void *rows, int64_t row_bytes, const v
     __m256 acc_tokens[TILE][8];  /* a token's 8 lane registers */
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;
     const int64_t share = 8 * (int64_t)sizeof(block_q8_0);  /* of the next rows, per block */
-    const __m256i offset = _mm256_set1_epi8((char)0x80);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
@@ -281,11 +291,8 @@ TARGET void KERNEL(steps_dot8_q8_0)(const void *rows, int64_t row_bytes, const v
                     acc[l] = acc_tokens[t][l];
                 for (int k = 0; k < nc; k++) {
                     const __m256 d = _mm256_mul_ps(d_rows[k], _mm256_set1_ps(h2f(a[k].d)));
-                    const __m256i qy = _mm256_loadu_si256((const __m256i *)a[k].qs);
-                    /* -128 * (the sum of word l's four codes), for each l */
                     int32_t start[8];
-                    _mm256_storeu_si256((__m256i *)start,
-                                        _mm256_sub_epi32(_mm256_setzero_si256(), vnni_dpbusd(_mm256_setzero_si256(), offset, qy)));
+                    q8_0_starts(a[k].qs, start);
                     for (int l = 0; l < 8; l++) {
                         int32_t aw;
                         memcpy(&aw, a[k].qs + 4 * l, 4);
@@ -297,12 +304,8 @@ TARGET void KERNEL(steps_dot8_q8_0)(const void *rows, int64_t row_bytes, const v
                     acc_tokens[t][l] = acc[l];
             }
         }
-        for (int t = 0; t < nt; t++) {  /* sq_hsum8_avx2's order, eight rows at once */
-            const __m256 *A = acc_tokens[t];
-            _mm256_storeu_ps(y + (t0 + t) * ldy,
-                             _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
-                                           _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7]))));
-        }
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + (t0 + t) * ldy, lane_sums8(acc_tokens[t]));
     }
 }
 #endif
