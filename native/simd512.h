@@ -28,8 +28,9 @@ typedef simde__m512i v16i;
 typedef simde__m512 v16f;
 typedef simde__mmask16 mask16;
 #define V16(fn) simde_mm512_##fn
-/* SIMDe's 256-bit types have __m256's and __m256i's size but other element types: a
- * cast converts. */
+/* SIMDe's 128- and 256-bit types have __m128i's and __m256's sizes but other element
+ * types: a cast converts. */
+#define AS128I(x) ((simde__m128i)(x))
 #define AS256I(x) ((simde__m256i)(x))
 #define AS256D(x) ((simde__m256d)(x))
 #define FROM256I(x) ((__m256i)(x))
@@ -39,6 +40,7 @@ typedef __m512i v16i;
 typedef __m512 v16f;
 typedef __mmask16 mask16;
 #define V16(fn) _mm512_##fn
+#define AS128I(x) (x)
 #define AS256I(x) (x)
 #define AS256D(x) (x)
 #define FROM256I(x) (x)

@@ -154,6 +154,8 @@ void sq_steps_dot8_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const vo
  * sq_steps_dot8_q4_K_* does for eight: y[t * ldy + r] for r < 16 (VNNI copy only). */
 void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                                    int64_t nb, const void *stop, float *y, int64_t ldy);
 /* The same for sixteen Q4_1 rows, and for sixteen Q8_0 rows. */
 void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);

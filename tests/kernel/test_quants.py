@@ -685,13 +685,13 @@ def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore, monke
     """A batch as one-token steps: every output exactly sq_vec_dot's bits, for token
     counts below and past every batched order (Q4_K's 4, the tiled 8) and past the
     kernels' tiles (8 tokens per row, 16 per eight rows), rows by sixteens, eights and left over,
-    rows longer than the eight-row kernels' 32-block chunks, on every path (the VNNI and
+    rows longer than the kernels' chunks of blocks (32, or 4 for Q6_K), on every path (the VNNI and
     the AVX2 copy where the CPU has both); y is written only where it should be."""
     rng = np.random.default_rng(900 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     cases = [(max(sizes(qtype)), n_rows, tokens)
              for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17), (25, 9))]
-    cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), 8, 3)]
+    cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), n_rows, 3) for n_rows in (8, 17)]
     seen = []
     for set_path in simd_paths(monkeypatch):
         simd = set_path()

@@ -70,22 +70,81 @@ static inline TARGET v16i word16(const int8_t *p) {
     return V16(set1_epi32)(w);
 }
 
+/* The 16 bytes at p + r * row_bytes for sixteen rows r, side by side: w[j] lane r holds
+ * bytes 4j..4j+3 of row r's (z[k]'s 128-bit quarter q holds row 4q + k's 16; then a
+ * 4 x 4 transpose of words in each quarter). */
+static inline TARGET void words16_side_by_side(const uint8_t *p, int64_t row_bytes, v16i w[4]) {
+    v16i z[4];
+    for (int k = 0; k < 4; k++) {
+        const uint8_t *row = p + k * row_bytes;
+        z[k] = V16(castsi128_si512)(AS128I(_mm_loadu_si128((const __m128i *)row)));
+        z[k] = V16(inserti32x4)(z[k], AS128I(_mm_loadu_si128((const __m128i *)(row + 4 * row_bytes))), 1);
+        z[k] = V16(inserti32x4)(z[k], AS128I(_mm_loadu_si128((const __m128i *)(row + 8 * row_bytes))), 2);
+        z[k] = V16(inserti32x4)(z[k], AS128I(_mm_loadu_si128((const __m128i *)(row + 12 * row_bytes))), 3);
+    }
+    const v16i t0 = V16(unpacklo_epi32)(z[0], z[1]), t1 = V16(unpackhi_epi32)(z[0], z[1]);
+    const v16i t2 = V16(unpacklo_epi32)(z[2], z[3]), t3 = V16(unpackhi_epi32)(z[2], z[3]);
+    w[0] = V16(unpacklo_epi64)(t0, t2);
+    w[1] = V16(unpackhi_epi64)(t0, t2);
+    w[2] = V16(unpacklo_epi64)(t1, t3);
+    w[3] = V16(unpackhi_epi64)(t1, t3);
+}
+
+/* The 32 bytes at p + r * row_bytes for sixteen rows r, side by side: q[j] lane r holds
+ * bytes 4j..4j+3 of row r's. */
+static inline TARGET void bytes32_side_by_side(const uint8_t *p, int64_t row_bytes, v16i q[8]) {
+    for (int r = 0; r < 8; r++)
+        q[r] = join_i(_mm256_loadu_si256((const __m256i *)(p + r * row_bytes)),
+                      _mm256_loadu_si256((const __m256i *)(p + (r + 8) * row_bytes)));
+    transpose8_halves(q);
+}
+
 /* ---------------------------------------------------------------------------
  * Q4_K: sixteen rows side by side
  * ------------------------------------------------------------------------- */
+
+/* The headers (d, dmin, and the twelve bytes of 6-bit scales and mins) of block i of
+ * sixteen Q4_K rows side by side, the scales and mins unpacked as k_scales_mins does one
+ * row's: scale[g] lane r holds row r's scale of group g in its low 16 bits and zero above,
+ * so that vpdpwssd by it multiplies an int16 sum by the scale; min2[g] holds row r's min of
+ * group g in both 16-bit halves, so that vpdpwssd by it multiplies the sum of two bsums;
+ * d and dmin each row's. */
+static inline TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes, int64_t i, v16i scale[8],
+                                         v16i min2[8], v16f *d, v16f *dmin) {
+    /* z[k], 128-bit quarter q: the 16 header bytes of row 4q + k. */
+    v16i w[4];  /* w[j] lane r: header word j of row r */
+    words16_side_by_side(rows + i * (int64_t)sizeof(block_q4_K), row_bytes, w);
+    const v16i w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    /* Byte g of each lane: scales and mins of groups g (low) and 4 + g (high). */
+    const v16i m6 = V16(set1_epi32)(0x3f3f3f3f), m4 = V16(set1_epi32)(0x0f0f0f0f), top2 = V16(set1_epi32)(0x30303030);
+    const v16i sc_low = V16(and_si512)(w1, m6), mn_low = V16(and_si512)(w2, m6);
+    const v16i sc_high = V16(or_si512)(V16(and_si512)(w3, m4), V16(and_si512)(V16(srli_epi32)(w1, 2), top2));
+    const v16i mn_high = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w3, 4), m4),
+                                       V16(and_si512)(V16(srli_epi32)(w2, 2), top2));
+    const v16i byte0 = V16(set1_epi32)(0xff);
+    for (int g = 0; g < 4; g++) {
+        scale[g] = V16(and_si512)(V16(srli_epi32)(sc_low, 8 * g), byte0);
+        scale[g + 4] = V16(and_si512)(V16(srli_epi32)(sc_high, 8 * g), byte0);
+        /* byte g of each lane into bytes 0 and 2 */
+        const v16i dup = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(g, -1, g, -1, 4 + g, -1, 4 + g, -1, 8 + g, -1, 8 + g, -1,
+                                                                   12 + g, -1, 12 + g, -1)));
+        min2[g] = V16(shuffle_epi8)(mn_low, dup);
+        min2[g + 4] = V16(shuffle_epi8)(mn_high, dup);
+    }
+    /* The f16 d (low half of w0) and dmin (high half), sixteen of each. */
+    const v16i halves = V16(permutexvar_epi64)(
+        V16(setr_epi64)(0, 2, 4, 6, 1, 3, 5, 7),
+        V16(packus_epi32)(V16(and_si512)(w0, V16(set1_epi32)(0xffff)), V16(srli_epi32)(w0, 16)));
+    *d = V16(cvtph_ps)(V16(castsi512_si256)(halves));
+    *dmin = V16(cvtph_ps)(V16(extracti64x4_epi64)(halves, 1));
+}
 
 /* Span c (elements 64c .. 64c + 63) of block i of sixteen Q4_K rows side by side:
  * code[h][j] lane r holds elements 64c + 32h + 4j .. +3 of row r. */
 static inline TARGET void q4_K_codes16(const uint8_t *rows, int64_t row_bytes, int64_t i, int c, v16i code[2][8]) {
     const v16i m4 = V16(set1_epi8)(0x0f);
     v16i q[8];
-    for (int r = 0; r < 8; r++) {
-        const block_q4_K *x = (const block_q4_K *)(rows + r * row_bytes) + i;
-        const block_q4_K *x8 = (const block_q4_K *)(rows + (r + 8) * row_bytes) + i;
-        q[r] = join_i(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * c)),
-                      _mm256_loadu_si256((const __m256i *)(x8->qs + 32 * c)));
-    }
-    transpose8_halves(q);
+    bytes32_side_by_side(((const block_q4_K *)rows + i)->qs + 32 * c, row_bytes, q);
     for (int j = 0; j < 8; j++) {
         code[0][j] = V16(and_si512)(q[j], m4);
         code[1][j] = V16(and_si512)(V16(srli_epi16)(q[j], 4), m4);
@@ -163,15 +222,35 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
     }
 }
 
+/* Span c of one token's activation block (aq: its 64 codes) against sixteen rows' codes
+ * (q4_K_codes16): isum plus, for each row, the scale of group 2c times the group's 32
+ * products, and the same for group 2c + 1. A group's products are summed in two halves of
+ * 16 (alternate words), |.| <= 16 * 15 * 128 < 2^15, so that vpdpwssd by the scale word
+ * (zero in its high half) multiplies each half exactly: no vpmulld. */
+static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_t *aq, const v16i code[2][8],
+                                                                     v16i sc_low, v16i sc_high, v16i isum) {
+    for (int h = 0; h < 2; h++) {
+        v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
+        for (int j = 0; j < 8; j += 2) {
+            even = V16(dpbusd_epi32)(even, code[h][j], word16(aq + 32 * h + 4 * j));
+            odd = V16(dpbusd_epi32)(odd, code[h][j + 1], word16(aq + 32 * h + 4 * j + 4));
+        }
+        const v16i sc = h ? sc_high : sc_low;
+        isum = V16(dpwssd_epi32)(V16(dpwssd_epi32)(isum, even, sc), odd, sc);
+    }
+    return isum;
+}
+
 /* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each output with
  * the one-token vec_dot's bits for its row and token (the step order of
  * KERNEL(steps_dot8_q4_K), x86/step_order.h): per block one exact integer total of scale
  * times products and one of mins times bsums, each fma'd by the row's d (dmin) times the
  * token's into its chain. The spans are put side by side as sq_batch_dot16_q4_K_avx512vnni
- * puts them, a span's sixteen registers of codes kept while the tile's tokens go by; each
- * token's two totals wait in isum and imin for the block's last span. A lookup draft's
- * check runs its Q4_K rows here: per token and block this takes half the instructions of
- * the eight-row kernel for twice the rows. y[t * ldy + r] for r < 16.
+ * puts them, a span's sixteen registers of codes kept while the tile's tokens go by; the
+ * headers sixteen rows at once (q4_K_headers16). Each token's code total waits in isum for
+ * the block's last span; its min total is taken at the block's end, a group at a time,
+ * from the bsums as they lie in memory. A lookup draft's check runs its Q4_K rows here.
+ * y[t * ldy + r] for r < 16.
  * The next sixteen rows' bytes are asked of memory up to stop a piece per span, in their
  * order in memory: asked a block's worth at a time (as prefetch_next16 does), rows of
  * 2,048 columns streamed from memory no faster than the eight-row kernel's, where in cache
@@ -180,48 +259,36 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
 TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 16 };
-    const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes;  /* rows 8..15 */
     const uint8_t *next16 = (const uint8_t *)rows + 16 * row_bytes;
     const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
-    __m256i scale[2][8], mins[2][4];  /* rows 0..7, rows 8..15 */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sumf[TILE], summ[TILE];
-        v16i isum[TILE], imin[TILE];
+        v16i isum[TILE];
         for (int t = 0; t < nt; t++)
             sumf[t] = summ[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
-            __m256 d_half[2], dmin_half[2];
-            q4_K_scales_side_by_side(rows, row_bytes, i, scale[0], mins[0], &d_half[0], &dmin_half[0]);
-            q4_K_scales_side_by_side(upper, row_bytes, i, scale[1], mins[1], &d_half[1], &dmin_half[1]);
-            for (int t = 0; t < nt; t++)
-                isum[t] = imin[t] = V16(setzero_si512)();
+            v16i scale[8], min2[8];
+            v16f d_rows, dmin_rows;
+            q4_K_headers16(rows, row_bytes, i, scale, min2, &d_rows, &dmin_rows);
             for (int c = 0; c < 4; c++) {
-                /* q4_K_scales_side_by_side's scale words hold the scale twice, as two int16. */
-                const v16i low16 = V16(set1_epi32)(0xffff);
-                const v16i sc0 = V16(and_si512)(join_i(scale[0][2 * c], scale[1][2 * c]), low16);
-                const v16i sc1 = V16(and_si512)(join_i(scale[0][2 * c + 1], scale[1][2 * c + 1]), low16);
-                const v16i mins_c = join_i(mins[0][c], mins[1][c]);
                 v16i code[2][8];
                 q4_K_codes16(rows, row_bytes, i, c, code);
                 if (t0 == 0)
                     prefetch_next_rows(next16, 4 * i + c, piece, stop);
                 for (int t = 0; t < nt; t++) {
-                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                    const int32_t bs_lo = a->bsums[4 * c] + a->bsums[4 * c + 1];
-                    const int32_t bs_hi = a->bsums[4 * c + 2] + a->bsums[4 * c + 3];
-                    const v16i bs = V16(set1_epi32)((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16));
-                    isum[t] = V16(add_epi32)(isum[t], V16(add_epi32)(V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c, code[0]), sc0),
-                                                                     V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c + 32, code[1]), sc1)));
-                    imin[t] = V16(dpwssd_epi32)(imin[t], mins_c, bs);
+                    const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
+                    isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], c ? isum[t] : V16(setzero_si512)());
                 }
             }
-            const v16f d_rows = join_f(d_half[0], d_half[1]), dmin_rows = join_f(dmin_half[0], dmin_half[1]);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                v16i imin = V16(setzero_si512)();
+                for (int g = 0; g < 8; g++)
+                    imin = V16(dpwssd_epi32)(imin, min2[g], word16((const int8_t *)(a->bsums + 2 * g)));
                 const v16f a_d = V16(set1_ps)(a->d);
                 sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sumf[t]);
-                summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin[t]), V16(mul_ps)(dmin_rows, a_d), summ[t]);
+                summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), V16(mul_ps)(dmin_rows, a_d), summ[t]);
             }
         }
         for (int t = 0; t < nt; t++)
@@ -351,6 +418,121 @@ TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, 
                 }
                 for (int l = 0; l < 8; l++)
                     acc_tokens[t][l] = acc[l];
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, lane_sums16(acc_tokens[t]));
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Q6_K draft checks: sixteen rows side by side
+ * ------------------------------------------------------------------------- */
+
+/* Block i of sixteen Q6_K rows side by side, in the lanes of sq_vec_dot_q6_K_avx2: code[8k + m]
+ * lane r holds row r's 6-bit codes 32k + 4m .. +3 (k = 4h + c: register q[c] of half h in
+ * that kernel), scale2[g] its scale of group g in both 16-bit halves, off[m] its scales of
+ * groups 2m and 2m + 1 times -32 (the offset's lane m, taken from the bsums), d its d. The
+ * low nibbles and the high bits are put side by side as they lie, then assembled into
+ * codes sixteen rows at once. */
+static inline TARGET void q6_K_block16(const uint8_t *rows, int64_t row_bytes, int64_t i, v16i code[64],
+                                       v16i scale2[16], v16i off[8], v16f *d) {
+    const block_q6_K *x = (const block_q6_K *)rows + i;
+    const v16i m4 = V16(set1_epi8)(0x0f), top2 = V16(set1_epi8)(0x30);
+    for (int h = 0; h < 2; h++) {
+        v16i l0[8], l1[8], hb[8];
+        bytes32_side_by_side(x->ql + 64 * h, row_bytes, l0);
+        bytes32_side_by_side(x->ql + 64 * h + 32, row_bytes, l1);
+        bytes32_side_by_side(x->qh + 32 * h, row_bytes, hb);
+        v16i *q = code + 32 * h;
+        for (int m = 0; m < 8; m++) {
+            /* (low nibble & 0x0f) | high bits already at bits 4-5: ternary-logic 0xea is (a & b) | c */
+            q[m] = V16(ternarylogic_epi32)(l0[m], m4, V16(and_si512)(V16(slli_epi32)(hb[m], 4), top2), 0xea);
+            q[8 + m] = V16(ternarylogic_epi32)(l1[m], m4, V16(and_si512)(V16(slli_epi32)(hb[m], 2), top2), 0xea);
+            q[16 + m] = V16(ternarylogic_epi32)(V16(srli_epi32)(l0[m], 4), m4, V16(and_si512)(hb[m], top2), 0xea);
+            q[24 + m] = V16(ternarylogic_epi32)(V16(srli_epi32)(l1[m], 4), m4,
+                                                V16(and_si512)(V16(srli_epi32)(hb[m], 2), top2), 0xea);
+        }
+    }
+    v16i w[4];  /* w[j] lane r: scales 4j..4j+3 of row r */
+    words16_side_by_side((const uint8_t *)x->scales, row_bytes, w);
+    for (int b = 0; b < 4; b++) {
+        /* byte b of each lane into bytes 1 and 3, then each 16-bit half shifted down with its sign */
+        const v16i twice = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(-1, b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1,
+                                                                     8 + b, -1, 12 + b, -1, 12 + b)));
+        for (int j = 0; j < 4; j++)
+            scale2[4 * j + b] = V16(srai_epi16)(V16(shuffle_epi8)(w[j], twice), 8);
+    }
+    for (int p = 0; p < 2; p++) {
+        /* bytes 2p and 2p + 1 of each lane into bytes 1 and 3: groups 4j + 2p and 4j + 2p + 1 */
+        const v16i pair = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(-1, 2 * p, -1, 2 * p + 1, -1, 4 + 2 * p, -1, 5 + 2 * p,
+                                                                    -1, 8 + 2 * p, -1, 9 + 2 * p, -1, 12 + 2 * p, -1,
+                                                                    13 + 2 * p)));
+        for (int j = 0; j < 4; j++)
+            off[2 * j + p] = V16(mullo_epi16)(V16(srai_epi16)(V16(shuffle_epi8)(w[j], pair), 8), V16(set1_epi16)(-32));
+    }
+    uint16_t dh[16];
+    for (int r = 0; r < 16; r++)
+        dh[r] = ((const block_q6_K *)(rows + r * row_bytes) + i)->d;
+    *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)dh)));
+}
+
+/* Sixteen Q6_K rows (row_bytes apart) times n_tokens activation rows, each output with the
+ * one-token vec_dot's bits for its row and token: sq_vec_dot_q6_K_avx2's eight int32 lanes
+ * per row, each register here one lane of sixteen rows. A lane's sum is exact however it
+ * is formed: per block the offset (vpdpwssd of the scale pairs times -32 by a pair of
+ * bsums), then per four codes of a row vpmaddubsw and vpdpwssd by the group's scale, as
+ * that kernel pairs them; then the lane is fma'd by d times the token's d, lane by lane,
+ * and the lanes summed in sq_hsum8's order at the end. CHUNK blocks are put side by side
+ * at a time (q6_K_block16), then each token runs through them. In 512-bit registers the
+ * multiplies of sixteen rows issue on two ports, as the 256-bit ones of eight do; a check
+ * decoded each Q6_K row once per token in dotn before. y[t * ldy + r] for r < 16; the next
+ * sixteen rows' bytes are asked of memory up to stop, spread over the block's assembly. */
+TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    enum { CHUNK = 4, TILE = 16 };
+    v16i code[CHUNK][64], scale2[CHUNK][16], off[CHUNK][8];
+    v16f d_rows[CHUNK];
+    v16f acc_tokens[TILE][8];  /* a token's 8 lane registers */
+    const uint8_t *ahead = (const uint8_t *)rows + 16 * row_bytes;
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        /* The next rows' lines, asked for a few at a time: lines_per_slot per block, token
+         * and chunk of 32 codes of the first tile. */
+        const int64_t slots = nb * nt * 8, lines = (16 * row_bytes + 63) / 64;
+        const int lines_per_slot = t0 == 0 && slots > 0 ? (int)((lines + slots - 1) / slots) : 0;
+        for (int t = 0; t < nt; t++)
+            for (int m = 0; m < 8; m++)
+                acc_tokens[t][m] = V16(setzero_ps)();
+        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
+            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
+            for (int k = 0; k < nc; k++)
+                q6_K_block16(rows, row_bytes, i0 + k, code[k], scale2[k], off[k], &d_rows[k]);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i0);
+                v16f acc[8];
+                for (int m = 0; m < 8; m++)
+                    acc[m] = acc_tokens[t][m];
+                for (int k = 0; k < nc; k++) {
+                    v16i lane[8];
+                    for (int m = 0; m < 8; m++)
+                        lane[m] = V16(dpwssd_epi32)(V16(setzero_si512)(), off[k][m], word16((const int8_t *)(a[k].bsums + 2 * m)));
+#pragma GCC unroll 8
+                    for (int j = 0; j < 8; j++) {
+                        for (int u = 0; u < lines_per_slot; u++, ahead += 64)
+                            if ((uintptr_t)ahead < (uintptr_t)stop)
+                                _mm_prefetch((const char *)ahead, PREFETCH_INTO);
+                        for (int m = 0; m < 8; m++) {
+                            const v16i p = V16(maddubs_epi16)(code[k][8 * j + m], word16(a[k].qs + 32 * j + 4 * m));
+                            lane[m] = V16(dpwssd_epi32)(lane[m], p, scale2[k][2 * j + m / 4]);
+                        }
+                    }
+                    const v16f d = V16(mul_ps)(V16(set1_ps)(a[k].d), d_rows[k]);
+                    for (int m = 0; m < 8; m++)
+                        acc[m] = V16(fmadd_ps)(d, V16(cvtepi32_ps)(lane[m]), acc[m]);
+                }
+                for (int m = 0; m < 8; m++)
+                    acc_tokens[t][m] = acc[m];
             }
         }
         for (int t = 0; t < nt; t++)
