@@ -151,77 +151,6 @@ static inline TARGET void q4_K_codes16(const uint8_t *rows, int64_t row_bytes, i
     }
 }
 
-/* Group g (32 elements) of one token's activation block against sixteen rows' codes
- * code[j] (lane r: elements 4j..4j+3 of row r's group): each row's exact sum of the 32
- * products, unscaled. |.| <= 32 * 15 * 128, so the scale's product fits an int32 too. */
-static inline __attribute__((always_inline)) TARGET v16i q4_K_group16(const int8_t *aq, const v16i code[8]) {
-    v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
-    for (int j = 0; j < 8; j += 2) {
-        even = V16(dpbusd_epi32)(even, code[j], word16(aq + 4 * j));
-        odd = V16(dpbusd_epi32)(odd, code[j + 1], word16(aq + 4 * j + 4));
-    }
-    return V16(add_epi32)(even, odd);
-}
-
-/* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each row with
- * sq_batch_dot8_q4_K_avx2's bits, in the same order: per block and span c (groups 2c
- * and 2c + 1), one exact integer sum of scale times products, fma'd by the row's d times
- * the token's into its chain, and one of mins times bsums into the other. A span's codes
- * are put side by side sixteen rows at once (q4_K_codes16), its scales and mins by the
- * eight-row steps, and its sixteen registers of codes stay in registers while every
- * token of the tile goes by. vpdpbusd forms a group's products in eight instructions,
- * where the AVX2 kernel takes sixteen for half the rows (maddubs and the int16 adds
- * after). y[t * ldy + r] for r < 16; the next sixteen rows' bytes are asked of memory up
- * to stop. */
-TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    enum { TILE = 64 };
-    const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes;  /* rows 8..15 */
-    __m256i scale[2][8], mins[2][4];  /* rows 0..7, rows 8..15 */
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
-        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        v16f sumf[TILE], summ[TILE], d[TILE], dmin[TILE];
-        for (int t = 0; t < nt; t++)
-            sumf[t] = summ[t] = V16(setzero_ps)();
-        for (int64_t i = 0; i < nb; i++) {
-            if (t0 == 0)
-                prefetch_next16(rows, row_bytes, i, nb, stop);
-            __m256 d_half[2], dmin_half[2];
-            q4_K_scales_side_by_side(rows, row_bytes, i, scale[0], mins[0], &d_half[0], &dmin_half[0]);
-            q4_K_scales_side_by_side(upper, row_bytes, i, scale[1], mins[1], &d_half[1], &dmin_half[1]);
-            const v16f d_rows = join_f(d_half[0], d_half[1]), dmin_rows = join_f(dmin_half[0], dmin_half[1]);
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                if (i + 1 < nb)
-                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
-                d[t] = V16(mul_ps)(d_rows, V16(set1_ps)(a->d));
-                dmin[t] = V16(mul_ps)(dmin_rows, V16(set1_ps)(a->d));
-            }
-            for (int c = 0; c < 4; c++) {
-                /* q4_K_scales_side_by_side's scale words hold the scale twice, as two int16. */
-                const v16i low16 = V16(set1_epi32)(0xffff);
-                const v16i sc0 = V16(and_si512)(join_i(scale[0][2 * c], scale[1][2 * c]), low16);
-                const v16i sc1 = V16(and_si512)(join_i(scale[0][2 * c + 1], scale[1][2 * c + 1]), low16);
-                const v16i mins_c = join_i(mins[0][c], mins[1][c]);
-                v16i code[2][8];
-                q4_K_codes16(rows, row_bytes, i, c, code);
-                for (int t = 0; t < nt; t++) {
-                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                    const v16i isum = V16(add_epi32)(V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c, code[0]), sc0),
-                                                     V16(mullo_epi32)(q4_K_group16(a->qs + 64 * c + 32, code[1]), sc1));
-                    const int32_t bs_lo = a->bsums[4 * c] + a->bsums[4 * c + 1];
-                    const int32_t bs_hi = a->bsums[4 * c + 2] + a->bsums[4 * c + 3];
-                    const v16i bs = V16(set1_epi32)((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16));
-                    sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), d[t], sumf[t]);
-                    summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(V16(madd_epi16)(mins_c, bs)), dmin[t], summ[t]);
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sumf[t], summ[t]));
-    }
-}
-
 /* Span c of one token's activation block (aq: its 64 codes) against sixteen rows' codes
  * (q4_K_codes16): isum plus, for each row, the scale of group 2c times the group's 32
  * products, and the same for group 2c + 1. A group's products are summed in two halves of
@@ -239,6 +168,56 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
         isum = V16(dpwssd_epi32)(V16(dpwssd_epi32)(isum, even, sc), odd, sc);
     }
     return isum;
+}
+
+/* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each row with
+ * sq_batch_dot8_q4_K_avx2's bits, in the same order: per block and span c (groups 2c
+ * and 2c + 1), one exact integer sum of scale times products, fma'd by the row's d times
+ * the token's into its chain, and one of mins times bsums into the other. A span's codes
+ * are put side by side sixteen rows at once (q4_K_codes16), its scales and mins by the
+ * eight-row steps, and its sixteen registers of codes stay in registers while every
+ * token of the tile goes by. vpdpbusd forms a group's products in eight instructions,
+ * where the AVX2 kernel takes sixteen for half the rows (maddubs and the int16 adds
+ * after). y[t * ldy + r] for r < 16; the next sixteen rows' bytes are asked of memory up
+ * to stop. */
+TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    enum { TILE = 64 };
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        v16f sumf[TILE], summ[TILE], d[TILE], dmin[TILE];
+        for (int t = 0; t < nt; t++)
+            sumf[t] = summ[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0)
+                prefetch_next16(rows, row_bytes, i, nb, stop);
+            v16i scale[8], min2[8];
+            v16f d_rows, dmin_rows;
+            q4_K_headers16(rows, row_bytes, i, scale, min2, &d_rows, &dmin_rows);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
+                d[t] = V16(mul_ps)(d_rows, V16(set1_ps)(a->d));
+                dmin[t] = V16(mul_ps)(dmin_rows, V16(set1_ps)(a->d));
+            }
+            for (int c = 0; c < 4; c++) {
+                v16i code[2][8];
+                q4_K_codes16(rows, row_bytes, i, c, code);
+                for (int t = 0; t < nt; t++) {
+                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                    const v16i isum = q4_K_span16(a->qs + 64 * c, code, scale[2 * c], scale[2 * c + 1], V16(setzero_si512)());
+                    const v16i imin = V16(dpwssd_epi32)(
+                        V16(dpwssd_epi32)(V16(setzero_si512)(), min2[2 * c], word16((const int8_t *)(a->bsums + 4 * c))),
+                        min2[2 * c + 1], word16((const int8_t *)(a->bsums + 4 * c + 2)));
+                    sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), d[t], sumf[t]);
+                    summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), dmin[t], summ[t]);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sumf[t], summ[t]));
+    }
 }
 
 /* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each output with
