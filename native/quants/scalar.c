@@ -294,6 +294,20 @@ static inline void decode_q8_0(const block_q8_0 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q8_0, QK8_0)
 
+/* The largest |x[j]| of n, NaNs passed over. The bits of a non-negative float order as
+ * its value does, so the maximum is taken over them as integers: a reduction both copies
+ * of a quantizer compute in vector registers (a float one, whose NaNs are ordered by
+ * position, stays scalar). */
+SQ_TWIN float abs_max(const float *restrict x, int n) {
+    uint32_t m = 0;
+    for (int j = 0; j < n; j++) {
+        uint32_t b = sq_f32_bits(x[j]) & 0x7fffffffu;
+        b &= 0u - (uint32_t)(b <= 0x7f800000u); /* a NaN counts as 0 */
+        m = b > m ? b : m;
+    }
+    return sq_bits_f32(m);
+}
+
 /* Codes of 32 activations for Q8_0 and Q8_1, as llama.cpp's x86 (AVX and AVX2)
  * quantize_row_q8_0/_1 make them: q = round(x * (127 / amax)), ties to even.
  * Returns d = amax / 127, unrounded; the blocks store it as f16, and the dot
@@ -302,12 +316,8 @@ ROW_FUNCS(q8_0, QK8_0)
  * ties away from zero; the codes differ only where x * 127 / amax is within an
  * ulp or two of a half.) All-zero blocks get d = 0 and codes 0. Non-finite x
  * give unspecified codes (but no undefined behaviour). */
-static inline float q8_32_codes(const float *restrict x, int8_t *restrict qs) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; j++) {
-        const float a = fabsf(x[j]);
-        amax = a > amax ? a : amax;
-    }
+SQ_TWIN float q8_32_codes(const float *restrict x, int8_t *restrict qs) {
+    const float amax = abs_max(x, 32);
     const float id = amax != 0.0f ? 127.f / amax : 0.0f;
     for (int j = 0; j < 32; j++) {
         const float v = x[j] * id;
@@ -316,11 +326,13 @@ static inline float q8_32_codes(const float *restrict x, int8_t *restrict qs) {
     return amax / 127.f;
 }
 
-static void quant_q8_0(const float *restrict x, void *restrict dst, int64_t nb) {
+SQ_TWIN void quant_q8_0_rows(const float *restrict x, void *restrict dst, int64_t nb) {
     block_q8_0 *y = dst;
     for (int64_t i = 0; i < nb; i++)
         y[i].d = sq_fp32_to_fp16(q8_32_codes(x + i * QK8_0, y[i].qs));
 }
+SQ_COMPILED_TWICE(static, quant_q8_0, quant_q8_0_rows, (const float *restrict x, void *restrict dst, int64_t nb),
+                  (x, dst, nb))
 
 /* Q8_0 weights . Q8_0 activations: per block (dx * dy) * sum(qx * qy), summed in float. */
 static float vec_dot_q8_0(const void *row, const void *xq, int64_t nb) {
@@ -350,7 +362,7 @@ static inline void decode_q8_1(const block_q8_1 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q8_1, QK8_1)
 
-static void quant_q8_1(const float *restrict x, void *restrict dst, int64_t nb) {
+SQ_TWIN void quant_q8_1_rows(const float *restrict x, void *restrict dst, int64_t nb) {
     block_q8_1 *y = dst;
     for (int64_t i = 0; i < nb; i++) {
         const float d = q8_32_codes(x + i * QK8_1, y[i].qs);
@@ -361,6 +373,8 @@ static void quant_q8_1(const float *restrict x, void *restrict dst, int64_t nb) 
         y[i].s = sq_fp32_to_fp16(d * (float)sum);
     }
 }
+SQ_COMPILED_TWICE(static, quant_q8_1, quant_q8_1_rows, (const float *restrict x, void *restrict dst, int64_t nb),
+                  (x, dst, nb))
 
 /* ---------------------------------------------------------------------------
  * Q8_K: 256 elements, y = d * q, q a signed byte in -127..127, d a float
@@ -382,17 +396,16 @@ ROW_FUNCS(q8_K, QK_K)
  * d = 1 / iscale. An all-zero block gets d = 0, codes 0 and (unlike llama.cpp,
  * which leaves them as they were) bsums 0. For finite x, |iscale * x| <= 127
  * up to rounding, so the min() never acts; it is kept as llama.cpp has it. */
-static void quant_q8_K(const float *restrict x, void *restrict dst, int64_t nb) {
+SQ_TWIN void quant_q8_K_rows(const float *restrict x, void *restrict dst, int64_t nb) {
     block_q8_K *y = dst;
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        float max = 0.0f, amax = 0.0f;
-        for (int j = 0; j < QK_K; j++) {
-            const float ax = fabsf(x[j]);
-            if (ax > amax) {
-                amax = ax;
-                max = x[j];
-            }
-        }
+        /* The largest magnitude, then the first element of it (the least index of one,
+         * taken as a reduction that vectorizes, where a search stopping at it would not). */
+        const float amax = abs_max(x, QK_K);
+        int first = QK_K - 1;
+        for (int j = QK_K - 1; j >= 0; j--)
+            first = fabsf(x[j]) == amax ? j : first;
+        const float max = x[first];
         if (amax == 0.0f) {
             memset(&y[i], 0, sizeof(y[i]));
             continue;
@@ -412,6 +425,8 @@ static void quant_q8_K(const float *restrict x, void *restrict dst, int64_t nb) 
         y[i].d = 1.0f / iscale;
     }
 }
+SQ_COMPILED_TWICE(static, quant_q8_K, quant_q8_K_rows, (const float *restrict x, void *restrict dst, int64_t nb),
+                  (x, dst, nb))
 
 /* The vec_dot functions of Q2_K, Q3_K, Q5_K and Q6_K keep a block's integer sum in
  * the NLANE lanes of llama.cpp's AVX2 kernels: maddubs then madd give int32 lane l

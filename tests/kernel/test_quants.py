@@ -362,6 +362,39 @@ def test_quantize_q8_k_sign_ties():
     assert d[0] > 0 and q[0, 5] == -127 and q[0, 9] == 127
 
 
+@pytest.mark.parametrize("vtype", [T.Q8_0, T.Q8_1, T.Q8_K], ids=lambda t: t.name)
+def test_quantize_same_bytes_on_every_path(vtype, simd_restore):
+    """The quantizers are compiled twice (plainly and for AVX2): both copies give the same
+    bytes, on rows whose largest magnitude is tied between signs, sits last, or is
+    infinite, next to NaNs, subnormals and zero blocks. (Non-finite rows have unspecified
+    codes, but the same unspecified codes.)"""
+    rng = np.random.default_rng(85 + int(vtype))
+    blocks = []
+    for k in range(24):
+        b = activations(256, rng)
+        if k % 6 == 1:
+            top = np.abs(b).max() * 2
+            b[17], b[200] = top, -top  # a tie: the first (17) decides the sign
+        elif k % 6 == 2:
+            b[255] = np.abs(b).max() * 3  # last
+        elif k % 6 == 3:
+            b[[3, 40, 170]] = [np.nan, np.inf, -np.nan]
+        elif k % 6 == 4:
+            b *= np.float32(1e-39)  # subnormal
+        elif k % 6 == 5:
+            b[:] = 0
+            b[100] = -0.0
+        blocks.append(b)
+    x = np.concatenate(blocks).astype(np.float32)
+    out = {}
+    for simd in (1, 0):
+        lib.sq_set_simd(simd)
+        rc, buf = c_quantize(vtype, x)
+        assert rc == 0 and (buf[-GUARD:] == 0xAB).all()
+        out[simd] = buf
+    assert out[0].tobytes() == out[1].tobytes()
+
+
 def test_quantize_float_formats():
     rng = np.random.default_rng(84)
     x = activations(999, rng)
