@@ -456,6 +456,34 @@ static inline TARGET void q6_K_block16(const uint8_t *rows, int64_t row_bytes, i
     *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)dh)));
 }
 
+/* Block k of a chunk side by side (q6_K_block16) against block k of n (1 or 2) tokens'
+ * activations a[u] + k: each token's eight lanes fma'd into acc[u]. Two tokens share each
+ * load of the codes and scales. The next rows' lines are asked for as the chunks go by. */
+static inline __attribute__((always_inline)) TARGET void q6_K_block_tokens16(
+    const int n, const v16i code[64], const v16i scale2[16], const v16i off[8], v16f d_rows,
+    const block_q8_K *const a[2], int k, v16f acc[][8], const uint8_t **ahead, int lines_per_slot, const void *stop) {
+    v16i lane[2][8];
+    for (int u = 0; u < n; u++)
+        for (int m = 0; m < 8; m++)
+            lane[u][m] = V16(dpwssd_epi32)(V16(setzero_si512)(), off[m], word16((const int8_t *)(a[u][k].bsums + 2 * m)));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        for (int p = 0; p < n * lines_per_slot; p++, *ahead += 64)
+            if ((uintptr_t)*ahead < (uintptr_t)stop)
+                _mm_prefetch((const char *)*ahead, PREFETCH_INTO);
+        for (int m = 0; m < 8; m++) {
+            const v16i c = code[8 * j + m], sc = scale2[2 * j + m / 4];
+            for (int u = 0; u < n; u++)
+                lane[u][m] = V16(dpwssd_epi32)(lane[u][m], V16(maddubs_epi16)(c, word16(a[u][k].qs + 32 * j + 4 * m)), sc);
+        }
+    }
+    for (int u = 0; u < n; u++) {
+        const v16f d = V16(mul_ps)(V16(set1_ps)(a[u][k].d), d_rows);
+        for (int m = 0; m < 8; m++)
+            acc[u][m] = V16(fmadd_ps)(d, V16(cvtepi32_ps)(lane[u][m]), acc[u][m]);
+    }
+}
+
 /* Sixteen Q6_K rows (row_bytes apart) times n_tokens activation rows, each output with the
  * one-token vec_dot's bits for its row and token: sq_vec_dot_q6_K_avx2's eight int32 lanes
  * per row, each register here one lane of sixteen rows. A lane's sum is exact however it
@@ -463,10 +491,12 @@ static inline TARGET void q6_K_block16(const uint8_t *rows, int64_t row_bytes, i
  * bsums), then per four codes of a row vpmaddubsw and vpdpwssd by the group's scale, as
  * that kernel pairs them; then the lane is fma'd by d times the token's d, lane by lane,
  * and the lanes summed in sq_hsum8's order at the end. CHUNK blocks are put side by side
- * at a time (q6_K_block16), then each token runs through them. In 512-bit registers the
- * multiplies of sixteen rows issue on two ports, as the 256-bit ones of eight do; a check
- * decoded each Q6_K row once per token in dotn before. y[t * ldy + r] for r < 16; the next
- * sixteen rows' bytes are asked of memory up to stop, spread over the block's assembly. */
+ * at a time (q6_K_block16), then the tokens go through them two by two
+ * (q6_K_block_tokens16). In 512-bit registers the multiplies of sixteen rows issue on two
+ * ports (measured here), as the 256-bit ones of eight do; before, a check decoded each
+ * Q6_K row once per token (dotn). y[t * ldy + r] for r < 16; the next sixteen rows' bytes
+ * are asked of memory up to stop a line or so at a time as the first tile's tokens go by
+ * (asked a block at a time, the requests stalled the kernel). */
 TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { CHUNK = 4, TILE = 16 };
@@ -487,31 +517,17 @@ TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, 
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++)
                 q6_K_block16(rows, row_bytes, i0 + k, code[k], scale2[k], off[k], &d_rows[k]);
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = token_block(xq, stride, t0 + t, i0);
-                v16f acc[8];
-                for (int m = 0; m < 8; m++)
-                    acc[m] = acc_tokens[t][m];
+            for (int t = 0; t < nt; t += 2) {
+                const block_q8_K *a[2] = {token_block(xq, stride, t0 + t, i0),
+                                          token_block(xq, stride, t0 + (t + 1 < nt ? t + 1 : t), i0)};
                 for (int k = 0; k < nc; k++) {
-                    v16i lane[8];
-                    for (int m = 0; m < 8; m++)
-                        lane[m] = V16(dpwssd_epi32)(V16(setzero_si512)(), off[k][m], word16((const int8_t *)(a[k].bsums + 2 * m)));
-#pragma GCC unroll 8
-                    for (int j = 0; j < 8; j++) {
-                        for (int u = 0; u < lines_per_slot; u++, ahead += 64)
-                            if ((uintptr_t)ahead < (uintptr_t)stop)
-                                _mm_prefetch((const char *)ahead, PREFETCH_INTO);
-                        for (int m = 0; m < 8; m++) {
-                            const v16i p = V16(maddubs_epi16)(code[k][8 * j + m], word16(a[k].qs + 32 * j + 4 * m));
-                            lane[m] = V16(dpwssd_epi32)(lane[m], p, scale2[k][2 * j + m / 4]);
-                        }
-                    }
-                    const v16f d = V16(mul_ps)(V16(set1_ps)(a[k].d), d_rows[k]);
-                    for (int m = 0; m < 8; m++)
-                        acc[m] = V16(fmadd_ps)(d, V16(cvtepi32_ps)(lane[m]), acc[m]);
+                    if (t + 1 < nt)
+                        q6_K_block_tokens16(2, code[k], scale2[k], off[k], d_rows[k], a, k, acc_tokens + t, &ahead,
+                                            lines_per_slot, stop);
+                    else
+                        q6_K_block_tokens16(1, code[k], scale2[k], off[k], d_rows[k], a, k, acc_tokens + t, &ahead,
+                                            lines_per_slot, stop);
                 }
-                for (int m = 0; m < 8; m++)
-                    acc_tokens[t][m] = acc[m];
             }
         }
         for (int t = 0; t < nt; t++)
