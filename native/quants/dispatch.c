@@ -297,7 +297,7 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     int64_t r = 0;
 #ifdef SQ_X86
     /* Q4_K, Q4_1 and, in the VNNI copy, Q8_0: eight rows side by side, each token with its
-     * one-token bits; in the VNNI copy sixteen at a time first. */
+     * one-token bits; in the VNNI copy sixteen at a time first, and Q6_K's too. */
     const steps_dot8_fn sixteen = n_tokens >= 2 && sq_simd_512() ? steps_dot16[type] : NULL;
     if (sixteen)
         for (; r + 16 <= n_rows; r += 16)

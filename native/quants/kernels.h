@@ -154,12 +154,13 @@ void sq_steps_dot8_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const vo
  * sq_steps_dot8_q4_K_* does for eight: y[t * ldy + r] for r < 16 (VNNI copy only). */
 void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-/* The same for sixteen Q4_1 rows, and for sixteen Q8_0 rows. */
+/* The same for sixteen Q4_1 rows, for sixteen Q8_0 rows, and for sixteen Q6_K rows (which
+ * have no eight-row kernel: dotn takes their rows one at a time). */
 void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                                    int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order
  * (sq_batch_dot_q4_K's bits). */

@@ -1,14 +1,15 @@
 /* quants/x86/avx512vnni.c: for CPUs with AVX-512 VNNI, VL and BW, the vec_dot kernels
  * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni) and the step-order kernels of
  * x86/step_order.h; a prefill's Q4_K and Q6_K products sixteen rows at a time in 512-bit
- * registers (sq_batch_dot16_*_avx512vnni), and a lookup draft's check of Q4_K, Q4_1 and
- * Q8_0 rows the same way (sq_steps_dot16_*_avx512vnni).
+ * registers (sq_batch_dot16_*_avx512vnni), and a lookup draft's check of Q4_K, Q4_1, Q8_0
+ * and Q6_K rows the same way (sq_steps_dot16_*_avx512vnni).
  *
  * The vec_dots and x86/step_order.h's kernels keep to 256-bit registers and give the AVX2
  * copy's bits; vpdpbusd and vpdpwssd each stand for two integer instructions of the AVX2
  * copy. The sixteen-row kernels give the eight-row kernels' bits (x86/avx2.c's batched
- * orders, x86/step_order.h's step order) for each of their rows: the integer sums are
- * exact, however they are formed, and the float steps are the same, lane by lane.
+ * orders, x86/step_order.h's step order) for each of their rows, and the Q6_K check the
+ * one-token vec_dot's: the integer sums are exact, however they are formed, and the float
+ * steps are the same, lane by lane.
  *
  * Built with SQ_VNNI_VIA_SIMDE (cffi_build/build_kernel.py, SMOLQ_VNNI_VIA_SIMDE), the
  * VNNI instructions, and the 512-bit ones, come from SIMDe, and the file runs on any AVX2
