@@ -112,7 +112,6 @@ static inline TARGET void bytes32_side_by_side(const uint8_t *p, int64_t row_byt
  * d and dmin each row's. */
 static inline TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes, int64_t i, v16i scale[8],
                                          v16i min2[8], v16f *d, v16f *dmin) {
-    /* z[k], 128-bit quarter q: the 16 header bytes of row 4q + k. */
     v16i w[4];  /* w[j] lane r: header word j of row r */
     words16_side_by_side(rows + i * (int64_t)sizeof(block_q4_K), row_bytes, w);
     const v16i w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
