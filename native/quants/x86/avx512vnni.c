@@ -71,6 +71,11 @@ static inline TARGET v16i word16(const int8_t *p) {
     return V16(set1_epi32)(w);
 }
 
+/* Two neighbouring bsums (int16) in every lane, for vpdpwssd. */
+static inline TARGET v16i bsums_pair16(const int16_t *p) {
+    return word16((const int8_t *)p);
+}
+
 /* The 16 bytes at p + r * row_bytes for sixteen rows r, side by side: w[j] lane r holds
  * bytes 4j..4j+3 of row r's (z[k]'s 128-bit quarter q holds row 4q + k's 16; then a
  * 4 x 4 transpose of words in each quarter). */
@@ -114,13 +119,12 @@ static inline TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes,
                                          v16i min2[8], v16f *d, v16f *dmin) {
     v16i w[4];  /* w[j] lane r: header word j of row r */
     words16_side_by_side(rows + i * (int64_t)sizeof(block_q4_K), row_bytes, w);
-    const v16i w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
     /* Byte g of each lane: scales and mins of groups g (low) and 4 + g (high). */
     const v16i m6 = V16(set1_epi32)(0x3f3f3f3f), m4 = V16(set1_epi32)(0x0f0f0f0f), top2 = V16(set1_epi32)(0x30303030);
-    const v16i sc_low = V16(and_si512)(w1, m6), mn_low = V16(and_si512)(w2, m6);
-    const v16i sc_high = V16(or_si512)(V16(and_si512)(w3, m4), V16(and_si512)(V16(srli_epi32)(w1, 2), top2));
-    const v16i mn_high = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w3, 4), m4),
-                                       V16(and_si512)(V16(srli_epi32)(w2, 2), top2));
+    const v16i sc_low = V16(and_si512)(w[1], m6), mn_low = V16(and_si512)(w[2], m6);
+    const v16i sc_high = V16(or_si512)(V16(and_si512)(w[3], m4), V16(and_si512)(V16(srli_epi32)(w[1], 2), top2));
+    const v16i mn_high = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w[3], 4), m4),
+                                       V16(and_si512)(V16(srli_epi32)(w[2], 2), top2));
     const v16i byte0 = V16(set1_epi32)(0xff);
     for (int g = 0; g < 4; g++) {
         scale[g] = V16(and_si512)(V16(srli_epi32)(sc_low, 8 * g), byte0);
@@ -131,10 +135,10 @@ static inline TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes,
         min2[g] = V16(shuffle_epi8)(mn_low, dup);
         min2[g + 4] = V16(shuffle_epi8)(mn_high, dup);
     }
-    /* The f16 d (low half of w0) and dmin (high half), sixteen of each. */
+    /* The f16 d (low half of w[0]) and dmin (high half), sixteen of each. */
     const v16i halves = V16(permutexvar_epi64)(
         V16(setr_epi64)(0, 2, 4, 6, 1, 3, 5, 7),
-        V16(packus_epi32)(V16(and_si512)(w0, V16(set1_epi32)(0xffff)), V16(srli_epi32)(w0, 16)));
+        V16(packus_epi32)(V16(and_si512)(w[0], V16(set1_epi32)(0xffff)), V16(srli_epi32)(w[0], 16)));
     *d = V16(cvtph_ps)(V16(castsi512_si256)(halves));
     *dmin = V16(cvtph_ps)(V16(extracti64x4_epi64)(halves, 1));
 }
@@ -208,8 +212,8 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
                     const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                     const v16i isum = q4_K_span16(a->qs + 64 * c, code, scale[2 * c], scale[2 * c + 1], V16(setzero_si512)());
                     const v16i imin = V16(dpwssd_epi32)(
-                        V16(dpwssd_epi32)(V16(setzero_si512)(), min2[2 * c], word16((const int8_t *)(a->bsums + 4 * c))),
-                        min2[2 * c + 1], word16((const int8_t *)(a->bsums + 4 * c + 2)));
+                        V16(dpwssd_epi32)(V16(setzero_si512)(), min2[2 * c], bsums_pair16(a->bsums + 4 * c)),
+                        min2[2 * c + 1], bsums_pair16(a->bsums + 4 * c + 2));
                     sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), d[t], sumf[t]);
                     summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), dmin[t], summ[t]);
                 }
@@ -264,7 +268,7 @@ TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 v16i imin = V16(setzero_si512)();
                 for (int g = 0; g < 8; g++)
-                    imin = V16(dpwssd_epi32)(imin, min2[g], word16((const int8_t *)(a->bsums + 2 * g)));
+                    imin = V16(dpwssd_epi32)(imin, min2[g], bsums_pair16(a->bsums + 2 * g));
                 const v16f a_d = V16(set1_ps)(a->d);
                 sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sumf[t]);
                 summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), V16(mul_ps)(dmin_rows, a_d), summ[t]);
@@ -465,7 +469,7 @@ static inline __attribute__((always_inline)) TARGET void q6_K_block_tokens16(
     v16i lane[2][8];
     for (int u = 0; u < n; u++)
         for (int m = 0; m < 8; m++)
-            lane[u][m] = V16(dpwssd_epi32)(V16(setzero_si512)(), off[m], word16((const int8_t *)(a[u][k].bsums + 2 * m)));
+            lane[u][m] = V16(dpwssd_epi32)(V16(setzero_si512)(), off[m], bsums_pair16(a[u][k].bsums + 2 * m));
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         for (int p = 0; p < n * lines_per_slot; p++, *ahead += 64)
