@@ -320,8 +320,13 @@ static void chunk_forward(const sq_model *m, sq_state *s, sq_pool *pool, uint8_t
     int dim = c->dim;
     const yarn y = yarn_of(c);
     for (int t = 0; t < n_tok; t++) {
-        const uint8_t *row = (const uint8_t *)m->token_embd.data + (int64_t)tokens[t] * m->token_embd.row_bytes;
-        sq_dequantize_row(m->token_embd.type, row, s->x + (int64_t)t * dim, dim);
+        const sq_tensor *e = &m->token_embd;
+        const int64_t id = tokens[t];
+        if (e->packed16)
+            sq_dequantize_row16(e->type, (const uint8_t *)e->data + (id - id % 16) * e->row_bytes, (int)(id % 16),
+                                s->x + (int64_t)t * dim, dim);
+        else
+            sq_dequantize_row(e->type, (const uint8_t *)e->data + id * e->row_bytes, s->x + (int64_t)t * dim, dim);
         rope_angles(s->rope_cs + (int64_t)t * c->head_dim, c->head_dim, n_past + t, c->rope_theta, &y);
     }
     for (int l = 0; l < c->n_layers; l++) layer_forward(m, l, s, pool, k_cache, v_cache, kv_type, n_tok, n_past, step);

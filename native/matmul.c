@@ -25,6 +25,10 @@ static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
     float *y = job->set->y[i];
     int64_t ldy = job->set->ldy[i];
     const uint8_t *base = w->data;
+    if (w->packed16) {
+        sq_vec_dot_rows16(w->type, base, r0, r1, job->xq, job->xq_row_bytes, job->n_tokens, w->cols, y + r0, ldy);
+        return;
+    }
     if (job->n_tokens == 1) {
         sq_vec_dot_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, w->cols, y + r0);
         return;

@@ -17,7 +17,8 @@
  *   simd512.h            sixteen-lane registers, or SIMDe's stand-ins in the test build
  *   quants/              the tensor types: the list and why every path gives the same
  *                        bits (types.h), block layouts, scalar code, batched orders,
- *                        dispatch, and the x86/ and arm/ kernels (quants/kernels.h)
+ *                        dispatch, the packed layout (rows16.c), and the x86/ and arm/
+ *                        kernels (quants/kernels.h)
  */
 #ifndef SMOLQ_H
 #define SMOLQ_H
@@ -115,13 +116,37 @@ const char *sq_simd_name(void);
  * running finishes with the set it started on. */
 int sq_set_simd(int enabled);
 
-/* A weight matrix as a view into the mapped GGUF file (never copied). */
+/* Weight matrices packed sixteen rows side by side, in place (quants/rows16.c), for the
+ * 512-bit kernels: a group of sixteen rows keeps its bytes' place, its blocks
+ * interleaved as those kernels load them. sq_rows16_packs: 1 for the types that pack
+ * (Q4_1, Q8_0), else 0. sq_rows16_pack and sq_rows16_unpack (its inverse) take a matrix
+ * of rows (a multiple of 16) rows of cols elements (whole blocks), contiguous; 0, or -1
+ * for anything else (data untouched). sq_rows16_wanted: 1 when the kernels in use read
+ * packed matrices faster (the "avx512vnni" path); any path reads them, with the same bits. */
+int sq_rows16_packs(int type);
+int sq_rows16_pack(int type, void *data, int64_t rows, int64_t cols);
+int sq_rows16_unpack(int type, void *data, int64_t rows, int64_t cols);
+int sq_rows16_wanted(void);
+
+/* sq_vec_dot_steps_rows for rows r0..r1-1 of a matrix packed by sq_rows16_pack whose
+ * row 0 is at data: y[t * ldy + r - r0], each exactly sq_vec_dot's value. Returns 0, or
+ * -1 on sq_vec_dot_steps_rows's error cases, a type that does not pack, r1 < r0 or
+ * n_tokens < 1. */
+int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
+                      int n_tokens, int64_t n, float *y, int64_t ldy);
+
+/* Row r (0..15) of a packed group, decoded as sq_dequantize_row decodes the row it was. */
+int sq_dequantize_row16(int type, const void *group, int r, float *dst, int64_t n);
+
+/* A weight matrix as a view into the mapped GGUF file (never copied; packed in place
+ * when the model's loader chose to). */
 typedef struct {
     const void *data;      /* first byte of row 0 */
     int type;              /* enum sq_type */
     int64_t rows;          /* output features (GGUF ne[1]); 1 for a vector */
     int64_t cols;          /* input features (GGUF ne[0]), contiguous */
     int64_t row_bytes;     /* bytes from one row to the next */
+    int packed16;          /* 1: sixteen rows side by side (sq_rows16_pack) */
 } sq_tensor;
 
 typedef struct {

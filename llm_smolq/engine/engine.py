@@ -18,6 +18,7 @@ from llm_smolq.engine.buffer_gate import Dims, check_buffer
 from llm_smolq.errors import GGUFError, LayoutError
 from llm_smolq.engine.structs import c_config
 from llm_smolq.engine.kv_types import DEFAULT_KV_TYPE, kv_type
+from llm_smolq.engine.packing import pack_weights
 from llm_smolq.model.model_file import LAYER_TENSORS, ModelConfig, ModelFile, TensorInfo, open_model
 from llm_smolq.model.tokenizer import GGUFTokenizer, cached_bpe_files
 
@@ -130,6 +131,7 @@ class Engine:
         self._tokens: list[int] = []  # the ids whose keys and values are in the cache
         self._lock = threading.Lock()
 
+        self._packed = pack_weights(model)  # tensors the kernel reads sixteen rows side by side
         self.weights = ffi.from_buffer("uint8_t[]", model.data)  # the mapped file, as the kernel reads it
         self.c_model, self._c_layers = self._build_c_model(n_ctx)  # sq_model: views into weights
         self._pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
@@ -145,6 +147,7 @@ class Engine:
             "rows": info.rows,
             "cols": info.shape[0],
             "row_bytes": info.row_bytes,
+            "packed16": int(info.name in self._packed),
         }
 
     def _build_c_model(self, n_ctx: int):

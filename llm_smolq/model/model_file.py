@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -123,8 +124,13 @@ class ModelFile:
     config: ModelConfig
     tensors: dict[str, TensorInfo]
     metadata: dict[str, Any]
-    data: np.memmap = field(repr=False)  # the whole file, read-only
+    # The whole file, mapped copy-on-write: the kernel reads the weights in place, and may
+    # have some packed for it (engine/packing.py), which rewrites pages of this process's
+    # mapping only, never the file.
+    data: np.memmap = field(repr=False)
     digest: str = ""  # of the header's bytes: names what is cached for this header
+    packed: frozenset[str] | None = field(default=None, repr=False)  # names of packed tensors, once decided
+    pack_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 def open_model(path: str | os.PathLike[str]) -> ModelFile:
@@ -139,7 +145,7 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
     tensors = _tensor_infos(path, header)
     config = _config(path, header.metadata, tensors)
     _check_model_tensors(path, config, tensors)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    data = np.memmap(path, dtype=np.uint8, mode="c")
     return ModelFile(path=path, config=config, tensors=tensors, metadata=header.metadata, data=data,
                      digest=header.digest)
 

@@ -6,6 +6,7 @@
  *   batch.c      the batched orders: one weight row times many tokens
  *   types.c      what the table answers: geometry, decoding, conversion, names
  *   dispatch.c   the SIMD path in use, and the dot products that take it
+ *   rows16.c     matrices packed sixteen rows side by side for the 512-bit kernels
  *   x86/, arm/   the SIMD kernels, each with a scalar twin in scalar.c
  */
 #ifndef SMOLQ_QUANTS_KERNELS_H
@@ -162,6 +163,12 @@ void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const v
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
+/* The same for a group of sixteen Q4_1 or Q8_0 rows packed side by side (quants/rows16.c),
+ * from one token on: a packed matrix's every product, decode's included. */
+void sq_packed_dot16_q4_1_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order
  * (sq_batch_dot_q4_K's bits). */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,

@@ -7,9 +7,10 @@ kernels take their two VNNI instructions (vpdpbusd, vpdpwssd) from SIMDe (the si
 package, in the `test` extra), which implements them with AVX2 and plain C, and which
 takes the 512-bit registers from SIMDe's stand-ins, and chooses that code on any AVX2 CPU.
 A child python loads that copy and runs the kernel tests (every type's SIMD vec_dot
-against the scalar one, bit for bit, with sq_simd_name() "avx512vnni"), the engine's tests
-against llama.cpp's reference logits, and the KV cache tests (a prefill's attention on
-every SIMD path, bit for bit).
+against the scalar one, bit for bit, with sq_simd_name() "avx512vnni"), the packed weights'
+tests (native/quants/rows16.c and the engine on them), the engine's tests against
+llama.cpp's reference logits, and the KV cache tests (a prefill's attention on every SIMD
+path, bit for bit).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import pytest
 from helpers.kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
 from test_quants import cpu_flags
 
-SELECTION = ["tests/kernel/test_quants.py", "tests/engine/test_engine_reference.py", "tests/engine/test_kv_cache.py",
+SELECTION = ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/engine/test_engine_reference.py",
+             "tests/engine/test_kv_cache.py", "tests/engine/test_packing.py",
              "-k", "not long_context and not 1threads and not 3threads and not 4threads"]
 
 

@@ -301,18 +301,47 @@ static inline TARGET v16f lane_sums16(const v16f A[8]) {
                        V16(add_ps)(V16(add_ps)(A[1], A[5]), V16(add_ps)(A[3], A[7])));
 }
 
-/* Sixteen Q4_1 rows (row_bytes apart) times n_tokens activation rows, each output with
- * the one-token vec_dot's bits: KERNEL(steps_dot8_q4_1) of x86/step_order.h with rows 0..7
- * and 8..15 joined in one register, so that each instruction of a token's steps does
- * sixteen rows. y[t * ldy + r] for r < 16; the next sixteen rows' bytes are asked of
- * memory up to stop. */
-TARGET void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    enum { CHUNK = 32, TILE = 16 };
-    v16i codes[CHUNK][8];
-    v16f d_rows[CHUNK], m_rows[CHUNK];
+/* Block i of sixteen Q4_1 rows, the lanes of q4_1_side_by_side for all sixteen: from the
+ * file's layout (rows row_bytes apart), or from a group packed side by side
+ * (quants/rows16.c), where each register's bytes are one load. */
+static inline __attribute__((always_inline)) TARGET void q4_1_block16(const uint8_t *rows, int64_t row_bytes,
+                                                                    int64_t i, const int packed, v16i codes[8],
+                                                                    v16f *d_rows, v16f *m_rows) {
+    if (!packed) {
+        __m256i lo[8], hi[8];
+        __m256 d_half[2], m_half[2];
+        q4_1_side_by_side(rows, row_bytes, i, lo, &d_half[0], &m_half[0]);
+        q4_1_side_by_side(rows + 8 * row_bytes, row_bytes, i, hi, &d_half[1], &m_half[1]);
+        for (int l = 0; l < 8; l++)
+            codes[l] = join_i(lo[l], hi[l]);
+        *d_rows = join_f(d_half[0], d_half[1]);
+        *m_rows = join_f(m_half[0], m_half[1]);
+        return;
+    }
+    const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q4_1);
+    const v16i m4 = V16(set1_epi8)(0x0f);
+    *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+    *m_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
+    for (int j = 0; j < 4; j++) {
+        const v16i word = V16(loadu_si512)(run + 64 + 64 * j);
+        codes[j] = V16(and_si512)(word, m4);                             /* low nibbles: lane j */
+        codes[j + 4] = V16(and_si512)(V16(srli_epi16)(word, 4), m4);  /* high: lane j + 4 */
+    }
+}
+
+/* Sixteen Q4_1 rows (row_bytes apart, or a packed group) times n_tokens activation rows,
+ * each output with the one-token vec_dot's bits: KERNEL(steps_dot8_q4_1) of
+ * x86/step_order.h with rows 0..7 and 8..15 joined in one register, so that each
+ * instruction of a token's steps does sixteen rows. y[t * ldy + r] for r < 16; the next
+ * sixteen rows' bytes are asked of memory up to stop. */
+static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
+    const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
+    float *y, int64_t ldy, const int packed, const int CHUNK) {
+    enum { TILE = 16 };
+    v16i codes[32][8];  /* CHUNK (1 or 32) blocks side by side */
+    v16f d_rows[32], m_rows[32];
     v16f acc_tokens[TILE][9];  /* a token's 8 lane registers, then its sum of m * s */
-    const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes, *next = (const uint8_t *)rows + 16 * row_bytes;
+    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;
     const int64_t share = 16 * (int64_t)sizeof(block_q4_1);  /* of the next rows, per block */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -324,14 +353,7 @@ TARGET void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, 
             for (int k = 0; k < nc; k++) {
                 if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
-                __m256i lo[8], hi[8];
-                __m256 d_half[2], m_half[2];
-                q4_1_side_by_side(rows, row_bytes, i0 + k, lo, &d_half[0], &m_half[0]);
-                q4_1_side_by_side(upper, row_bytes, i0 + k, hi, &d_half[1], &m_half[1]);
-                for (int l = 0; l < 8; l++)
-                    codes[k][l] = join_i(lo[l], hi[l]);
-                d_rows[k] = join_f(d_half[0], d_half[1]);
-                m_rows[k] = join_f(m_half[0], m_half[1]);
+                q4_1_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k], &m_rows[k]);
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
@@ -357,15 +379,51 @@ TARGET void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, 
     }
 }
 
-/* Sixteen Q8_0 rows, as KERNEL(steps_dot8_q8_0) of x86/step_order.h does eight: codes
- * offset to unsigned, each lane's sum started at -128 times its four activations' sum. */
-TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+TARGET void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    enum { CHUNK = 32, TILE = 16 };
-    v16i codes[CHUNK][8];
-    v16f d_rows[CHUNK];
+    steps_dot16_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 32);
+}
+
+TARGET void sq_packed_dot16_q4_1_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    if (n_tokens == 1)  /* decode: a block's codes straight from the loads to the products */
+        steps_dot16_q4_1(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
+    else
+        steps_dot16_q4_1(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 32);
+}
+
+/* Block i of sixteen Q8_0 rows, as q8_0_side_by_side gives them (codes offset to
+ * unsigned) for all sixteen: from the file's layout or a packed group. */
+static inline __attribute__((always_inline)) TARGET void q8_0_block16(const uint8_t *rows, int64_t row_bytes,
+                                                                    int64_t i, const int packed, v16i codes[8],
+                                                                    v16f *d_rows) {
+    if (!packed) {
+        __m256i lo[8], hi[8];
+        __m256 d_half[2];
+        q8_0_side_by_side(rows, row_bytes, i, lo, &d_half[0]);
+        q8_0_side_by_side(rows + 8 * row_bytes, row_bytes, i, hi, &d_half[1]);
+        for (int l = 0; l < 8; l++)
+            codes[l] = join_i(lo[l], hi[l]);
+        *d_rows = join_f(d_half[0], d_half[1]);
+        return;
+    }
+    const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q8_0);
+    *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+    for (int l = 0; l < 8; l++)
+        codes[l] = V16(xor_si512)(V16(loadu_si512)(run + 32 + 64 * l), V16(set1_epi8)((char)0x80));
+}
+
+/* Sixteen Q8_0 rows (or a packed group), as KERNEL(steps_dot8_q8_0) of x86/step_order.h
+ * does eight: codes offset to unsigned, each lane's sum started at -128 times its four
+ * activations' sum. */
+static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
+    const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
+    float *y, int64_t ldy, const int packed, const int CHUNK) {
+    enum { TILE = 16 };
+    v16i codes[32][8];  /* CHUNK (1 or 32) blocks side by side */
+    v16f d_rows[32];
     v16f acc_tokens[TILE][8];  /* a token's 8 lane registers */
-    const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes, *next = (const uint8_t *)rows + 16 * row_bytes;
+    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;
     const int64_t share = 16 * (int64_t)sizeof(block_q8_0);  /* of the next rows, per block */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -377,13 +435,7 @@ TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, 
             for (int k = 0; k < nc; k++) {
                 if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
-                __m256i lo[8], hi[8];
-                __m256 d_half[2];
-                q8_0_side_by_side(rows, row_bytes, i0 + k, lo, &d_half[0]);
-                q8_0_side_by_side(upper, row_bytes, i0 + k, hi, &d_half[1]);
-                for (int l = 0; l < 8; l++)
-                    codes[k][l] = join_i(lo[l], hi[l]);
-                d_rows[k] = join_f(d_half[0], d_half[1]);
+                q8_0_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k]);
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_0 *a = (const block_q8_0 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
@@ -406,6 +458,19 @@ TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int t = 0; t < nt; t++)
             V16(storeu_ps)(y + (t0 + t) * ldy, lane_sums16(acc_tokens[t]));
     }
+}
+
+TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    steps_dot16_q8_0(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 32);
+}
+
+TARGET void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    if (n_tokens == 1)  /* decode: a block's codes straight from the loads to the products */
+        steps_dot16_q8_0(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
+    else
+        steps_dot16_q8_0(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 32);
 }
 
 /* ---------------------------------------------------------------------------

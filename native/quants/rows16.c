@@ -1,0 +1,111 @@
+/* quants/rows16.c: weight matrices packed sixteen rows side by side, in place.
+ *
+ * The 512-bit kernels multiply sixteen rows at once, one row per 32-bit lane, so that an
+ * activation word broadcast to every lane meets the same four codes of all sixteen rows.
+ * From the file's layout (each row's blocks one after another) every pass over the rows
+ * first gathers those words, a transpose per block; for a lookup draft's check that is a
+ * quarter of the work. Packed when the model is loaded, a group of sixteen rows holds its
+ * blocks as the kernels load them, and the transpose is done once.
+ *
+ * A group takes the bytes its rows took (16 * row_bytes at row 16g's offset), so a range
+ * of whole groups lies where its rows did. Within the group, block i of the sixteen rows
+ * is one run of 16 blocks' bytes at i * 16 * (block bytes): first the block's f16 fields
+ * (d, then m for Q4_1), each as sixteen halves, row 0's first; then the codes as 32-bit
+ * words, word j of the sixteen rows together (64 bytes), in order of j. Nothing is lost:
+ * sq_rows16_unpack gives back the file's bytes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "quants/kernels.h"
+
+enum { GROUP = 16 };
+
+/* A packable block: `halves` f16 fields from offset 0, then `words` 32-bit words of codes. */
+typedef struct {
+    int halves, words;
+} block_shape;
+
+static block_shape shape_of(int type) {
+    switch (type) {
+    case SQ_Q4_1: return (block_shape){2, QK4_1 / 8};  /* d, m; 16 code bytes */
+    case SQ_Q8_0: return (block_shape){1, QK8_0 / 4};  /* d; 32 code bytes */
+    default: return (block_shape){0, 0};
+    }
+}
+
+int sq_rows16_packs(int type) { return shape_of(type).words > 0; }
+
+int sq_rows16_wanted(void) { return sq_simd_512(); }
+
+/* Bytes of a row of cols elements of a packable type, or 0 when cols is not whole blocks. */
+static int64_t row_bytes_of(int type, int64_t cols) {
+    const int elems = sq_block_elems(type);
+    return elems > 0 && cols > 0 && cols % elems == 0 ? cols / elems * sq_block_bytes(type) : 0;
+}
+
+/* Where the run of block i starts in a group, and where its codes start in the run. */
+static size_t run_at(block_shape s, int64_t i) { return (size_t)i * GROUP * (2 * (size_t)s.halves + 4 * (size_t)s.words); }
+static size_t words_at(block_shape s) { return (size_t)s.halves * GROUP * 2; }
+
+/* A plain block into row r's place (0..15) in block i of a group. */
+static void pack_block(block_shape s, const uint8_t *block, uint8_t *group, int64_t i, int r) {
+    uint8_t *run = group + run_at(s, i);
+    for (int h = 0; h < s.halves; h++)
+        memcpy(run + ((size_t)h * GROUP + (size_t)r) * 2, block + 2 * h, 2);
+    for (int j = 0; j < s.words; j++)
+        memcpy(run + words_at(s) + ((size_t)j * GROUP + (size_t)r) * 4, block + 2 * s.halves + 4 * j, 4);
+}
+
+/* Row r's block i of a group, as the file had it. */
+static void unpack_block(block_shape s, const uint8_t *group, int64_t i, int r, uint8_t *block) {
+    const uint8_t *run = group + run_at(s, i);
+    for (int h = 0; h < s.halves; h++)
+        memcpy(block + 2 * h, run + ((size_t)h * GROUP + (size_t)r) * 2, 2);
+    for (int j = 0; j < s.words; j++)
+        memcpy(block + 2 * s.halves + 4 * j, run + words_at(s) + ((size_t)j * GROUP + (size_t)r) * 4, 4);
+}
+
+/* Every group of rows through a copy of it, one way or the other. */
+static int repack(int type, void *data, int64_t rows, int64_t cols, int to_packed) {
+    const block_shape s = shape_of(type);
+    const int64_t row_bytes = row_bytes_of(type, cols);
+    if (!s.words || !row_bytes || rows < 0 || rows % GROUP || (rows && !data))
+        return -1;
+    if (!rows)
+        return 0;
+    const int64_t nb = cols / sq_block_elems(type), bytes = sq_block_bytes(type);
+    uint8_t *copy = malloc((size_t)(GROUP * row_bytes));
+    if (!copy)
+        return -1;
+    for (int64_t g = 0; g < rows / GROUP; g++) {
+        uint8_t *group = (uint8_t *)data + g * GROUP * row_bytes;
+        memcpy(copy, group, (size_t)(GROUP * row_bytes));
+        for (int r = 0; r < GROUP; r++)
+            for (int64_t i = 0; i < nb; i++)
+                if (to_packed)
+                    pack_block(s, copy + r * row_bytes + i * bytes, group, i, r);
+                else
+                    unpack_block(s, copy, i, r, group + r * row_bytes + i * bytes);
+    }
+    free(copy);
+    return 0;
+}
+
+int sq_rows16_pack(int type, void *data, int64_t rows, int64_t cols) { return repack(type, data, rows, cols, 1); }
+
+int sq_rows16_unpack(int type, void *data, int64_t rows, int64_t cols) { return repack(type, data, rows, cols, 0); }
+
+int sq_dequantize_row16(int type, const void *group, int r, float *dst, int64_t n) {
+    const block_shape s = shape_of(type);
+    if (!s.words || r < 0 || r >= GROUP || !row_bytes_of(type, n))
+        return -1;
+    const int elems = sq_block_elems(type);
+    uint8_t block[64];  /* the largest packable block, Q8_0's 34 bytes, with room */
+    static_assert(sizeof(block_q8_0) <= sizeof(block) && sizeof(block_q4_1) <= sizeof(block), "block buffer");
+    for (int64_t i = 0; i < n / elems; i++) {
+        unpack_block(s, group, i, r, block);
+        sq_dequantize_row(type, block, dst + i * elems, elems);
+    }
+    return 0;
+}

@@ -1,0 +1,71 @@
+"""Weights packed sixteen rows side by side (engine/packing.py): the same logits as the
+file's layout on every path, the file itself untouched, each model packed once."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+import llm_smolq
+from llm_smolq._kernel import lib
+from llm_smolq.engine.packing import pack_weights
+
+
+def file_digest(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def run(eng) -> list[np.ndarray]:
+    """A prefill, decode steps, and a batch in step order (a lookup draft's check)."""
+    prompt = [1, 5, 9, 200, 17, 33, 512, 7, 99, 3, 64, 128, 256, 11, 13, 15, 800, 4]
+    out = [eng.eval(prompt, all_logits=True)]
+    out += [eng.eval([t]) for t in (21, 400, 7)]
+    out.append(eng.eval([22, 23, 24, 25, 26, 27, 28, 29, 30], all_logits=True, step_order=True))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_packed_weights_give_the_same_logits(kind, reference_dir, monkeypatch):
+    path = reference_dir / f"tiny-smollm3-{kind}.gguf"
+    before = file_digest(path)
+    monkeypatch.setenv("SMOLQ_PACK", "0")
+    plain = llm_smolq.load(path, n_ctx=64, threads=2)
+    assert plain._packed == frozenset()
+    want = run(plain)
+    monkeypatch.setenv("SMOLQ_PACK", "1")
+    eng = llm_smolq.load(path, n_ctx=64, threads=2)
+    # every matrix of the type: the layers' and the (tied) embedding
+    assert eng._packed == {name for name, t in eng.model.tensors.items() if t.type.name == kind and len(t.shape) == 2}
+    assert eng.model.data.tobytes() != plain.model.data.tobytes()
+    prev = lib.sq_set_simd(1)
+    try:
+        for simd in (1, 0):  # the path the CPU has, reading packed rows, and the plain code
+            lib.sq_set_simd(simd)
+            eng.reset()
+            got = run(eng)
+            for a, b in zip(got, want):
+                assert a.tobytes() == b.tobytes(), f"{kind} simd={simd}"
+    finally:
+        lib.sq_set_simd(prev)
+    assert file_digest(path) == before  # the mapping is private: the file never changes
+
+
+def test_a_model_is_packed_once(reference_dir, monkeypatch):
+    monkeypatch.setenv("SMOLQ_PACK", "1")
+    first = llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=32, threads=1)
+    packed_bytes = first.model.data.tobytes()
+    second = llm_smolq.Engine(first.model, n_ctx=32, threads=1)
+    assert second._packed == first._packed and pack_weights(first.model) == first._packed
+    assert first.model.data.tobytes() == packed_bytes
+    assert second.eval([1, 2, 3]).tobytes() == first.eval([1, 2, 3]).tobytes()
+
+
+def test_no_packing_where_the_path_does_not_want_it(reference_dir, monkeypatch):
+    monkeypatch.delenv("SMOLQ_PACK", raising=False)
+    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_1.gguf", n_ctx=32, threads=1)
+    assert bool(eng._packed) == bool(lib.sq_rows16_wanted())
+    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_K_M.gguf", n_ctx=32, threads=1)
+    assert all(eng.model.tensors[name].type.name in ("Q4_1", "Q8_0") for name in eng._packed)

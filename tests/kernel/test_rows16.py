@@ -1,0 +1,132 @@
+"""Weight matrices packed sixteen rows side by side (native/quants/rows16.c): the layout the
+header describes, the way back, and every product and row read from a packed matrix
+exactly what the file's layout gives, on every SIMD path, for any range of rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from helpers.simd_paths import simd_paths
+from test_quants import VEC_DOT_TYPE, c_vec_dot, quantized_rows, random_row, simd_restore  # noqa: F401
+
+from llm_smolq._kernel import ffi, lib
+
+PACKED_TYPES = [T.Q4_1, T.Q8_0]
+HALVES = {T.Q4_1: 2, T.Q8_0: 1}  # f16 fields at the start of a block (d, then m)
+
+
+def matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    return np.stack([random_row(qtype, cols, rng) for _ in range(rows)])
+
+
+def packed(qtype: T, plain: np.ndarray, cols: int) -> np.ndarray:
+    out = plain.copy()
+    assert lib.sq_rows16_pack(int(qtype), ffi.from_buffer(out), plain.shape[0], cols) == 0
+    return out
+
+
+def expected_packing(qtype: T, plain: np.ndarray) -> np.ndarray:
+    """The layout written out in numpy: per group and block, each f16 field of the sixteen
+    rows, then each 32-bit word of their codes, row 0 first."""
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    rows, halves = plain.shape[0], HALVES[qtype]
+    blocks = plain.reshape(rows // 16, 16, -1, block_bytes)  # group, row, block, byte
+    out = []
+    for group in blocks:
+        for i in range(group.shape[1]):
+            block = group[:, i]  # [16 rows][bytes]
+            fields = [block[:, 2 * h:2 * h + 2] for h in range(halves)]
+            words = [block[:, 2 * halves + 4 * j:2 * halves + 4 * j + 4] for j in range((block_bytes - 2 * halves) // 4)]
+            out += [f.reshape(-1) for f in fields + words]
+    return np.concatenate(out).reshape(plain.shape)
+
+
+def test_which_types_pack():
+    assert {int(t) for t in PACKED_TYPES} == {int(t) for t in T if lib.sq_rows16_packs(int(t))}
+
+
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
+def test_packing_is_the_documented_layout_and_comes_back(qtype):
+    rng = np.random.default_rng(40 + int(qtype))
+    for rows, cols in ((16, 32), (48, 1024), (32, 32 * 37)):
+        plain = matrix(qtype, rows, cols, rng)
+        out = packed(qtype, plain, cols)
+        assert out.tobytes() == expected_packing(qtype, plain).tobytes()
+        assert lib.sq_rows16_unpack(int(qtype), ffi.from_buffer(out), rows, cols) == 0
+        assert out.tobytes() == plain.tobytes()
+
+
+def test_packing_refuses_what_it_cannot_pack():
+    rng = np.random.default_rng(5)
+    plain = matrix(T.Q4_1, 32, 64, rng)
+    for qtype, rows, cols in ((T.Q4_K, 32, 256), (T.F32, 32, 64), (99, 32, 64), (T.Q4_1, 24, 64), (T.Q4_1, -16, 64),
+                              (T.Q4_1, 16, 48), (T.Q4_1, 16, 0)):
+        for fn in (lib.sq_rows16_pack, lib.sq_rows16_unpack):
+            data = plain.copy()
+            assert fn(int(qtype), ffi.from_buffer(data), rows, cols) == -1, (qtype, rows, cols)
+            assert data.tobytes() == plain.tobytes()
+    assert lib.sq_rows16_pack(int(T.Q4_1), ffi.NULL, 0, 64) == 0  # nothing to do
+
+
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
+def test_products_of_a_packed_matrix_are_vec_dots(qtype, simd_restore, monkeypatch):
+    """sq_vec_dot_rows16 over whole groups and ranges that start or end inside one, for one
+    token (decode) to past the kernels' 16-token tile, rows past their 32-block chunks:
+    each output sq_vec_dot's bits for the row as the file had it; y written only where it
+    should be."""
+    rng = np.random.default_rng(60 + int(qtype))
+    vtype = VEC_DOT_TYPE[qtype]
+    seen = []
+    for cols, rows in ((256, 48), (32 * 37, 32)):
+        plain = matrix(qtype, rows, cols, rng)
+        pack = packed(qtype, plain, cols)
+        for tokens in (1, 2, 9, 17):
+            xq = quantized_rows(vtype, cols, tokens, rng)
+            steps = np.array([[c_vec_dot(qtype, row, xq[t], cols) for row in plain] for t in range(tokens)],
+                             dtype=np.float32)
+            for set_path in simd_paths(monkeypatch):
+                seen.append(set_path())
+                for r0, r1 in ((0, rows), (16, 32), (3, rows - 5), (5, 9), (17, 17), (0, 1)):
+                    ldy = r1 - r0 + 2
+                    y = np.full(tokens * ldy, np.nan, dtype=np.float32)
+                    rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq),
+                                               xq.shape[1], tokens, cols, ffi.from_buffer("float[]", y), ldy)
+                    assert rc == 0
+                    y = y.reshape(tokens, ldy)
+                    assert np.isnan(y[:, r1 - r0:]).all()
+                    assert y[:, :r1 - r0].tobytes() == steps[:, r0:r1].tobytes(), \
+                        f"{qtype.name} cols={cols} rows {r0}..{r1} tokens={tokens} simd={seen[-1]}"
+    assert len(set(seen)) >= 2 or seen == ["scalar"] * len(seen)
+
+
+def test_products_of_a_packed_matrix_refuse_bad_arguments():
+    rng = np.random.default_rng(7)
+    pack = packed(T.Q4_1, matrix(T.Q4_1, 16, 64, rng), 64)
+    xq = quantized_rows(VEC_DOT_TYPE[T.Q4_1], 64, 2, rng)
+    y = np.full(64, 7.0, dtype=np.float32)
+    for qtype, r0, r1, tokens, cols in ((T.Q4_K, 0, 16, 1, 256), (T.Q4_1, 0, 16, 0, 64), (T.Q4_1, 8, 4, 1, 64),
+                                        (T.Q4_1, -1, 16, 1, 64), (T.Q4_1, 0, 16, 1, 48), (99, 0, 16, 1, 64)):
+        rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq), xq.shape[1],
+                                   tokens, cols, ffi.from_buffer("float[]", y), 16)
+        assert rc == -1 and (y == 7.0).all(), (qtype, r0, r1, tokens, cols)
+
+
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
+def test_a_row_of_a_packed_group_decodes_as_it_did(qtype):
+    rng = np.random.default_rng(80 + int(qtype))
+    cols = 32 * 5
+    plain = matrix(qtype, 32, cols, rng)
+    pack = packed(qtype, plain, cols)
+    row_bytes = plain.shape[1]
+    for r in (0, 7, 15, 16, 31):
+        want = np.zeros(cols, dtype=np.float32)
+        assert lib.sq_dequantize_row(int(qtype), ffi.from_buffer(plain[r]), ffi.from_buffer("float[]", want), cols) == 0
+        got = np.zeros(cols, dtype=np.float32)
+        group = ffi.from_buffer(pack) + (r // 16) * 16 * row_bytes
+        assert lib.sq_dequantize_row16(int(qtype), group, r % 16, ffi.from_buffer("float[]", got), cols) == 0
+        assert got.tobytes() == want.tobytes()
+    got = np.full(cols, 7.0, dtype=np.float32)
+    for qtype_, r, n in ((T.Q4_K, 0, cols), (qtype, 16, cols), (qtype, -1, cols), (qtype, 0, cols + 1)):
+        assert lib.sq_dequantize_row16(int(qtype_), ffi.from_buffer(pack), r, ffi.from_buffer("float[]", got), n) == -1
+    assert (got == 7.0).all()
