@@ -26,7 +26,8 @@ static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
     int64_t ldy = job->set->ldy[i];
     const uint8_t *base = w->data;
     if (w->packed16) {
-        sq_vec_dot_rows16(w->type, base, r0, r1, job->xq, job->xq_row_bytes, job->n_tokens, w->cols, y + r0, ldy);
+        sq_vec_dot_rows16(w->type, base, r0, r1, job->xq, job->xq_row_bytes, job->n_tokens, w->cols, y + r0, ldy,
+                          job->step_order || job->n_tokens == 1);
         return;
     }
     if (job->n_tokens == 1) {

@@ -119,7 +119,7 @@ int sq_set_simd(int enabled);
 /* Weight matrices packed sixteen rows side by side, in place (quants/rows16.c), for the
  * 512-bit kernels: a group of sixteen rows keeps its bytes' place, its blocks
  * interleaved as those kernels load them. sq_rows16_packs: 1 for the types that pack
- * (Q4_1, Q8_0), else 0. sq_rows16_pack and sq_rows16_unpack (its inverse) take a matrix
+ * (Q4_1, Q8_0, Q4_K, Q6_K), else 0. sq_rows16_pack and sq_rows16_unpack (its inverse) take a matrix
  * of rows (a multiple of 16) rows of cols elements (whole blocks), contiguous; 0, or -1
  * for anything else (data untouched). sq_rows16_wanted: 1 when the kernels in use read
  * packed matrices faster (the "avx512vnni" path); any path reads them, with the same bits. */
@@ -128,12 +128,13 @@ int sq_rows16_pack(int type, void *data, int64_t rows, int64_t cols);
 int sq_rows16_unpack(int type, void *data, int64_t rows, int64_t cols);
 int sq_rows16_wanted(void);
 
-/* sq_vec_dot_steps_rows for rows r0..r1-1 of a matrix packed by sq_rows16_pack whose
- * row 0 is at data: y[t * ldy + r - r0], each exactly sq_vec_dot's value. Returns 0, or
- * -1 on sq_vec_dot_steps_rows's error cases, a type that does not pack, r1 < r0 or
+/* Rows r0..r1-1 of a matrix packed by sq_rows16_pack whose row 0 is at data, times
+ * n_tokens activation rows: y[t * ldy + r - r0], each exactly sq_vec_dot_steps_rows's
+ * value (step_order != 0) or sq_vec_dot_batch_rows's for the row as the file had it.
+ * Returns 0, or -1 on their error cases, a type that does not pack, r1 < r0 or
  * n_tokens < 1. */
 int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
-                      int n_tokens, int64_t n, float *y, int64_t ldy);
+                      int n_tokens, int64_t n, float *y, int64_t ldy, int step_order);
 
 /* Row r (0..15) of a packed group, decoded as sq_dequantize_row decodes the row it was. */
 int sq_dequantize_row16(int type, const void *group, int r, float *dst, int64_t n);

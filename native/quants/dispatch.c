@@ -84,6 +84,7 @@ static const steps_dot8_fn steps_dot16[SQ_TYPE_SLOTS] = {
 /* A group of sixteen rows packed side by side (quants/rows16.c), same contract. */
 static const steps_dot8_fn packed_dot16[SQ_TYPE_SLOTS] = {
     [SQ_Q4_1] = sq_packed_dot16_q4_1_avx512vnni, [SQ_Q8_0] = sq_packed_dot16_q8_0_avx512vnni,
+    [SQ_Q4_K] = sq_packed_dot16_q4_K_avx512vnni, [SQ_Q6_K] = sq_packed_dot16_q6_K_avx512vnni,
 };
 
 static int simd_level(void);
@@ -343,7 +344,7 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
  * the settings without a packed kernel read one (scalar, or AVX2 after sq_set_simd), and
  * how a range that starts or ends inside a group reads that group. Slow, same bits. */
 static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int first, int count, const void *xq,
-                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
+                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy, int step_order) {
     uint8_t *copy = malloc((size_t)(16 * row_bytes));
     float *out = malloc((size_t)n_tokens * 16 * sizeof(float));
     int status = copy && out ? 0 : -1;
@@ -352,7 +353,8 @@ static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int
         status = sq_rows16_unpack(type, copy, 16, n);
     }
     if (!status)
-        status = sq_vec_dot_steps_rows(type, copy, row_bytes, 16, xq, xq_stride, n_tokens, n, out, 16);
+        status = (step_order ? sq_vec_dot_steps_rows : sq_vec_dot_batch_rows)(type, copy, row_bytes, 16, xq, xq_stride,
+                                                                              n_tokens, n, out, 16);
     for (int t = 0; t < n_tokens && !status; t++)
         memcpy(y + t * ldy, out + t * 16 + first, (size_t)count * sizeof(float));
     free(copy);
@@ -360,8 +362,26 @@ static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int
     return status;
 }
 
+#ifdef SQ_X86
+/* A whole packed group at the avx512vnni setting. A batch not in step order takes the
+ * batched orders as sq_vec_dot_batch_rows does: Q4_K's repacked gemm for its first
+ * n_tokens - n_tokens % 4 tokens, Q6_K's tiled order for all from SQ_TILED_MIN_TOKENS;
+ * every other output its one-token bits. */
+static void packed_group(int type, const uint8_t *group, int64_t row_bytes, const void *xq, int64_t xq_stride,
+                         int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy, int step_order) {
+    int t = 0;
+    if (type == SQ_Q4_K && !step_order && (t = n_tokens - n_tokens % 4) > 0)
+        sq_packed_batch16_q4_K_avx512vnni(group, row_bytes, xq, xq_stride, t, nb, stop, y, ldy);
+    if (type == SQ_Q6_K && !step_order && n_tokens >= SQ_TILED_MIN_TOKENS)
+        sq_packed_batch16_q6_K_avx512vnni(group, row_bytes, xq, xq_stride, t = n_tokens, nb, stop, y, ldy);
+    if (t < n_tokens)
+        packed_dot16[type](group, row_bytes, (const uint8_t *)xq + t * xq_stride, xq_stride, n_tokens - t, nb, stop,
+                           y + t * ldy, ldy);
+}
+#endif
+
 int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
-                      int n_tokens, int64_t n, float *y, int64_t ldy) {
+                      int n_tokens, int64_t n, float *y, int64_t ldy, int step_order) {
     const sq_type_traits *t = sq_traits(type);
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !sq_rows16_packs(type) || r0 < 0 || r1 < r0 || n_tokens < 1)
@@ -370,19 +390,23 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
         return 0;
     const int64_t row_bytes = nb * t->bytes;
     const uint8_t *base = data, *stop = base + (r1 + 15) / 16 * 16 * row_bytes;  /* past the last group read */
-    steps_dot8_fn packed = NULL;
+    int wide = 0;
 #ifdef SQ_X86
-    packed = sq_simd_512() ? packed_dot16[type] : NULL;
+    wide = sq_simd_512();
 #endif
     int status = 0;
     for (int64_t g = r0 / 16 * 16; g < r1 && !status; g += 16) {
         const int64_t first = g > r0 ? g : r0, end = g + 16 < r1 ? g + 16 : r1;  /* this group's rows asked for */
         float *out = y + (first - r0);
-        if (packed && first == g && end == g + 16)
-            packed(base + g * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy);
-        else
-            status = group_via_copy(type, base + g * row_bytes, row_bytes, (int)(first - g), (int)(end - first), xq,
-                                    xq_stride, n_tokens, n, out, ldy);
+#ifdef SQ_X86
+        if (wide && first == g && end == g + 16) {
+            packed_group(type, base + g * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy, step_order);
+            continue;
+        }
+#endif
+        status = group_via_copy(type, base + g * row_bytes, row_bytes, (int)(first - g), (int)(end - first), xq,
+                                xq_stride, n_tokens, n, out, ldy, step_order);
     }
+    (void)wide;
     return status;
 }

@@ -10,10 +10,12 @@
  * A group takes the bytes its rows took (16 * row_bytes at row 16g's offset), so a range
  * of whole groups lies where its rows did. Within the group, block i of the sixteen rows
  * is one run of 16 blocks' bytes at i * 16 * (block bytes): first the block's f16 fields
- * (d, then m for Q4_1), each as sixteen halves, row 0's first; then the codes as 32-bit
- * words, word j of the sixteen rows together (64 bytes), in order of j. Nothing is lost:
- * sq_rows16_unpack gives back the file's bytes.
+ * (d, then m for Q4_1 or dmin for Q4_K), each as sixteen halves, row 0's first; then the
+ * rest of the block (codes, and Q4_K's scales before them, Q6_K's after) as 32-bit words, word j of the
+ * sixteen rows together (64 bytes), in order of j. Nothing is lost: sq_rows16_unpack
+ * gives back the file's bytes.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,18 +23,28 @@
 
 enum { GROUP = 16 };
 
-/* A packable block: `halves` f16 fields from offset 0, then `words` 32-bit words of codes. */
+/* A packable block: `halves` f16 fields from byte half_at, and `words` 32-bit words of
+ * everything else from byte word_at (the words and the halves the whole block). */
 typedef struct {
-    int halves, words;
+    int half_at, halves, word_at, words;
 } block_shape;
 
 static block_shape shape_of(int type) {
     switch (type) {
-    case SQ_Q4_1: return (block_shape){2, QK4_1 / 8};  /* d, m; 16 code bytes */
-    case SQ_Q8_0: return (block_shape){1, QK8_0 / 4};  /* d; 32 code bytes */
-    default: return (block_shape){0, 0};
+    case SQ_Q4_1: return (block_shape){0, 2, 4, QK4_1 / 8};  /* d, m; 16 code bytes */
+    case SQ_Q8_0: return (block_shape){0, 1, 2, QK8_0 / 4};  /* d; 32 code bytes */
+    case SQ_Q4_K: return (block_shape){0, 2, 4, (12 + QK_K / 2) / 4};  /* d, dmin; 12 bytes of scales, 128 of codes */
+    case SQ_Q6_K: return (block_shape){QK_K / 2 + QK_K / 4 + QK_K / 16, 1, 0, (QK_K / 2 + QK_K / 4 + QK_K / 16) / 4};
+        /* d after ql (128 bytes), qh (64) and the 16 scales */
+    default: return (block_shape){0, 0, 0, 0};
     }
 }
+
+static_assert(2 * 2 + 4 * (QK4_1 / 8) == sizeof(block_q4_1), "Q4_1's shape is its block");
+static_assert(2 * 1 + 4 * (QK8_0 / 4) == sizeof(block_q8_0), "Q8_0's shape is its block");
+static_assert(2 * 2 + 4 * ((12 + QK_K / 2) / 4) == sizeof(block_q4_K), "Q4_K's shape is its block");
+static_assert(2 * 1 + (QK_K / 2 + QK_K / 4 + QK_K / 16) == sizeof(block_q6_K) &&
+                  offsetof(block_q6_K, d) == QK_K / 2 + QK_K / 4 + QK_K / 16, "Q6_K's shape is its block");
 
 int sq_rows16_packs(int type) { return shape_of(type).words > 0; }
 
@@ -52,18 +64,18 @@ static size_t words_at(block_shape s) { return (size_t)s.halves * GROUP * 2; }
 static void pack_block(block_shape s, const uint8_t *block, uint8_t *group, int64_t i, int r) {
     uint8_t *run = group + run_at(s, i);
     for (int h = 0; h < s.halves; h++)
-        memcpy(run + ((size_t)h * GROUP + (size_t)r) * 2, block + 2 * h, 2);
+        memcpy(run + ((size_t)h * GROUP + (size_t)r) * 2, block + s.half_at + 2 * h, 2);
     for (int j = 0; j < s.words; j++)
-        memcpy(run + words_at(s) + ((size_t)j * GROUP + (size_t)r) * 4, block + 2 * s.halves + 4 * j, 4);
+        memcpy(run + words_at(s) + ((size_t)j * GROUP + (size_t)r) * 4, block + s.word_at + 4 * j, 4);
 }
 
 /* Row r's block i of a group, as the file had it. */
 static void unpack_block(block_shape s, const uint8_t *group, int64_t i, int r, uint8_t *block) {
     const uint8_t *run = group + run_at(s, i);
     for (int h = 0; h < s.halves; h++)
-        memcpy(block + 2 * h, run + ((size_t)h * GROUP + (size_t)r) * 2, 2);
+        memcpy(block + s.half_at + 2 * h, run + ((size_t)h * GROUP + (size_t)r) * 2, 2);
     for (int j = 0; j < s.words; j++)
-        memcpy(block + 2 * s.halves + 4 * j, run + words_at(s) + ((size_t)j * GROUP + (size_t)r) * 4, 4);
+        memcpy(block + s.word_at + 4 * j, run + words_at(s) + ((size_t)j * GROUP + (size_t)r) * 4, 4);
 }
 
 /* Every group of rows through a copy of it, one way or the other. */
@@ -101,8 +113,9 @@ int sq_dequantize_row16(int type, const void *group, int r, float *dst, int64_t 
     if (!s.words || r < 0 || r >= GROUP || !row_bytes_of(type, n))
         return -1;
     const int elems = sq_block_elems(type);
-    uint8_t block[64];  /* the largest packable block, Q8_0's 34 bytes, with room */
-    static_assert(sizeof(block_q8_0) <= sizeof(block) && sizeof(block_q4_1) <= sizeof(block), "block buffer");
+    uint8_t block[sizeof(block_q6_K)];  /* the largest packable block */
+    static_assert(sizeof(block_q8_0) <= sizeof(block) && sizeof(block_q4_1) <= sizeof(block) &&
+                  sizeof(block_q4_K) <= sizeof(block), "block buffer");
     for (int64_t i = 0; i < n / elems; i++) {
         unpack_block(s, group, i, r, block);
         sq_dequantize_row(type, block, dst + i * elems, elems);

@@ -27,7 +27,7 @@ def run(eng) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K_M"])
 def test_packed_weights_give_the_same_logits(kind, reference_dir, monkeypatch):
     path = reference_dir / f"tiny-smollm3-{kind}.gguf"
     before = file_digest(path)
@@ -37,8 +37,10 @@ def test_packed_weights_give_the_same_logits(kind, reference_dir, monkeypatch):
     want = run(plain)
     monkeypatch.setenv("SMOLQ_PACK", "1")
     eng = llm_smolq.load(path, n_ctx=64, threads=2)
-    # every matrix of the type: the layers' and the (tied) embedding
-    assert eng._packed == {name for name, t in eng.model.tensors.items() if t.type.name == kind and len(t.shape) == 2}
+    # every matrix of the types that pack: the layers' and the (tied) embedding
+    assert eng._packed == {name for name, t in eng.model.tensors.items()
+                           if lib.sq_rows16_packs(int(t.type)) and len(t.shape) == 2}
+    assert kind.removesuffix("_M") in {eng.model.tensors[name].type.name for name in eng._packed}
     assert eng.model.data.tobytes() != plain.model.data.tobytes()
     prev = lib.sq_set_simd(1)
     try:
@@ -68,4 +70,4 @@ def test_no_packing_where_the_path_does_not_want_it(reference_dir, monkeypatch):
     eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_1.gguf", n_ctx=32, threads=1)
     assert bool(eng._packed) == bool(lib.sq_rows16_wanted())
     eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_K_M.gguf", n_ctx=32, threads=1)
-    assert all(eng.model.tensors[name].type.name in ("Q4_1", "Q8_0") for name in eng._packed)
+    assert all(lib.sq_rows16_packs(int(eng.model.tensors[name].type)) for name in eng._packed)

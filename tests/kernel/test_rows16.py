@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from helpers.simd_paths import simd_paths
-from test_quants import VEC_DOT_TYPE, c_vec_dot, quantized_rows, random_row, simd_restore  # noqa: F401
+from test_quants import VEC_DOT_TYPE, c_vec_dot, c_vec_dot_batch, quantized_rows, random_row, simd_restore  # noqa: F401
 
 from llm_smolq._kernel import ffi, lib
 
-PACKED_TYPES = [T.Q4_1, T.Q8_0]
-HALVES = {T.Q4_1: 2, T.Q8_0: 1}  # f16 fields at the start of a block (d, then m)
+PACKED_TYPES = [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+# where a block's f16 fields are (d, then m or dmin): (first byte, how many)
+HALVES = {T.Q4_1: (0, 2), T.Q8_0: (0, 1), T.Q4_K: (0, 2), T.Q6_K: (208, 1)}
 
 
 def matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -28,16 +29,17 @@ def packed(qtype: T, plain: np.ndarray, cols: int) -> np.ndarray:
 
 def expected_packing(qtype: T, plain: np.ndarray) -> np.ndarray:
     """The layout written out in numpy: per group and block, each f16 field of the sixteen
-    rows, then each 32-bit word of their codes, row 0 first."""
+    rows, then each 32-bit word of the rest of their blocks, row 0 first."""
     block_bytes = GGML_QUANT_SIZES[qtype][1]
-    rows, halves = plain.shape[0], HALVES[qtype]
+    rows, (at, halves) = plain.shape[0], HALVES[qtype]
     blocks = plain.reshape(rows // 16, 16, -1, block_bytes)  # group, row, block, byte
     out = []
     for group in blocks:
         for i in range(group.shape[1]):
             block = group[:, i]  # [16 rows][bytes]
-            fields = [block[:, 2 * h:2 * h + 2] for h in range(halves)]
-            words = [block[:, 2 * halves + 4 * j:2 * halves + 4 * j + 4] for j in range((block_bytes - 2 * halves) // 4)]
+            rest = np.concatenate([block[:, :at], block[:, at + 2 * halves:]], axis=1)
+            fields = [block[:, at + 2 * h:at + 2 * h + 2] for h in range(halves)]
+            words = [rest[:, 4 * j:4 * j + 4] for j in range(rest.shape[1] // 4)]
             out += [f.reshape(-1) for f in fields + words]
     return np.concatenate(out).reshape(plain.shape)
 
@@ -49,7 +51,8 @@ def test_which_types_pack():
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
 def test_packing_is_the_documented_layout_and_comes_back(qtype):
     rng = np.random.default_rng(40 + int(qtype))
-    for rows, cols in ((16, 32), (48, 1024), (32, 32 * 37)):
+    elems = GGML_QUANT_SIZES[qtype][0]
+    for rows, cols in ((16, elems), (48, 4 * elems), (32, 37 * elems)):
         plain = matrix(qtype, rows, cols, rng)
         out = packed(qtype, plain, cols)
         assert out.tobytes() == expected_packing(qtype, plain).tobytes()
@@ -60,7 +63,7 @@ def test_packing_is_the_documented_layout_and_comes_back(qtype):
 def test_packing_refuses_what_it_cannot_pack():
     rng = np.random.default_rng(5)
     plain = matrix(T.Q4_1, 32, 64, rng)
-    for qtype, rows, cols in ((T.Q4_K, 32, 256), (T.F32, 32, 64), (99, 32, 64), (T.Q4_1, 24, 64), (T.Q4_1, -16, 64),
+    for qtype, rows, cols in ((T.Q5_K, 32, 256), (T.F32, 32, 64), (99, 32, 64), (T.Q4_1, 24, 64), (T.Q4_1, -16, 64),
                               (T.Q4_1, 16, 48), (T.Q4_1, 16, 0)):
         for fn in (lib.sq_rows16_pack, lib.sq_rows16_unpack):
             data = plain.copy()
@@ -70,33 +73,39 @@ def test_packing_refuses_what_it_cannot_pack():
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
-def test_products_of_a_packed_matrix_are_vec_dots(qtype, simd_restore, monkeypatch):
+def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypatch):
     """sq_vec_dot_rows16 over whole groups and ranges that start or end inside one, for one
-    token (decode) to past the kernels' 16-token tile, rows past their 32-block chunks:
-    each output sq_vec_dot's bits for the row as the file had it; y written only where it
-    should be."""
+    token (decode) to past the kernels' 16-token tile, rows past their 32-block chunks, in
+    step order and as a batch: each output the bits sq_vec_dot_steps_rows (sq_vec_dot,
+    token by token) or sq_vec_dot_batch_rows (sq_vec_dot_batch, row by row: Q4_K's
+    repacked-gemm order for all but n_tokens % 4 tokens) give the row as the file had it;
+    y written only where it should be."""
     rng = np.random.default_rng(60 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
+    elems = GGML_QUANT_SIZES[qtype][0]
     seen = []
-    for cols, rows in ((256, 48), (32 * 37, 32)):
+    for cols, rows in ((8 * elems, 48), (37 * elems, 32)):
         plain = matrix(qtype, rows, cols, rng)
         pack = packed(qtype, plain, cols)
         for tokens in (1, 2, 9, 17):
             xq = quantized_rows(vtype, cols, tokens, rng)
             steps = np.array([[c_vec_dot(qtype, row, xq[t], cols) for row in plain] for t in range(tokens)],
                              dtype=np.float32)
+            batch = np.stack([c_vec_dot_batch(qtype, row, xq, cols) for row in plain], axis=1)
             for set_path in simd_paths(monkeypatch):
                 seen.append(set_path())
-                for r0, r1 in ((0, rows), (16, 32), (3, rows - 5), (5, 9), (17, 17), (0, 1)):
-                    ldy = r1 - r0 + 2
-                    y = np.full(tokens * ldy, np.nan, dtype=np.float32)
-                    rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq),
-                                               xq.shape[1], tokens, cols, ffi.from_buffer("float[]", y), ldy)
-                    assert rc == 0
-                    y = y.reshape(tokens, ldy)
-                    assert np.isnan(y[:, r1 - r0:]).all()
-                    assert y[:, :r1 - r0].tobytes() == steps[:, r0:r1].tobytes(), \
-                        f"{qtype.name} cols={cols} rows {r0}..{r1} tokens={tokens} simd={seen[-1]}"
+                for step_order, want in ((1, steps), (0, batch)):
+                    for r0, r1 in ((0, rows), (16, 32), (3, rows - 5), (5, 9), (17, 17), (0, 1)):
+                        ldy = r1 - r0 + 2
+                        y = np.full(tokens * ldy, np.nan, dtype=np.float32)
+                        rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq),
+                                                   xq.shape[1], tokens, cols, ffi.from_buffer("float[]", y), ldy,
+                                                   step_order)
+                        assert rc == 0
+                        y = y.reshape(tokens, ldy)
+                        assert np.isnan(y[:, r1 - r0:]).all()
+                        assert y[:, :r1 - r0].tobytes() == want[:, r0:r1].tobytes(), \
+                            f"{qtype.name} cols={cols} rows {r0}..{r1} tokens={tokens} simd={seen[-1]} steps={step_order}"
     assert len(set(seen)) >= 2 or seen == ["scalar"] * len(seen)
 
 
@@ -105,17 +114,17 @@ def test_products_of_a_packed_matrix_refuse_bad_arguments():
     pack = packed(T.Q4_1, matrix(T.Q4_1, 16, 64, rng), 64)
     xq = quantized_rows(VEC_DOT_TYPE[T.Q4_1], 64, 2, rng)
     y = np.full(64, 7.0, dtype=np.float32)
-    for qtype, r0, r1, tokens, cols in ((T.Q4_K, 0, 16, 1, 256), (T.Q4_1, 0, 16, 0, 64), (T.Q4_1, 8, 4, 1, 64),
+    for qtype, r0, r1, tokens, cols in ((T.Q5_K, 0, 16, 1, 256), (T.Q4_1, 0, 16, 0, 64), (T.Q4_1, 8, 4, 1, 64),
                                         (T.Q4_1, -1, 16, 1, 64), (T.Q4_1, 0, 16, 1, 48), (99, 0, 16, 1, 64)):
         rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq), xq.shape[1],
-                                   tokens, cols, ffi.from_buffer("float[]", y), 16)
+                                   tokens, cols, ffi.from_buffer("float[]", y), 16, 1)
         assert rc == -1 and (y == 7.0).all(), (qtype, r0, r1, tokens, cols)
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
 def test_a_row_of_a_packed_group_decodes_as_it_did(qtype):
     rng = np.random.default_rng(80 + int(qtype))
-    cols = 32 * 5
+    cols = 5 * GGML_QUANT_SIZES[qtype][0]
     plain = matrix(qtype, 32, cols, rng)
     pack = packed(qtype, plain, cols)
     row_bytes = plain.shape[1]
@@ -127,6 +136,6 @@ def test_a_row_of_a_packed_group_decodes_as_it_did(qtype):
         assert lib.sq_dequantize_row16(int(qtype), group, r % 16, ffi.from_buffer("float[]", got), cols) == 0
         assert got.tobytes() == want.tobytes()
     got = np.full(cols, 7.0, dtype=np.float32)
-    for qtype_, r, n in ((T.Q4_K, 0, cols), (qtype, 16, cols), (qtype, -1, cols), (qtype, 0, cols + 1)):
+    for qtype_, r, n in ((T.Q5_K, 0, cols), (qtype, 16, cols), (qtype, -1, cols), (qtype, 0, cols + 1)):
         assert lib.sq_dequantize_row16(int(qtype_), ffi.from_buffer(pack), r, ffi.from_buffer("float[]", got), n) == -1
     assert (got == 7.0).all()

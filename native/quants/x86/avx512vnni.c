@@ -57,7 +57,7 @@ static inline TARGET void transpose8_halves(v16i q[8]) {
 
 /* Block i's share of the sixteen rows after the sixteen at rows, asked of memory up to
  * stop while these are read (prefetch_next_rows for each eight). */
-static inline TARGET void prefetch_next16(const void *rows, int64_t row_bytes, int64_t i, int64_t nb, const void *stop) {
+static inline __attribute__((always_inline)) TARGET void prefetch_next16(const void *rows, int64_t row_bytes, int64_t i, int64_t nb, const void *stop) {
     const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;
     const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
     prefetch_next_rows(next, i, share, stop);
@@ -115,10 +115,16 @@ static inline TARGET void bytes32_side_by_side(const uint8_t *p, int64_t row_byt
  * so that vpdpwssd by it multiplies an int16 sum by the scale; min2[g] holds row r's min of
  * group g in both 16-bit halves, so that vpdpwssd by it multiplies the sum of two bsums;
  * d and dmin each row's. */
-static inline TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes, int64_t i, v16i scale[8],
-                                         v16i min2[8], v16f *d, v16f *dmin) {
-    v16i w[4];  /* w[j] lane r: header word j of row r */
-    words16_side_by_side(rows + i * (int64_t)sizeof(block_q4_K), row_bytes, w);
+static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes,
+                                                                       int64_t i, const int packed, v16i scale[8],
+                                                                       v16i min2[8], v16f *d, v16f *dmin) {
+    v16i w[4];  /* w[j] lane r: header word j of row r (from a packed group: w[1..3], the d and dmin apart) */
+    const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q4_K);
+    if (packed)
+        for (int j = 1; j < 4; j++)
+            w[j] = V16(loadu_si512)(run + 64 * j);
+    else
+        words16_side_by_side(rows + i * (int64_t)sizeof(block_q4_K), row_bytes, w);
     /* Byte g of each lane: scales and mins of groups g (low) and 4 + g (high). */
     const v16i m6 = V16(set1_epi32)(0x3f3f3f3f), m4 = V16(set1_epi32)(0x0f0f0f0f), top2 = V16(set1_epi32)(0x30303030);
     const v16i sc_low = V16(and_si512)(w[1], m6), mn_low = V16(and_si512)(w[2], m6);
@@ -135,6 +141,11 @@ static inline TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes,
         min2[g] = V16(shuffle_epi8)(mn_low, dup);
         min2[g + 4] = V16(shuffle_epi8)(mn_high, dup);
     }
+    if (packed) {
+        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+        *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
+        return;
+    }
     /* The f16 d (low half of w[0]) and dmin (high half), sixteen of each. */
     const v16i halves = V16(permutexvar_epi64)(
         V16(setr_epi64)(0, 2, 4, 6, 1, 3, 5, 7),
@@ -145,10 +156,16 @@ static inline TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes,
 
 /* Span c (elements 64c .. 64c + 63) of block i of sixteen Q4_K rows side by side:
  * code[h][j] lane r holds elements 64c + 32h + 4j .. +3 of row r. */
-static inline TARGET void q4_K_codes16(const uint8_t *rows, int64_t row_bytes, int64_t i, int c, v16i code[2][8]) {
+static inline __attribute__((always_inline)) TARGET void q4_K_codes16(const uint8_t *rows, int64_t row_bytes,
+                                                                     int64_t i, int c, const int packed,
+                                                                     v16i code[2][8]) {
     const v16i m4 = V16(set1_epi8)(0x0f);
     v16i q[8];
-    bytes32_side_by_side(((const block_q4_K *)rows + i)->qs + 32 * c, row_bytes, q);
+    if (packed)  /* words 3 + 8c + j of the group's run: after the scales' three */
+        for (int j = 0; j < 8; j++)
+            q[j] = V16(loadu_si512)(rows + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (4 + 8 * c + j));
+    else
+        bytes32_side_by_side(((const block_q4_K *)rows + i)->qs + 32 * c, row_bytes, q);
     for (int j = 0; j < 8; j++) {
         code[0][j] = V16(and_si512)(q[j], m4);
         code[1][j] = V16(and_si512)(V16(srli_epi16)(q[j], 4), m4);
@@ -184,8 +201,9 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
  * where the AVX2 kernel takes sixteen for half the rows (maddubs and the int16 adds
  * after). y[t * ldy + r] for r < 16; the next sixteen rows' bytes are asked of memory up
  * to stop. */
-TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) TARGET void batch_dot16_q4_K(
+    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
+    float *y, int64_t ldy, const int packed) {
     enum { TILE = 64 };
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -193,11 +211,13 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int t = 0; t < nt; t++)
             sumf[t] = summ[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
-            if (t0 == 0)
+            if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
+                prefetch_ahead(rows + i * 16 * (int64_t)sizeof(block_q4_K), 16 * (int)sizeof(block_q4_K), stop);
+            else if (t0 == 0)
                 prefetch_next16(rows, row_bytes, i, nb, stop);
             v16i scale[8], min2[8];
             v16f d_rows, dmin_rows;
-            q4_K_headers16(rows, row_bytes, i, scale, min2, &d_rows, &dmin_rows);
+            q4_K_headers16(rows, row_bytes, i, packed, scale, min2, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 if (i + 1 < nb)
@@ -207,7 +227,7 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
             }
             for (int c = 0; c < 4; c++) {
                 v16i code[2][8];
-                q4_K_codes16(rows, row_bytes, i, c, code);
+                q4_K_codes16(rows, row_bytes, i, c, packed, code);
                 for (int t = 0; t < nt; t++) {
                     const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                     const v16i isum = q4_K_span16(a->qs + 64 * c, code, scale[2 * c], scale[2 * c + 1], V16(setzero_si512)());
@@ -222,6 +242,16 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int t = 0; t < nt; t++)
             V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sumf[t], summ[t]));
     }
+}
+
+TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    batch_dot16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0);
+}
+
+TARGET void sq_packed_batch16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                              int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    batch_dot16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1);
 }
 
 /* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each output with
@@ -239,10 +269,11 @@ TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
  * 2,048 columns streamed from memory no faster than the eight-row kernel's, where in cache
  * they ran 30% faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where
  * they took 250 (one thread). */
-TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_K(
+    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
+    float *y, int64_t ldy, const int packed) {
     enum { TILE = 16 };
-    const uint8_t *next16 = (const uint8_t *)rows + 16 * row_bytes;
+    const uint8_t *next16 = rows + 16 * row_bytes;
     const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -253,11 +284,14 @@ TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int64_t i = 0; i < nb; i++) {
             v16i scale[8], min2[8];
             v16f d_rows, dmin_rows;
-            q4_K_headers16(rows, row_bytes, i, scale, min2, &d_rows, &dmin_rows);
+            q4_K_headers16(rows, row_bytes, i, packed, scale, min2, &d_rows, &dmin_rows);
             for (int c = 0; c < 4; c++) {
                 v16i code[2][8];
-                q4_K_codes16(rows, row_bytes, i, c, code);
-                if (t0 == 0)
+                q4_K_codes16(rows, row_bytes, i, c, packed, code);
+                if (t0 == 0 && packed)  /* one stream: ahead of a quarter of the run per span */
+                    prefetch_ahead(rows + i * 16 * (int64_t)sizeof(block_q4_K) + c * 4 * (int64_t)sizeof(block_q4_K),
+                                   4 * (int)sizeof(block_q4_K), stop);
+                else if (t0 == 0)
                     prefetch_next_rows(next16, 4 * i + c, piece, stop);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
@@ -277,6 +311,16 @@ TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int t = 0; t < nt; t++)
             V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sumf[t], summ[t]));
     }
+}
+
+TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    steps_dot16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0);
+}
+
+TARGET void sq_packed_dot16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    steps_dot16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1);
 }
 
 /* ---------------------------------------------------------------------------
@@ -351,7 +395,9 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
-                if (t0 == 0)
+                if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
+                    prefetch_ahead((const uint8_t *)rows + (i0 + k) * share, (int)share, stop);
+                else if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
                 q4_1_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k], &m_rows[k]);
             }
@@ -433,7 +479,9 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
-                if (t0 == 0)
+                if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
+                    prefetch_ahead((const uint8_t *)rows + (i0 + k) * share, (int)share, stop);
+                else if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
                 q8_0_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k]);
             }
@@ -477,21 +525,41 @@ TARGET void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes
  * Q6_K draft checks: sixteen rows side by side
  * ------------------------------------------------------------------------- */
 
+/* Words w0..w0+7 of a packed Q6_K run (quants/rows16.c: the sixteen d, then word j of
+ * the sixteen rows at 32 + 64j): ql's are words 0-31, qh's 32-47, the scales' 48-51. */
+static inline TARGET void q6_K_words16(const uint8_t *run, int w0, v16i q[8]) {
+    for (int j = 0; j < 8; j++)
+        q[j] = V16(loadu_si512)(run + 32 + 64 * (w0 + j));
+}
+
+static inline TARGET void q6_K_scale_words16(const uint8_t *run, v16i w[4]) {
+    for (int j = 0; j < 4; j++)
+        w[j] = V16(loadu_si512)(run + 32 + 64 * (48 + j));
+}
+
 /* Block i of sixteen Q6_K rows side by side, in the lanes of sq_vec_dot_q6_K_avx2: code[8k + m]
  * lane r holds row r's 6-bit codes 32k + 4m .. +3 (k = 4h + c: register q[c] of half h in
  * that kernel), scale2[g] its scale of group g in both 16-bit halves, off[m] its scales of
  * groups 2m and 2m + 1 times -32 (the offset's lane m, taken from the bsums), d its d. The
  * low nibbles and the high bits are put side by side as they lie, then assembled into
  * codes sixteen rows at once. */
-static inline TARGET void q6_K_block16(const uint8_t *rows, int64_t row_bytes, int64_t i, v16i code[64],
-                                       v16i scale2[16], v16i off[8], v16f *d) {
+static inline __attribute__((always_inline)) TARGET void q6_K_block16(const uint8_t *rows, int64_t row_bytes,
+                                                                     int64_t i, const int packed, v16i code[64],
+                                                                     v16i scale2[16], v16i off[8], v16f *d) {
     const block_q6_K *x = (const block_q6_K *)rows + i;
+    const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q6_K);  /* packed: d, then the words */
     const v16i m4 = V16(set1_epi8)(0x0f), top2 = V16(set1_epi8)(0x30);
     for (int h = 0; h < 2; h++) {
         v16i l0[8], l1[8], hb[8];
-        bytes32_side_by_side(x->ql + 64 * h, row_bytes, l0);
-        bytes32_side_by_side(x->ql + 64 * h + 32, row_bytes, l1);
-        bytes32_side_by_side(x->qh + 32 * h, row_bytes, hb);
+        if (packed) {
+            q6_K_words16(run, 16 * h, l0);      /* ql bytes 64h .. */
+            q6_K_words16(run, 16 * h + 8, l1);  /* ql bytes 64h + 32 .. */
+            q6_K_words16(run, 32 + 8 * h, hb);  /* qh bytes 32h .. */
+        } else {
+            bytes32_side_by_side(x->ql + 64 * h, row_bytes, l0);
+            bytes32_side_by_side(x->ql + 64 * h + 32, row_bytes, l1);
+            bytes32_side_by_side(x->qh + 32 * h, row_bytes, hb);
+        }
         v16i *q = code + 32 * h;
         for (int m = 0; m < 8; m++) {
             /* (low nibble & 0x0f) | high bits already at bits 4-5: ternary-logic 0xea is (a & b) | c */
@@ -503,7 +571,10 @@ static inline TARGET void q6_K_block16(const uint8_t *rows, int64_t row_bytes, i
         }
     }
     v16i w[4];  /* w[j] lane r: scales 4j..4j+3 of row r */
-    words16_side_by_side((const uint8_t *)x->scales, row_bytes, w);
+    if (packed)
+        q6_K_scale_words16(run, w);
+    else
+        words16_side_by_side((const uint8_t *)x->scales, row_bytes, w);
     for (int b = 0; b < 4; b++) {
         /* byte b of each lane into bytes 1 and 3, then each 16-bit half shifted down with its sign */
         const v16i twice = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(-1, b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1,
@@ -518,6 +589,10 @@ static inline TARGET void q6_K_block16(const uint8_t *rows, int64_t row_bytes, i
                                                                     13 + 2 * p)));
         for (int j = 0; j < 4; j++)
             off[2 * j + p] = V16(mullo_epi16)(V16(srai_epi16)(V16(shuffle_epi8)(w[j], pair), 8), V16(set1_epi16)(-32));
+    }
+    if (packed) {
+        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+        return;
     }
     uint16_t dh[16];
     for (int r = 0; r < 16; r++)
@@ -566,13 +641,16 @@ static inline __attribute__((always_inline)) TARGET void q6_K_block_tokens16(
  * Q6_K row once per token (dotn). y[t * ldy + r] for r < 16; the next sixteen rows' bytes
  * are asked of memory up to stop a line or so at a time as the first tile's tokens go by
  * (asked a block at a time, the requests stalled the kernel). */
-TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    enum { CHUNK = 4, TILE = 16 };
-    v16i code[CHUNK][64], scale2[CHUNK][16], off[CHUNK][8];
-    v16f d_rows[CHUNK];
+static inline __attribute__((always_inline)) TARGET void steps_dot16_q6_K(
+    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
+    float *y, int64_t ldy, const int packed, const int CHUNK) {
+    enum { TILE = 16 };
+    v16i code[4][64], scale2[4][16], off[4][8];  /* CHUNK (1 or 4) blocks side by side */
+    v16f d_rows[4];
     v16f acc_tokens[TILE][8];  /* a token's 8 lane registers */
-    const uint8_t *ahead = (const uint8_t *)rows + 16 * row_bytes;
+    /* The file's layout: the next sixteen rows, as this group's are read. Packed, one
+     * stream: PREFETCH_AHEAD bytes ahead of the reads, as decode's vec_dots ask. */
+    const uint8_t *ahead = rows + (packed ? PREFETCH_AHEAD : 16 * row_bytes);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         /* The next rows' lines, asked for a few at a time: lines_per_slot per block, token
@@ -585,7 +663,7 @@ TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++)
-                q6_K_block16(rows, row_bytes, i0 + k, code[k], scale2[k], off[k], &d_rows[k]);
+                q6_K_block16(rows, row_bytes, i0 + k, packed, code[k], scale2[k], off[k], &d_rows[k]);
             for (int t = 0; t < nt; t += 2) {
                 const block_q8_K *a[2] = {token_block(xq, stride, t0 + t, i0),
                                           token_block(xq, stride, t0 + (t + 1 < nt ? t + 1 : t), i0)};
@@ -604,6 +682,19 @@ TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, 
     }
 }
 
+TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    steps_dot16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 4);
+}
+
+TARGET void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    if (n_tokens == 1)  /* decode: each block's codes straight from the loads to the products */
+        steps_dot16_q6_K(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
+    else
+        steps_dot16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 4);
+}
+
 /* ---------------------------------------------------------------------------
  * Q6_K: sixteen rows side by side
  * ------------------------------------------------------------------------- */
@@ -616,10 +707,26 @@ TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, 
  * token of the tile goes by; a 16-element group's products (|.| <= 16 * 63 * 128) are
  * summed by vpdpbusd, then multiplied by its scale. y[t * ldy + r] for r < 16; the next
  * sixteen rows' bytes are asked of memory up to stop. */
-TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+/* Chunk k (codes 32k .. 32k + 31) of block i of a packed group of sixteen Q6_K rows, as
+ * q6_K_side_by_side gives eight: code[j] lane r holds row r's codes 32k + 4j .. +3. */
+static inline TARGET void q6_K_packed_chunk16(const uint8_t *run, int k, v16i code[8]) {
+    const v16i m4 = V16(set1_epi8)(0x0f), m2 = V16(set1_epi8)(3);
+    const int h = k / 4, part = k % 4;  /* codes 128h + 32 part .. */
+    v16i l[8], hb[8];
+    q6_K_words16(run, 16 * h + 8 * (part & 1), l);
+    q6_K_words16(run, 32 + 8 * h, hb);
+    for (int j = 0; j < 8; j++) {
+        const v16i low = V16(and_si512)(part < 2 ? l[j] : V16(srli_epi16)(l[j], 4), m4);
+        const v16i high = V16(and_si512)(V16(srli_epi16)(hb[j], 2 * part), m2);
+        code[j] = V16(or_si512)(low, V16(slli_epi16)(high, 4));
+    }
+}
+
+static inline __attribute__((always_inline)) TARGET void batch_dot16_q6_K(
+    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
+    float *y, int64_t ldy, const int packed) {
     enum { TILE = 64 };
-    const uint8_t *upper = (const uint8_t *)rows + 8 * row_bytes;  /* rows 8..15 */
+    const uint8_t *upper = rows + 8 * row_bytes;  /* rows 8..15 */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[TILE];
@@ -627,29 +734,51 @@ TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int t = 0; t < nt; t++)
             sum[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
-            if (t0 == 0)
+            const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q6_K);  /* packed */
+            if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
+                prefetch_ahead(run, 16 * (int)sizeof(block_q6_K), stop);
+            else if (t0 == 0)
                 prefetch_next16(rows, row_bytes, i, nb, stop);
             /* Per group its scale, per pair of groups (scale 2p, scale 2p+1) as int16, per row d. */
             int32_t sc_lanes[16][16], pair_lanes[8][16];
             float dr[16];
-            for (int r = 0; r < 16; r++) {
-                const block_q6_K *x = (const block_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
-                for (int g = 0; g < 16; g++)
-                    sc_lanes[g][r] = x->scales[g];
-                for (int p = 0; p < 8; p++)
-                    pair_lanes[p][r] = (int32_t)((uint16_t)x->scales[2 * p] | (uint32_t)(uint16_t)x->scales[2 * p + 1] << 16);
-                dr[r] = h2f(x->d);
+            if (packed) {
+                v16i w[4];  /* w[j] lane r: scales 4j..4j+3 of row r */
+                q6_K_scale_words16(run, w);
+                for (int g = 0; g < 16; g++)  /* byte g % 4, with its sign */
+                    V16(storeu_si512)(sc_lanes[g], V16(srai_epi32)(V16(slli_epi32)(w[g / 4], 24 - 8 * (g % 4)), 24));
+                for (int p = 0; p < 8; p++) {
+                    /* bytes b and b + 1 of each lane into bytes 1 and 3, shifted down with their signs */
+                    const int b = 2 * (p % 2);
+                    const v16i pair = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(-1, b, -1, b + 1, -1, 4 + b, -1, 5 + b, -1, 8 + b,
+                                                                                -1, 9 + b, -1, 12 + b, -1, 13 + b)));
+                    V16(storeu_si512)(pair_lanes[p], V16(srai_epi16)(V16(shuffle_epi8)(w[p / 2], pair), 8));
+                }
+                V16(storeu_ps)(dr, V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run))));
+            } else {
+                for (int r = 0; r < 16; r++) {
+                    const block_q6_K *x = (const block_q6_K *)(rows + r * row_bytes) + i;
+                    for (int g = 0; g < 16; g++)
+                        sc_lanes[g][r] = x->scales[g];
+                    for (int p = 0; p < 8; p++)
+                        pair_lanes[p][r] = (int32_t)((uint16_t)x->scales[2 * p] | (uint32_t)(uint16_t)x->scales[2 * p + 1] << 16);
+                    dr[r] = h2f(x->d);
+                }
             }
             const v16f d_rows = V16(loadu_ps)(dr);
             for (int t = 0; t < nt; t++)
                 acc[t] = V16(setzero_si512)();
             for (int k = 0; k < 8; k++) {
-                __m256i lo[8], hi[8];
-                q6_K_side_by_side(rows, row_bytes, i, k, lo);
-                q6_K_side_by_side(upper, row_bytes, i, k, hi);
                 v16i code[8];
-                for (int j = 0; j < 8; j++)
-                    code[j] = join_i(lo[j], hi[j]);
+                if (packed) {
+                    q6_K_packed_chunk16(run, k, code);
+                } else {
+                    __m256i lo[8], hi[8];
+                    q6_K_side_by_side(rows, row_bytes, i, k, lo);
+                    q6_K_side_by_side(upper, row_bytes, i, k, hi);
+                    for (int j = 0; j < 8; j++)
+                        code[j] = join_i(lo[j], hi[j]);
+                }
                 const v16i sc0 = V16(loadu_si512)(sc_lanes[2 * k]), sc1 = V16(loadu_si512)(sc_lanes[2 * k + 1]);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 32 * k;
@@ -677,6 +806,16 @@ TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, 
         for (int t = 0; t < nt; t++)
             V16(storeu_ps)(y + (t0 + t) * ldy, sum[t]);
     }
+}
+
+TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    batch_dot16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0);
+}
+
+TARGET void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                              int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    batch_dot16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1);
 }
 
 #else

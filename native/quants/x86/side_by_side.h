@@ -47,7 +47,7 @@ static inline TARGET void transpose4_halves(const __m256i in[4], __m256i out[4])
  * asked for ahead of use up to stop: the hardware prefetchers do not follow eight rows
  * read a block of each at a time. Into PREFETCH_INTO's cache, as prefetch_ahead's far
  * requests (L2 in the VNNI copy). */
-static inline TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int64_t share, const void *stop) {
+static inline __attribute__((always_inline)) TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int64_t share, const void *stop) {
     for (int64_t b = i * share; b < (i + 1) * share; b += 64)
         if ((uintptr_t)(next + b) < (uintptr_t)stop)
             _mm_prefetch((const char *)(next + b), PREFETCH_INTO);
@@ -55,7 +55,7 @@ static inline TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int
 
 /* An activation block asked for ahead of use. A batch of long rows outgrows L2, and the
  * hardware does not follow one block from each of the 32 to a hundred token rows at a time. */
-static inline TARGET void prefetch_block_q8_K(const block_q8_K *a) {
+static inline __attribute__((always_inline)) TARGET void prefetch_block_q8_K(const block_q8_K *a) {
     for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
         _mm_prefetch((const char *)a + b, _MM_HINT_T0);
 }

@@ -113,7 +113,11 @@ static inline TARGET int32_t hsum8_i32(__m256i v) {
 #define PREFETCH_INTO _MM_HINT_T0
 #define PREFETCH_NEAR 0 /* none */
 #endif
-static inline TARGET void prefetch_ahead(const void *block, int bytes, const void *stop) {
+/* Always inlined, as every prefetch helper here: GCC sees no side effect in a prefetch,
+ * so a helper left out of line is taken for a function without effects, and its calls,
+ * reached through another inlined function, are deleted (it took every prefetch out of
+ * the sixteen-row kernels once their bodies became inline functions). */
+static inline __attribute__((always_inline)) TARGET void prefetch_ahead(const void *block, int bytes, const void *stop) {
     const uintptr_t ahead = (uintptr_t)block + PREFETCH_AHEAD, near = (uintptr_t)block + PREFETCH_NEAR;
     for (int k = 0; k < bytes; k += 64) {
         if (ahead + (uintptr_t)k < (uintptr_t)stop)
