@@ -116,16 +116,17 @@ const char *sq_simd_name(void);
  * running finishes with the set it started on. */
 int sq_set_simd(int enabled);
 
-/* Weight matrices packed sixteen rows side by side, in place (quants/rows16.c), for the
- * 512-bit kernels: a group of sixteen rows keeps its bytes' place, its blocks
- * interleaved as those kernels load them. sq_rows16_packs: 1 for the types that pack
- * (Q4_1, Q8_0, Q4_K, Q6_K), else 0. sq_rows16_pack and sq_rows16_unpack (its inverse) take a matrix
- * of rows (a multiple of 16) rows of cols elements (whole blocks), contiguous; 0, or -1
- * for anything else (data untouched). sq_rows16_wanted: 1 when the kernels in use read
- * packed matrices faster (the "avx512vnni" path); any path reads them, with the same bits. */
+/* Weight matrices packed sixteen rows side by side (quants/rows16.c), for the 512-bit
+ * kernels: a group of sixteen rows takes the bytes its rows took, its blocks interleaved
+ * as those kernels load them. sq_rows16_packs: 1 for the types that pack (Q4_1, Q8_0,
+ * Q4_K, Q6_K), else 0. sq_rows16_pack writes the packed form of a matrix of rows (a
+ * multiple of 16) rows of cols elements (whole blocks), contiguous at src, to dst (as many
+ * bytes, not overlapping src); sq_rows16_unpack does the reverse. 0, or -1 for anything
+ * else (dst untouched). sq_rows16_wanted: 1 when the kernels in use read packed matrices
+ * faster (the "avx512vnni" path); any path reads them, with the same bits. */
 int sq_rows16_packs(int type);
-int sq_rows16_pack(int type, void *data, int64_t rows, int64_t cols);
-int sq_rows16_unpack(int type, void *data, int64_t rows, int64_t cols);
+int sq_rows16_pack(int type, const void *src, void *dst, int64_t rows, int64_t cols);
+int sq_rows16_unpack(int type, const void *src, void *dst, int64_t rows, int64_t cols);
 int sq_rows16_wanted(void);
 
 /* Rows r0..r1-1 of a matrix packed by sq_rows16_pack whose row 0 is at data, times
@@ -139,8 +140,8 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
 /* Row r (0..15) of a packed group, decoded as sq_dequantize_row decodes the row it was. */
 int sq_dequantize_row16(int type, const void *group, int r, float *dst, int64_t n);
 
-/* A weight matrix as a view into the mapped GGUF file (never copied; packed in place
- * when the model's loader chose to). */
+/* A weight matrix as a view into the mapped GGUF file (never copied), or into the
+ * engine's packed copy of it (sq_rows16_pack). */
 typedef struct {
     const void *data;      /* first byte of row 0 */
     int type;              /* enum sq_type */

@@ -131,8 +131,9 @@ class Engine:
         self._tokens: list[int] = []  # the ids whose keys and values are in the cache
         self._lock = threading.Lock()
 
-        self._packed = pack_weights(model)  # tensors the kernel reads sixteen rows side by side
+        self._packed = pack_weights(model, threads)  # tensors the kernel reads sixteen rows side by side
         self.weights = ffi.from_buffer("uint8_t[]", model.data)  # the mapped file, as the kernel reads it
+        self._packed_weights = ffi.from_buffer("uint8_t[]", model.packed_data)  # and those, packed
         self.c_model, self._c_layers = self._build_c_model(n_ctx)  # sq_model: views into weights
         self._pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
         self._state = ffi.gc(lib.sq_state_new(ffi.addressof(self.c_model.cfg), MAX_BATCH), lib.sq_state_free)
@@ -141,13 +142,14 @@ class Engine:
 
     # -- the C view of the model -------------------------------------------------------
     def _tensor(self, info: TensorInfo):
+        at = self._packed.get(info.name)
         return {
-            "data": self.weights + info.offset,
+            "data": self.weights + info.offset if at is None else self._packed_weights + at,
             "type": int(info.type),
             "rows": info.rows,
             "cols": info.shape[0],
             "row_bytes": info.row_bytes,
-            "packed16": int(info.name in self._packed),
+            "packed16": int(at is not None),
         }
 
     def _build_c_model(self, n_ctx: int):

@@ -4,11 +4,14 @@ Where the kernel runs its "avx512vnni" path, it multiplies sixteen rows at once,
 Q4_1, Q8_0, Q4_K and Q6_K matrices fastest with each group of sixteen rows interleaved
 block by block (native/quants/rows16.c): no transpose of the rows on every pass, and one
 stream of memory where there were sixteen. On the 3B shape a decode step took 16% less
-time and a lookup draft's check of eight tokens 13% less (BENCHMARKS.md). The model file
-is mapped copy-on-write, so packing rewrites this process's pages in place: the file on
-disk is untouched, and the memory is what the weights would take once read. Every kernel
-path reads packed matrices (with the same bits), so a later switch of path (sq_set_simd)
-stays correct.
+time and a lookup draft's check of eight tokens 13% less (BENCHMARKS.md).
+
+The packed matrices go to one anonymous buffer (in huge pages where the system gives them)
+and the file's pages they came from are let go of at once, so the process holds each
+weight once, as it would have after a first forward pass. (Packed in place in a
+copy-on-write mapping of the file instead, the 3B shape took 5.5 s to load, each page
+copied on a fault of its own, where this takes about 1 s.) Every kernel path reads packed
+matrices with the same bits, so a later switch of path (sq_set_simd) stays correct.
 
 Packing is decided once per opened model, by its first engine. SMOLQ_PACK=0 leaves the
 weights as the file has them, SMOLQ_PACK=1 packs them on any path (both to compare).
@@ -16,12 +19,17 @@ weights as the file has them, SMOLQ_PACK=1 packs them on any path (both to compa
 
 from __future__ import annotations
 
+import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from llm_smolq._kernel import ffi, lib
 from llm_smolq.model.model_file import ModelFile, TensorInfo
 
 GROUP = 16
+ALIGN = 64  # each packed matrix starts on a cache line
 
 
 def packable(info: TensorInfo) -> bool:
@@ -34,20 +42,52 @@ def _wanted() -> bool:
     return setting == "1" if setting in ("0", "1") else bool(lib.sq_rows16_wanted())
 
 
-def pack_weights(model: ModelFile) -> frozenset[str]:
-    """The names of the model's tensors packed for the kernel, packing them on first call."""
+def _anonymous(nbytes: int) -> np.ndarray:
+    buf = mmap.mmap(-1, max(nbytes, 1))
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # not offered here: 4 KiB pages do
+            pass
+    return np.frombuffer(buf, np.uint8, count=nbytes)
+
+
+def _let_go(model: ModelFile, info: TensorInfo) -> None:
+    """Drop the process's hold on the file's pages that lie wholly inside the tensor (they
+    stay in the page cache, and come back if read)."""
+    page = mmap.PAGESIZE
+    start, end = -(-info.offset // page) * page, (info.offset + info.n_bytes) // page * page
+    if end > start and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            model.data._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, AttributeError, ValueError):  # only memory held a little longer
+            pass
+
+
+def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
+    """{tensor name: its offset in model.packed_data} for the tensors packed for the
+    kernel, packing them on the first call, `threads` at a time (the kernel lets go of the
+    GIL), largest first."""
     with model.pack_lock:
         if model.packed is not None:
             return model.packed
-        names: list[str] = []
-        try:
-            if _wanted():
-                base = ffi.from_buffer("uint8_t[]", model.data)
-                for info in model.tensors.values():
-                    if packable(info):
-                        if lib.sq_rows16_pack(int(info.type), base + info.offset, info.rows, info.shape[0]) != 0:
-                            raise MemoryError(f"no memory for a copy of sixteen rows of {info.name} to pack them")
-                        names.append(info.name)
-        finally:  # what was packed, even if not all: never packed twice
-            model.packed = frozenset(names)
+        todo = [info for info in model.tensors.values() if packable(info)] if _wanted() else []
+        todo.sort(key=lambda t: -t.n_bytes)
+        offsets, size = {}, 0
+        for info in todo:
+            offsets[info.name] = size
+            size += -(-info.n_bytes // ALIGN) * ALIGN
+        packed = _anonymous(size)
+        src, dst = ffi.from_buffer("uint8_t[]", model.data), ffi.from_buffer("uint8_t[]", packed)
+
+        def pack(info: TensorInfo) -> None:
+            if lib.sq_rows16_pack(int(info.type), src + info.offset, dst + offsets[info.name], info.rows,
+                                  info.shape[0]) != 0:
+                raise RuntimeError(f"the kernel would not pack {info.name}")  # packable() said it would
+            _let_go(model, info)
+
+        with ThreadPoolExecutor(max(1, threads)) as workers:
+            for job in [workers.submit(pack, info) for info in todo]:
+                job.result()
+        model.packed, model.packed_data = offsets, packed
         return model.packed

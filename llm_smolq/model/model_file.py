@@ -124,12 +124,12 @@ class ModelFile:
     config: ModelConfig
     tensors: dict[str, TensorInfo]
     metadata: dict[str, Any]
-    # The whole file, mapped copy-on-write: the kernel reads the weights in place, and may
-    # have some packed for it (engine/packing.py), which rewrites pages of this process's
-    # mapping only, never the file.
-    data: np.memmap = field(repr=False)
+    data: np.memmap = field(repr=False)  # the whole file, read-only
     digest: str = ""  # of the header's bytes: names what is cached for this header
-    packed: frozenset[str] | None = field(default=None, repr=False)  # names of packed tensors, once decided
+    # The tensors packed for the kernel (engine/packing.py): where each starts in
+    # packed_data, once decided.
+    packed: dict[str, int] | None = field(default=None, repr=False)
+    packed_data: np.ndarray | None = field(default=None, repr=False)
     pack_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
@@ -145,7 +145,7 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
     tensors = _tensor_infos(path, header)
     config = _config(path, header.metadata, tensors)
     _check_model_tensors(path, config, tensors)
-    data = np.memmap(path, dtype=np.uint8, mode="c")
+    data = np.memmap(path, dtype=np.uint8, mode="r")
     return ModelFile(path=path, config=config, tensors=tensors, metadata=header.metadata, data=data,
                      digest=header.digest)
 

@@ -348,10 +348,8 @@ static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int
     uint8_t *copy = malloc((size_t)(16 * row_bytes));
     float *out = malloc((size_t)n_tokens * 16 * sizeof(float));
     int status = copy && out ? 0 : -1;
-    if (!status) {
-        memcpy(copy, group, (size_t)(16 * row_bytes));
-        status = sq_rows16_unpack(type, copy, 16, n);
-    }
+    if (!status)
+        status = sq_rows16_unpack(type, group, copy, 16, n);
     if (!status)
         status = (step_order ? sq_vec_dot_steps_rows : sq_vec_dot_batch_rows)(type, copy, row_bytes, 16, xq, xq_stride,
                                                                               n_tokens, n, out, 16);

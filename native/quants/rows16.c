@@ -1,4 +1,4 @@
-/* quants/rows16.c: weight matrices packed sixteen rows side by side, in place.
+/* quants/rows16.c: weight matrices packed sixteen rows side by side.
  *
  * The 512-bit kernels multiply sixteen rows at once, one row per 32-bit lane, so that an
  * activation word broadcast to every lane meets the same four codes of all sixteen rows.
@@ -11,12 +11,11 @@
  * of whole groups lies where its rows did. Within the group, block i of the sixteen rows
  * is one run of 16 blocks' bytes at i * 16 * (block bytes): first the block's f16 fields
  * (d, then m for Q4_1 or dmin for Q4_K), each as sixteen halves, row 0's first; then the
- * rest of the block (codes, and Q4_K's scales before them, Q6_K's after) as 32-bit words, word j of the
- * sixteen rows together (64 bytes), in order of j. Nothing is lost: sq_rows16_unpack
- * gives back the file's bytes.
+ * rest of the block (codes, and Q4_K's scales before them, Q6_K's after) as 32-bit
+ * words, word j of the sixteen rows together (64 bytes), in order of j. Nothing is lost:
+ * sq_rows16_unpack gives back the file's bytes.
  */
 #include <stddef.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "quants/kernels.h"
@@ -78,35 +77,39 @@ static void unpack_block(block_shape s, const uint8_t *group, int64_t i, int r, 
         memcpy(block + s.word_at + 4 * j, run + words_at(s) + ((size_t)j * GROUP + (size_t)r) * 4, 4);
 }
 
-/* Every group of rows through a copy of it, one way or the other. */
-static int repack(int type, void *data, int64_t rows, int64_t cols, int to_packed) {
+/* Every row's blocks from src into their places in dst's groups, or back. */
+static int repack(int type, const void *src, void *dst, int64_t rows, int64_t cols, int to_packed) {
     const block_shape s = shape_of(type);
     const int64_t row_bytes = row_bytes_of(type, cols);
-    if (!s.words || !row_bytes || rows < 0 || rows % GROUP || (rows && !data))
+    if (!s.words || !row_bytes || rows < 0 || rows % GROUP)
         return -1;
     if (!rows)
         return 0;
-    const int64_t nb = cols / sq_block_elems(type), bytes = sq_block_bytes(type);
-    uint8_t *copy = malloc((size_t)(GROUP * row_bytes));
-    if (!copy)
+    const uint8_t *from = src;
+    uint8_t *to = dst;
+    const int64_t size = rows * row_bytes;
+    if (!from || !to || (from < to + size && to < from + size))  /* the two must not overlap */
         return -1;
-    for (int64_t g = 0; g < rows / GROUP; g++) {
-        uint8_t *group = (uint8_t *)data + g * GROUP * row_bytes;
-        memcpy(copy, group, (size_t)(GROUP * row_bytes));
+    const int64_t nb = cols / sq_block_elems(type), bytes = sq_block_bytes(type);
+    for (int64_t g = 0; g < rows; g += GROUP)
         for (int r = 0; r < GROUP; r++)
-            for (int64_t i = 0; i < nb; i++)
+            for (int64_t i = 0; i < nb; i++) {
+                const int64_t plain = (g + r) * row_bytes + i * bytes;  /* row g + r's block i */
                 if (to_packed)
-                    pack_block(s, copy + r * row_bytes + i * bytes, group, i, r);
+                    pack_block(s, from + plain, to + g * row_bytes, i, r);
                 else
-                    unpack_block(s, copy, i, r, group + r * row_bytes + i * bytes);
-    }
-    free(copy);
+                    unpack_block(s, from + g * row_bytes, i, r, to + plain);
+            }
     return 0;
 }
 
-int sq_rows16_pack(int type, void *data, int64_t rows, int64_t cols) { return repack(type, data, rows, cols, 1); }
+int sq_rows16_pack(int type, const void *src, void *dst, int64_t rows, int64_t cols) {
+    return repack(type, src, dst, rows, cols, 1);
+}
 
-int sq_rows16_unpack(int type, void *data, int64_t rows, int64_t cols) { return repack(type, data, rows, cols, 0); }
+int sq_rows16_unpack(int type, const void *src, void *dst, int64_t rows, int64_t cols) {
+    return repack(type, src, dst, rows, cols, 0);
+}
 
 int sq_dequantize_row16(int type, const void *group, int r, float *dst, int64_t n) {
     const block_shape s = shape_of(type);

@@ -33,15 +33,19 @@ def test_packed_weights_give_the_same_logits(kind, reference_dir, monkeypatch):
     before = file_digest(path)
     monkeypatch.setenv("SMOLQ_PACK", "0")
     plain = llm_smolq.load(path, n_ctx=64, threads=2)
-    assert plain._packed == frozenset()
+    assert plain._packed == {}
     want = run(plain)
     monkeypatch.setenv("SMOLQ_PACK", "1")
     eng = llm_smolq.load(path, n_ctx=64, threads=2)
     # every matrix of the types that pack: the layers' and the (tied) embedding
-    assert eng._packed == {name for name, t in eng.model.tensors.items()
-                           if lib.sq_rows16_packs(int(t.type)) and len(t.shape) == 2}
+    assert set(eng._packed) == {name for name, t in eng.model.tensors.items()
+                                if lib.sq_rows16_packs(int(t.type)) and len(t.shape) == 2}
     assert kind.removesuffix("_M") in {eng.model.tensors[name].type.name for name in eng._packed}
-    assert eng.model.data.tobytes() != plain.model.data.tobytes()
+    for name, at in eng._packed.items():  # the packed copy is the file's matrix, rearranged
+        info = eng.model.tensors[name]
+        copy = eng.model.packed_data[at:at + info.n_bytes]
+        assert copy.tobytes() != plain.model.data[info.offset:info.offset + info.n_bytes].tobytes()
+        assert np.array_equal(np.sort(copy), np.sort(plain.model.data[info.offset:info.offset + info.n_bytes]))
     prev = lib.sq_set_simd(1)
     try:
         for simd in (1, 0):  # the path the CPU has, reading packed rows, and the plain code
@@ -58,10 +62,10 @@ def test_packed_weights_give_the_same_logits(kind, reference_dir, monkeypatch):
 def test_a_model_is_packed_once(reference_dir, monkeypatch):
     monkeypatch.setenv("SMOLQ_PACK", "1")
     first = llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=32, threads=1)
-    packed_bytes = first.model.data.tobytes()
+    packed_bytes = first.model.packed_data.tobytes()
     second = llm_smolq.Engine(first.model, n_ctx=32, threads=1)
     assert second._packed == first._packed and pack_weights(first.model) == first._packed
-    assert first.model.data.tobytes() == packed_bytes
+    assert first.model.packed_data.tobytes() == packed_bytes
     assert second.eval([1, 2, 3]).tobytes() == first.eval([1, 2, 3]).tobytes()
 
 
@@ -71,3 +75,12 @@ def test_no_packing_where_the_path_does_not_want_it(reference_dir, monkeypatch):
     assert bool(eng._packed) == bool(lib.sq_rows16_wanted())
     eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_K_M.gguf", n_ctx=32, threads=1)
     assert all(lib.sq_rows16_packs(int(eng.model.tensors[name].type)) for name in eng._packed)
+
+
+def test_packing_on_several_threads_gives_the_same_bytes(reference_dir, monkeypatch):
+    monkeypatch.setenv("SMOLQ_PACK", "1")
+    path = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
+    one = llm_smolq.load(path, n_ctx=32, threads=1)
+    three = llm_smolq.load(path, n_ctx=32, threads=3)
+    assert one._packed == three._packed and one._packed
+    assert one.model.packed_data.tobytes() == three.model.packed_data.tobytes()

@@ -22,8 +22,8 @@ def matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarr
 
 
 def packed(qtype: T, plain: np.ndarray, cols: int) -> np.ndarray:
-    out = plain.copy()
-    assert lib.sq_rows16_pack(int(qtype), ffi.from_buffer(out), plain.shape[0], cols) == 0
+    out = np.zeros_like(plain)
+    assert lib.sq_rows16_pack(int(qtype), ffi.from_buffer(plain), ffi.from_buffer(out), plain.shape[0], cols) == 0
     return out
 
 
@@ -56,8 +56,9 @@ def test_packing_is_the_documented_layout_and_comes_back(qtype):
         plain = matrix(qtype, rows, cols, rng)
         out = packed(qtype, plain, cols)
         assert out.tobytes() == expected_packing(qtype, plain).tobytes()
-        assert lib.sq_rows16_unpack(int(qtype), ffi.from_buffer(out), rows, cols) == 0
-        assert out.tobytes() == plain.tobytes()
+        back = np.zeros_like(plain)
+        assert lib.sq_rows16_unpack(int(qtype), ffi.from_buffer(out), ffi.from_buffer(back), rows, cols) == 0
+        assert back.tobytes() == plain.tobytes()
 
 
 def test_packing_refuses_what_it_cannot_pack():
@@ -66,10 +67,16 @@ def test_packing_refuses_what_it_cannot_pack():
     for qtype, rows, cols in ((T.Q5_K, 32, 256), (T.F32, 32, 64), (99, 32, 64), (T.Q4_1, 24, 64), (T.Q4_1, -16, 64),
                               (T.Q4_1, 16, 48), (T.Q4_1, 16, 0)):
         for fn in (lib.sq_rows16_pack, lib.sq_rows16_unpack):
-            data = plain.copy()
-            assert fn(int(qtype), ffi.from_buffer(data), rows, cols) == -1, (qtype, rows, cols)
-            assert data.tobytes() == plain.tobytes()
-    assert lib.sq_rows16_pack(int(T.Q4_1), ffi.NULL, 0, 64) == 0  # nothing to do
+            out = np.full_like(plain, 7)
+            assert fn(int(qtype), ffi.from_buffer(plain), ffi.from_buffer(out), rows, cols) == -1, (qtype, rows, cols)
+            assert (out == 7).all()
+    both = np.concatenate([plain, plain])  # overlapping source and destination
+    for fn in (lib.sq_rows16_pack, lib.sq_rows16_unpack):
+        base = ffi.from_buffer(both)
+        assert fn(int(T.Q4_1), base, base + 16 * plain.shape[1], 32, 64) == -1
+        assert fn(int(T.Q4_1), base, base, 16, 64) == -1
+        assert both.tobytes() == np.concatenate([plain, plain]).tobytes()
+    assert lib.sq_rows16_pack(int(T.Q4_1), ffi.NULL, ffi.NULL, 0, 64) == 0  # nothing to do
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
