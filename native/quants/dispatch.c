@@ -387,10 +387,10 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
     if (r0 == r1)
         return 0;
     const int64_t row_bytes = nb * t->bytes;
-    const uint8_t *base = data, *stop = base + (r1 + 15) / 16 * 16 * row_bytes;  /* past the last group read */
-    int wide = 0;
+    const uint8_t *base = data;
 #ifdef SQ_X86
-    wide = sq_simd_512();
+    const int wide = sq_simd_512();
+    const uint8_t *stop = base + (r1 + 15) / 16 * 16 * row_bytes;  /* past the last group read */
 #endif
     int status = 0;
     for (int64_t g = r0 / 16 * 16; g < r1 && !status; g += 16) {
@@ -405,6 +405,5 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
         status = group_via_copy(type, base + g * row_bytes, row_bytes, (int)(first - g), (int)(end - first), xq,
                                 xq_stride, n_tokens, n, out, ldy, step_order);
     }
-    (void)wide;
     return status;
 }
