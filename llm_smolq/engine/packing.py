@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from llm_smolq._kernel import ffi, lib
+from llm_smolq.model import memory
 from llm_smolq.model.model_file import ModelFile, TensorInfo
 
 GROUP = 16
@@ -73,6 +74,9 @@ def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
             return model.packed
         todo = [info for info in model.tensors.values() if packable(info)] if _wanted() else []
         todo.sort(key=lambda t: -t.n_bytes)
+        free = memory.available_memory()
+        if free is not None and sum(info.n_bytes for info in todo) > free[0]:
+            todo = []  # no room for a copy that cannot be paged back to the file: the file's layout
         offsets, size = {}, 0
         for info in todo:
             offsets[info.name] = size

@@ -84,3 +84,13 @@ def test_packing_on_several_threads_gives_the_same_bytes(reference_dir, monkeypa
     three = llm_smolq.load(path, n_ctx=32, threads=3)
     assert one._packed == three._packed and one._packed
     assert one.model.packed_data.tobytes() == three.model.packed_data.tobytes()
+
+
+def test_no_packing_without_room_for_the_copy(reference_dir, monkeypatch):
+    from llm_smolq.model import memory
+
+    monkeypatch.setenv("SMOLQ_PACK", "1")
+    from llm_smolq.model.model_file import open_model
+
+    monkeypatch.setattr(memory, "available_memory", lambda: (1000, "a test"))
+    assert pack_weights(open_model(reference_dir / "tiny-smollm3-Q4_1.gguf")) == {}
