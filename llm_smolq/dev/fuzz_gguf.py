@@ -145,7 +145,9 @@ def check_kernel_view(eng: Any) -> None:
     tensors = [(name, name, getattr(m, name)) for name in ("token_embd", "output_norm", "output")]
     for i in range(c.n_layers):
         tensors += [(f"layer {i} {t.field}", t.field, getattr(m.layers[i], t.field)) for t in LAYER_TENSORS]
-    base, size = int(ffi.cast("uintptr_t", eng.weights)), len(eng.model.data)
+    # where a matrix lies: in the file, or in the engine's packed copy (engine/packing.py)
+    spans = {0: (int(ffi.cast("uintptr_t", eng.weights)), len(eng.model.data), "file"),
+             1: (int(ffi.cast("uintptr_t", eng.packed_weights)), len(eng.model.packed_data), "packed copy")}
     for name, role, t in tensors:
         if (t.rows, t.cols) != shapes[role] or (role.endswith("norm") and t.type != lib.SQ_F32):
             raise FuzzFailure(f"{name}: {t.rows} x {t.cols} of type {t.type} reached the kernel, "
@@ -153,10 +155,13 @@ def check_kernel_view(eng: Any) -> None:
         elems, block = lib.sq_block_elems(t.type), lib.sq_block_bytes(t.type)
         if elems <= 0 or t.cols % elems or t.cols // elems * block > t.row_bytes:
             raise FuzzFailure(f"{name}: rows of {t.cols} values of type {t.type} in {t.row_bytes} bytes")
+        if t.packed16 and (t.rows % 16 or not lib.sq_rows16_packs(t.type)):
+            raise FuzzFailure(f"{name}: {t.rows} rows of type {t.type} reached the kernel as packed")
+        base, size, what = spans[t.packed16]
         start = int(ffi.cast("uintptr_t", t.data)) - base
         end = start + (t.rows - 1) * t.row_bytes + t.cols // elems * block
         if start < 0 or end > size:
-            raise FuzzFailure(f"{name}: the kernel would read bytes {start}..{end} of a {size}-byte file")
+            raise FuzzFailure(f"{name}: the kernel would read bytes {start}..{end} of a {size}-byte {what}")
 
 
 # ---------------------------------------------------------------------------------------

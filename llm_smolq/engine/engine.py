@@ -133,7 +133,7 @@ class Engine:
 
         self._packed = pack_weights(model, threads)  # tensors the kernel reads sixteen rows side by side
         self.weights = ffi.from_buffer("uint8_t[]", model.data)  # the mapped file, as the kernel reads it
-        self._packed_weights = ffi.from_buffer("uint8_t[]", model.packed_data)  # and those, packed
+        self.packed_weights = ffi.from_buffer("uint8_t[]", model.packed_data)  # and those, packed
         self.c_model, self._c_layers = self._build_c_model(n_ctx)  # sq_model: views into weights
         self._pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
         self._state = ffi.gc(lib.sq_state_new(ffi.addressof(self.c_model.cfg), MAX_BATCH), lib.sq_state_free)
@@ -144,7 +144,7 @@ class Engine:
     def _tensor(self, info: TensorInfo):
         at = self._packed.get(info.name)
         return {
-            "data": self.weights + info.offset if at is None else self._packed_weights + at,
+            "data": self.weights + info.offset if at is None else self.packed_weights + at,
             "type": int(info.type),
             "rows": info.rows,
             "cols": info.shape[0],
