@@ -116,6 +116,10 @@ const char *sq_simd_name(void);
  * running finishes with the set it started on. */
 int sq_set_simd(int enabled);
 
+/* gate[i] = SiLU(gate[i]) * up[i] for i < n, rounded as llama.cpp's fused SwiGLU (its
+ * exp, exp_ggml.h), on the SIMD path in use or the plain one: the same bits. */
+void sq_swiglu(float *gate, const float *up, int64_t n);
+
 /* Weight matrices packed sixteen rows side by side (quants/rows16.c), for the 512-bit
  * kernels: a group of sixteen rows takes the bytes its rows took, its blocks interleaved
  * as those kernels load them. sq_rows16_packs: 1 for the types that pack (Q4_1, Q8_0,

@@ -27,7 +27,8 @@ from helpers.kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pyte
 # (test_quants switches to them), so the scalar child adds the engine's scalar paths on one
 # file per activation format.
 SELECTIONS = {
-    "default": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/engine/test_packing.py",
+    "default": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/kernel/test_swiglu.py",
+                "tests/engine/test_packing.py",
                 "tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py",
                 "tests/engine/test_engine_reference.py", "-k", "not long_context and not 1threads and not 3threads and "
                 "not 4threads and not thread_counts and not (compact and (K_M or Q5 or Q4_1 or IQ4))"],
