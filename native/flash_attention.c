@@ -471,6 +471,7 @@ typedef struct {
     float *scratch;          /* [threads][sq_flash_scratch_floats] */
     float *partials;         /* decode: [n_heads][chunks][2 + hdp] (m, l, o) */
     float *out;              /* [n_tok][n_heads * head_dim] */
+    int block;               /* a batch: tokens of one task, at most QUERY_BLOCK */
 } flash_job;
 
 /* Which code a task runs: the plain C, the AVX2 kernels, or those and the 512-bit
@@ -638,7 +639,7 @@ static void block_task(void *p, int64_t task, int ith) {
     const flash_job *job = p;
     scratch sc = thread_scratch(job, ith);
     const int b = (int)(task / job->c->n_kv_heads), h = (int)(task % job->c->n_kv_heads);
-    const int t0 = b * QUERY_BLOCK, t1 = t0 + QUERY_BLOCK < job->n_tok ? t0 + QUERY_BLOCK : job->n_tok;
+    const int t0 = b * job->block, t1 = t0 + job->block < job->n_tok ? t0 + job->block : job->n_tok;
     run_rows(job, &sc, h, t0, t1, -1);
 }
 
@@ -655,12 +656,19 @@ int sq_flash_attention(sq_pool *pool, const sq_config *c, const float *q, const 
     if (sq_kv_row_bytes(kv_type, c->head_dim) == 0 || kv_type == SQ_F32 || c->head_dim < 1 || c->head_dim > 1024 ||
         n_tok < 1 || n_past < 0 || n_past + n_tok > c->n_ctx)
         return -1;
-    flash_job job = {c, q, k_layer, v_layer, kv_type, n_tok, n_past, scratch_buf, partials, out};
+    flash_job job = {c, q, k_layer, v_layer, kv_type, n_tok, n_past, scratch_buf, partials, out, QUERY_BLOCK};
     if (n_tok == 1) {
         run_job(pool, chunk_worker, &job);
         run_job(pool, merge_worker, &job);
     } else {
-        sq_pool_tasks(pool, (int64_t)((n_tok + QUERY_BLOCK - 1) / QUERY_BLOCK) * c->n_kv_heads, block_task, &job);
+        /* Blocks of QUERY_BLOCK tokens, but a draft check's few tokens in as many blocks as it
+         * takes to give every thread a task for each of its KV heads (SmolLM2's three heads
+         * were two tasks on one thread and one on the other), as even as they go. */
+        const int threads = pool ? sq_pool_threads(pool) : 1;
+        int blocks = (n_tok + QUERY_BLOCK - 1) / QUERY_BLOCK;
+        while (blocks * c->n_kv_heads % threads != 0 && blocks < threads && blocks < n_tok) blocks++;
+        job.block = (n_tok + blocks - 1) / blocks;
+        sq_pool_tasks(pool, (int64_t)((n_tok + job.block - 1) / job.block) * c->n_kv_heads, block_task, &job);
     }
     return 0;
 }

@@ -92,13 +92,17 @@ def test_the_drafter_says_how_long_its_match_is():
 @pytest.mark.parametrize("kind", TYPES)
 def test_a_step_order_batch_gives_each_tokens_one_step_logits(reference_dir, kind):
     ids = [int(i) for i in np.random.default_rng(7).integers(3, 1000, 80)]
-    for kv in ("f32", "f16", "q8_0"):
-        eng = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=256, threads=2, kv_dtype=kv)
+    # Three threads for the model's two KV heads: the compact caches' attention then cuts
+    # the batch's tokens into three blocks, so that every thread has a task per head.
+    for kv, threads in (("f32", 2), ("f16", 2), ("q8_0", 2), ("f16", 3), ("q8_0", 3)):
+        eng = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=256, threads=threads, kv_dtype=kv)
         eng.eval(ids[:64])
-        batch = eng.eval(ids[64:], all_logits=True, step_order=True)
-        eng.truncate(64)
-        steps = np.stack([eng.eval([t]) for t in ids[64:]])
-        assert np.array_equal(batch, steps), (kind, kv)
+        for n in (16, 9, 2):
+            batch = eng.eval(ids[64:64 + n], all_logits=True, step_order=True)
+            eng.truncate(64)
+            steps = np.stack([eng.eval([t]) for t in ids[64:64 + n]])
+            eng.truncate(64)
+            assert np.array_equal(batch, steps), (kind, kv, threads, n)
 
 
 def test_the_batched_order_differs_from_step_order_where_llama_cpp_batches_differently(reference_dir):
