@@ -196,14 +196,33 @@ def register_cache_commands(smolq: click.Group) -> None:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(used))
             click.echo(f"  {name}: {n_blocks} block{'' if n_blocks == 1 else 's'}, {positions} positions, "
                        f"{catalog.format_size(size)}, last used {when}")
+        from llm_smolq.store import packed_cache
+
+        folder, packed = packed_cache.kept_entries()
+        if folder is None:
+            click.echo("Packed:    none kept (SMOLQ_CACHE_DIR=off)")
+        else:
+            size = catalog.format_size(sum(p.stat().st_size for p in packed if p.exists()))
+            click.echo(f"Packed:    {size} in {len(packed)} file{'' if len(packed) == 1 else 's'} in {folder} "
+                       f"(weights laid out for the 512-bit kernels, the {packed_cache.KEEP} last used models; "
+                       "`llm smolq cache clear --packed` deletes them)")
 
     @cache.command(name="clear")
-    def cache_clear():
+    @click.option("--packed", is_flag=True, help="Delete the kept packed weights instead (remade on the next load)")
+    def cache_clear(packed: bool):
         "Delete every saved state"
         from filelock import Timeout
 
-        from llm_smolq.store import prompt_cache
+        from llm_smolq.store import packed_cache, prompt_cache
 
+        if packed:
+            folder, entries = packed_cache.kept_entries()
+            size = sum(p.stat().st_size for p in entries if p.exists())
+            for p in entries:
+                p.unlink(missing_ok=True)
+            click.echo(f"Deleted {len(entries)} file{'' if len(entries) == 1 else 's'} ({catalog.format_size(size)})"
+                       + (f" from {folder}" if folder else ""))
+            return
         try:
             files, size = prompt_cache.PromptCache(prompt_cache_dir()).clear()
         except Timeout:

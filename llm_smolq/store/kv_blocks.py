@@ -28,6 +28,7 @@ import numpy as np
 from llm_smolq.engine.kv_types import KV_TYPES
 from llm_smolq.errors import BadBlock
 from llm_smolq.store.atomic_file import replaced_atomically
+from llm_smolq.store.kernel_identity import kernel_fingerprint
 
 if TYPE_CHECKING:
     from llm_smolq.engine.engine import Engine
@@ -81,22 +82,6 @@ def model_fingerprint(model: ModelFile) -> dict:
     h.update(memoryview(data[weights_start:weights_start + _EDGE_BYTES]))
     h.update(memoryview(data[max(weights_start, len(data) - _EDGE_BYTES):]))
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": model.digest, "sha256": h.hexdigest()}
-
-
-_kernel_fingerprint: dict | None = None
-
-
-def kernel_fingerprint() -> dict:
-    """The compiled kernel and the code path it picked: another build may round differently."""
-    global _kernel_fingerprint
-    if _kernel_fingerprint is None:
-        from llm_smolq import _kernel
-
-        with open(_kernel.__file__, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
-                hashlib.sha256(f.read()).hexdigest()
-        _kernel_fingerprint = {"sha256": digest, "simd": _kernel.ffi.string(_kernel.lib.sq_simd_name()).decode()}
-    return _kernel_fingerprint
 
 
 _roots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -79,6 +79,7 @@ def test_no_packing_where_the_path_does_not_want_it(reference_dir, monkeypatch):
 
 def test_packing_on_several_threads_gives_the_same_bytes(reference_dir, monkeypatch):
     monkeypatch.setenv("SMOLQ_PACK", "1")
+    monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")  # both packed here, neither mapped from a kept copy
     path = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
     one = llm_smolq.load(path, n_ctx=32, threads=1)
     three = llm_smolq.load(path, n_ctx=32, threads=3)

@@ -1,0 +1,173 @@
+"""Packed weights kept on disk, so that a model is packed once rather than on every load.
+
+Packing the 3B shape's 1.8 GB of matrices (engine/packing.py) takes most of a second, and
+nearly all of that is the first touch of fresh memory (0.6-1.9 s for 1.8 GB on the
+machines measured here), not the rearranging; a one-shot `llm -m … "prompt"` would pay it
+on every run. So the packed matrices are written straight into a file of the cache
+directory, through a shared mapping (the kernel writes the pages to disk in the
+background), and a later load maps that file, whose pages the page cache usually holds.
+
+Entries live in the cache directory's packed/. An entry is named by the model file (path, size, mtime, inode) and the kernel build that
+packed it (another build may lay the rows out otherwise). It ends with a trailer: a magic,
+that name, the size of the data and the 64-bit sum of its words, and it is only used when
+all of them check out, so a torn or damaged entry means packing again, never wrong
+weights. A new entry's disk space is reserved before anything is written into its
+mapping: a write to a mapped page the disk has no room for would end the process.
+At most KEEP entries stay; the least recently used go. Anything else (the cache off,
+no room, an unwritable directory) leaves packing into memory, as without the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from llm_smolq.store.atomic_file import TEMP_PREFIX, replaced_atomically
+from llm_smolq.store.kernel_identity import kernel_fingerprint
+from llm_smolq.store.paths import header_cache_dir
+
+MAGIC = b"SMOLQPK1"  # bump the digit when the trailer's layout changes
+TRAILER = struct.Struct("<8s16sQQ")  # magic, key, data bytes, sum of the data's uint64 words
+SUFFIX = ".packed"
+KEEP = 3  # entries kept: each is as large as the model's packed matrices
+STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a process that died
+
+
+def entry_path(model_path: str | os.PathLike[str]) -> Path | None:
+    """Where the model file's packed weights are kept; None when the cache is off or the
+    file cannot be stat'ed."""
+    root = header_cache_dir()
+    if root is None:
+        return None
+    try:
+        real = os.path.realpath(model_path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    return root / "packed" / f"{_key(real, st).hex()}{SUFFIX}"
+
+
+def _key(real: str, st: os.stat_result) -> bytes:
+    ident = f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}\0{kernel_fingerprint()['sha256']}"
+    return hashlib.blake2b(ident.encode("utf-8", "surrogateescape"), digest_size=16).digest()
+
+
+def kept_entries() -> tuple[Path | None, list[Path]]:
+    """The folder of kept packed weights (None when the cache is off) and its entries."""
+    root = header_cache_dir()
+    if root is None:
+        return None, []
+    folder = root / "packed"
+    try:
+        return folder, sorted(p for p in folder.iterdir() if p.name.endswith(SUFFIX))
+    except OSError:
+        return folder, []
+
+
+def word_sum(data: np.ndarray, threads: int = 1) -> int:
+    """The sum of data's little-endian uint64 words, modulo 2**64 (data: a multiple of 8
+    bytes), `threads` pieces at a time (numpy lets go of the GIL)."""
+    words = data.view("<u8")
+    pieces = np.array_split(words, max(1, threads))
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        sums = list(pool.map(lambda p: int(p.sum(dtype=np.uint64)), pieces))
+    return sum(sums) % (1 << 64)
+
+
+def open_entry(path: Path, n_bytes: int, threads: int = 1) -> np.ndarray | None:
+    """The kept packed weights (n_bytes, read-only), or None when there are none that
+    check out (a damaged entry is removed)."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size != n_bytes + TRAILER.size:
+                raise ValueError("another size")
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        _remove(path)
+        return None
+    magic, key, size, total = TRAILER.unpack_from(mapped, n_bytes)
+    data = np.frombuffer(mapped, np.uint8, count=n_bytes)
+    if magic != MAGIC or key.hex() + SUFFIX != path.name or size != n_bytes or word_sum(data, threads) != total:
+        _remove(path)
+        return None
+    try:
+        os.utime(path)  # recently used: eviction reads the mtime
+    except OSError:
+        pass
+    return data
+
+
+@contextmanager
+def new_entry(path: Path, n_bytes: int) -> Iterator[np.ndarray | None]:
+    """A writable n_bytes array mapped from a new entry, or None (nothing to write into:
+    pack into memory instead). Once the block has filled it, the entry is sealed with its
+    trailer and takes path's name; if the block raises, it is deleted."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writing = replaced_atomically(path)
+        f = writing.__enter__()
+    except OSError:
+        yield None
+        return
+    try:
+        try:
+            os.posix_fallocate(f.fileno(), 0, n_bytes + TRAILER.size)
+            mapped = mmap.mmap(f.fileno(), n_bytes + TRAILER.size)
+        except (OSError, ValueError, AttributeError):  # no room, or no fallocate here: not kept
+            raise _NotKept from None
+        data = np.frombuffer(mapped, np.uint8, count=n_bytes)
+        yield data
+        TRAILER.pack_into(mapped, n_bytes, MAGIC, bytes.fromhex(path.name[:-len(SUFFIX)]), n_bytes,
+                          word_sum(data, os.cpu_count() or 1))
+    except _NotKept:
+        writing.__exit__(_NotKept, _NotKept(), None)
+        yield None
+        return
+    except BaseException as e:
+        writing.__exit__(type(e), e, e.__traceback__)
+        raise
+    try:
+        writing.__exit__(None, None, None)
+    except OSError:
+        return
+    _evict(path.parent, path)
+
+
+class _NotKept(Exception):
+    """The entry cannot be written: the caller packs into memory."""
+
+
+def _evict(root: Path, keep: Path) -> None:
+    """Drop the least recently used entries past KEEP, and temporary files left by
+    processes that died while writing one."""
+    now = time.time()
+    entries = []
+    for p in root.iterdir():
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if p.name.startswith(TEMP_PREFIX) and now - st.st_mtime > STALE_TEMP_SECONDS:
+            _remove(p)
+        elif p.name.endswith(SUFFIX) and p != keep:
+            entries.append((st.st_mtime, p))
+    for _, p in sorted(entries, reverse=True)[KEEP - 1:]:
+        _remove(p)
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
