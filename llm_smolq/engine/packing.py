@@ -6,16 +6,17 @@ block by block (native/quants/rows16.c): no transpose of the rows on every pass,
 stream of memory where there were sixteen. On the 3B shape a decode step took 16% less
 time and a lookup draft's check of eight tokens 13% less (BENCHMARKS.md).
 
-The packed matrices go to one anonymous buffer (in huge pages where the system gives them)
-and the file's pages they came from are let go of at once, so the process holds each
-weight once, as it would have after a first forward pass. (Packed in place in a
+The packed matrices go to one buffer, a file kept on disk (below) or else anonymous memory
+(in huge pages where the system gives them), and the file's pages they came from are let
+go of at once, so the process holds each weight once, as it would have after a first
+forward pass. (Packed in place in a
 copy-on-write mapping of the file instead, the 3B shape took 5.5 s to load, each page
 copied on a fault of its own, where this takes about 1 s.) Every kernel path reads packed
 matrices with the same bits, so a later switch of path (sq_set_simd) stays correct.
 
 The packed copy is kept on disk as well (store/packed_cache.py): a later load of the same
 file maps it instead of packing again (the 3B shape: 0.8-1.3 s to load with packing,
-about 0.3 s from the kept copy). Where no copy can be kept, packing goes into memory.
+0.23 s from the kept copy). Where no copy can be kept, packing goes into memory.
 
 Packing is decided once per opened model, by its first engine. SMOLQ_PACK=0 leaves the
 weights as the file has them, SMOLQ_PACK=1 packs them on any path (both to compare).
