@@ -98,6 +98,8 @@ def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
             _pack_into(model, todo, offsets, packed, threads)
         packed.flags.writeable = False  # the kernel only reads it; a kept entry is mapped read-only
         model.packed, model.packed_data = offsets, packed
+        if into is not None and entry.exists():
+            model.packed_kept = entry
         return model.packed
 
 

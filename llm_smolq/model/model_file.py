@@ -12,6 +12,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -130,6 +131,8 @@ class ModelFile:
     # packed_data, once decided.
     packed: dict[str, int] | None = field(default=None, repr=False)
     packed_data: np.ndarray | None = field(default=None, repr=False)
+    # The entry this process wrote to keep them on disk (store/packed_cache.py), until told.
+    packed_kept: Path | None = field(default=None, repr=False)
     pack_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 

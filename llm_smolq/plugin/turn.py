@@ -92,8 +92,9 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
 
 
 def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, disk: CacheActivity | None) -> None:
-    """One line on stderr for an answer that did not end by itself, and the first time
-    the prompt cache writes (where it is, how big it may grow, how to turn it off)."""
+    """One line on stderr for an answer that did not end by itself, the first time the
+    prompt cache writes (where it is, how big it may grow, how to turn it off), and when
+    the model's packed weights were kept on disk (where, how big, how to delete them)."""
     if done.finish_reason == "length":
         command.tell(f"the answer reached max_tokens ({len(done.output_ids)}): -o max_tokens N lets it go further")
     elif done.finish_reason == "context":
@@ -108,6 +109,11 @@ def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, 
         command.tell(f"saving prompt states in {disk.directory} so `llm -c` is fast (up to "
                      f"{format_size(disk.budget)} for this model; -o prompt_cache false or SMOLQ_PROMPT_CACHE_SIZE=0 "
                      "turns it off)")
+    kept, engine.model.packed_kept = engine.model.packed_kept, None
+    if kept is not None:
+        command.tell(f"kept this model's packed weights ({format_size(len(engine.model.packed_data))}) in "
+                     f"{kept.parent} so its next load skips packing them; `llm smolq cache clear --packed` deletes "
+                     "them, SMOLQ_CACHE_DIR=off keeps none")
 
 
 def conversation_ids(loaded: Loaded, prompt: llm.Prompt, model_id: str, tools: list[llm.Tool],

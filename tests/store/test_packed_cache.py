@@ -163,3 +163,20 @@ def test_cache_info_and_clear_tell_of_the_packed_weights(cache, model, user_dir)
     cleared = CliRunner().invoke(cli, ["smolq", "cache", "clear", "--packed"])
     assert cleared.exit_code == 0 and cleared.output.startswith("Deleted 1 file (") and entries(cache) == []
     assert size > 0
+
+
+def test_llm_says_once_where_the_packed_weights_were_kept(user_dir, monkeypatch, tmp_path):
+    from helpers.llm_cli import run
+
+    from llm_smolq.plugin import loaded
+
+    loaded.in_memory.clear()  # loaded here, not kept from another test
+    monkeypatch.setenv("SMOLQ_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SMOLQ_PACK", "1")
+    first = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "2", "Hi")
+    (line,) = [line for line in first.stderr.splitlines() if "packed weights" in line]
+    assert f"in {tmp_path / 'cache' / 'packed'} so its next load skips packing them" in line
+    assert "`llm smolq cache clear --packed` deletes them" in line
+    loaded.in_memory.clear()  # a new process: the kept copy is mapped, nothing more to say
+    again = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "2", "Hi")
+    assert "packed weights" not in again.stderr
