@@ -147,7 +147,8 @@ def register_commands(cli: click.Group) -> None:
 def register_cache_commands(smolq: click.Group) -> None:
     @smolq.group()
     def cache():
-        """The prompt cache: saved KV states that let `llm -c` skip re-reading a conversation
+        """The prompt cache: saved KV states that let `llm -c` skip re-reading a conversation;
+        and the packed weights kept so that a model loads without packing them again
 
         \b
         Budget per model: SMOLQ_PROMPT_CACHE_SIZE (default twice the model file; 0 turns it off).
@@ -202,7 +203,7 @@ def register_cache_commands(smolq: click.Group) -> None:
         if folder is None:
             click.echo("Packed:    none kept (SMOLQ_CACHE_DIR=off)")
         else:
-            size = catalog.format_size(sum(p.stat().st_size for p in packed if p.exists()))
+            size = catalog.format_size(sum(n for _, n in packed))
             click.echo(f"Packed:    {size} in {len(packed)} file{'' if len(packed) == 1 else 's'} in {folder} "
                        f"(weights laid out for the 512-bit kernels, the {packed_cache.KEEP} last used models; "
                        "`llm smolq cache clear --packed` deletes them)")
@@ -210,16 +211,19 @@ def register_cache_commands(smolq: click.Group) -> None:
     @cache.command(name="clear")
     @click.option("--packed", is_flag=True, help="Delete the kept packed weights instead (remade on the next load)")
     def cache_clear(packed: bool):
-        "Delete every saved state"
+        "Delete every saved state (--packed: the kept packed weights instead)"
         from filelock import Timeout
 
         from llm_smolq.store import packed_cache, prompt_cache
 
         if packed:
             folder, entries = packed_cache.kept_entries()
-            size = sum(p.stat().st_size for p in entries if p.exists())
-            for p in entries:
-                p.unlink(missing_ok=True)
+            size = sum(n for _, n in entries)
+            for p, _ in entries:
+                try:
+                    p.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise click.ClickException(f"could not delete {p}: {exc.strerror}")
             click.echo(f"Deleted {len(entries)} file{'' if len(entries) == 1 else 's'} ({catalog.format_size(size)})"
                        + (f" from {folder}" if folder else ""))
             return

@@ -61,16 +61,23 @@ def _key(real: str, st: os.stat_result) -> bytes:
     return hashlib.blake2b(ident.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
-def kept_entries() -> tuple[Path | None, list[Path]]:
-    """The folder of kept packed weights (None when the cache is off) and its entries."""
+def kept_entries() -> tuple[Path | None, list[tuple[Path, int]]]:
+    """The folder of kept packed weights (None when the cache is off) and its entries with
+    their sizes in bytes."""
     root = header_cache_dir()
     if root is None:
         return None, []
-    folder = root / "packed"
+    folder, found = root / "packed", []
     try:
-        return folder, sorted(p for p in folder.iterdir() if p.name.endswith(SUFFIX))
+        names = sorted(p for p in folder.iterdir() if p.name.endswith(SUFFIX))
     except OSError:
         return folder, []
+    for p in names:
+        try:
+            found.append((p, p.stat().st_size))
+        except OSError:  # another process removed it
+            pass
+    return folder, found
 
 
 def word_sum(data: np.ndarray, threads: int = 1) -> int:
