@@ -207,10 +207,16 @@ def test_llm_logs_what_lookup_drafted_and_kept(user_dir):
     on = run("prompt", *base, prompt)
     off = run("prompt", *base, "-o", "lookup", "0", prompt)
     assert on.exit_code == 0 and off.exit_code == 0, (on.output, off.output)
-    assert on.output == off.output
+    # The same answer and notices, but for the one that the model's packed weights were kept
+    # on disk, which the session's first load of SmolLM2 gives (whichever test that is).
+    assert without_packing_notice(on.output) == without_packing_notice(off.output)
     with_lookup, without = last_logs(user_dir, 2)
     details = json.loads(with_lookup["token_details"])
     assert details["accepted"] > 0 and details["drafted"] >= details["accepted"]
     assert "drafted" not in json.loads(without["token_details"])
     bad = run("prompt", *base, "-o", "lookup", "-1", prompt)
     assert bad.exit_code != 0 and "lookup" in bad.output
+
+
+def without_packing_notice(output: str) -> str:
+    return "".join(line for line in output.splitlines(keepends=True) if "packed weights" not in line)
