@@ -23,6 +23,7 @@ import hashlib
 import mmap
 import os
 import struct
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from typing import Iterator
 
 import numpy as np
 
-from llm_smolq.store.atomic_file import TEMP_PREFIX, replaced_atomically
+from llm_smolq.store.atomic_file import TEMP_PREFIX
 from llm_smolq.store.kernel_identity import kernel_fingerprint
 from llm_smolq.store.paths import header_cache_dir
 
@@ -119,40 +120,46 @@ def open_entry(path: Path, n_bytes: int, threads: int = 1) -> np.ndarray | None:
 def new_entry(path: Path, n_bytes: int) -> Iterator[np.ndarray | None]:
     """A writable n_bytes array mapped from a new entry, or None (nothing to write into:
     pack into memory instead). Once the block has filled it, the entry is sealed with its
-    trailer and takes path's name; if the block raises, it is deleted."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        writing = replaced_atomically(path)
-        f = writing.__enter__()
-    except OSError:
+    trailer and takes path's name (a reader sees no entry or a whole one); if the block
+    raises, it is deleted."""
+    mapped, temp = _reserve(path, n_bytes + TRAILER.size)
+    if mapped is None:
         yield None
         return
+    data = np.frombuffer(mapped, np.uint8, count=n_bytes)
     try:
-        try:
-            os.posix_fallocate(f.fileno(), 0, n_bytes + TRAILER.size)
-            mapped = mmap.mmap(f.fileno(), n_bytes + TRAILER.size)
-        except (OSError, ValueError, AttributeError):  # no room, or no fallocate here: not kept
-            raise _NotKept from None
-        data = np.frombuffer(mapped, np.uint8, count=n_bytes)
         yield data
-        TRAILER.pack_into(mapped, n_bytes, MAGIC, bytes.fromhex(path.name[:-len(SUFFIX)]), n_bytes,
-                          word_sum(data, os.cpu_count() or 1))
-    except _NotKept:
-        writing.__exit__(_NotKept, _NotKept(), None)
-        yield None
-        return
-    except BaseException as e:
-        writing.__exit__(type(e), e, e.__traceback__)
+    except BaseException:
+        _remove(temp)
         raise
+    TRAILER.pack_into(mapped, n_bytes, MAGIC, bytes.fromhex(path.name[:-len(SUFFIX)]), n_bytes,
+                      word_sum(data, os.cpu_count() or 1))
     try:
-        writing.__exit__(None, None, None)
-    except OSError:
+        os.replace(temp, path)
+    except OSError:  # not kept; this process's mapping stays good
+        _remove(temp)
         return
     _evict(path.parent, path)
 
 
-class _NotKept(Exception):
-    """The entry cannot be written: the caller packs into memory."""
+def _reserve(path: Path, n_bytes: int) -> tuple[mmap.mmap | None, Path | None]:
+    """A new temporary file beside path with n_bytes of disk reserved, mapped for writing;
+    (None, None) where there is none to be had (an unwritable directory, no room, no
+    posix_fallocate on this system)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
+    except OSError:
+        return None, None
+    temp = Path(name)
+    try:
+        os.posix_fallocate(fd, 0, n_bytes)
+        return mmap.mmap(fd, n_bytes), temp
+    except (OSError, ValueError, AttributeError):
+        _remove(temp)
+        return None, None
+    finally:
+        os.close(fd)
 
 
 def _evict(root: Path, keep: Path) -> None:
