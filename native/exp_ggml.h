@@ -52,6 +52,28 @@ SQ_TWIN float exp_le0(float x) {
     return fmaf(j, k, k);
 }
 
+#ifdef SQ_X86
+/* exp_ggml eight lanes at a time, the same operations lane by lane, for lanes whose
+ * n = round(x / ln 2) lies within +-126 (its case without the branch); n goes to *n_out so
+ * that a caller can tell which lanes those are. */
+SQ_AVX2 static inline __m256 exp_ggml_near_v(__m256 x, __m256 *n_out) {
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    const __m256 n = _mm256_sub_ps(z, shift);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23),
+                                                          _mm256_set1_epi32(0x3f800000)));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    *n_out = n;
+    return _mm256_fmadd_ps(j, k, k);
+}
+#endif
+
 /* SiLU(gate) * up, as llama.cpp's fused SwiGLU: x / (1 + exp(0 - x)), then the product. */
 SQ_TWIN float swiglu_ggml(float gate, float up) {
     return gate / (1.0f + exp_ggml(0.0f - gate)) * up;

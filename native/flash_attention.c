@@ -198,20 +198,8 @@ static void widen_plain(const uint8_t *v, int kv_type, size_t head_dim, size_t h
 
 #ifdef SQ_X86
 SQ_AVX2 static inline __m256 exp_le0_v(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  /* max_ps(a, b) is a > b ? a : b, as above */
-    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
-    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
-    const __m256 n = _mm256_sub_ps(z, shift);
-    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
-                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
-    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23),
-                                                          _mm256_set1_epi32(0x3f800000)));
-    const __m256 u = _mm256_mul_ps(b, b);
-    const __m256 j = _mm256_fmadd_ps(
-        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
-                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
-        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
-    return _mm256_fmadd_ps(j, k, k);
+    __m256 n;  /* within +-126 for every x held at -87 or above */
+    return exp_ggml_near_v(_mm256_max_ps(_mm256_set1_ps(-87.0f), x), &n);  /* max_ps(a, b): a > b ? a : b, as above */
 }
 
 SQ_AVX2 static void online_avx2(float *s, size_t valid, float *m, float *l, float *o, size_t hdp) {

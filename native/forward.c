@@ -224,37 +224,27 @@ static void attention_worker(void *p, int ith, int nth) {
  * The FFN's activation and the residual
  * ------------------------------------------------------------------------- */
 
-/* gate = SiLU(gate) * up, compiled twice (simd.h): plainly and with FMA. */
+/* gate = SiLU(gate) * up, plainly and (on x86-64) eight values at a time. */
 static void swiglu_plain(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
 }
 
 #ifdef SQ_X86
-/* swiglu_ggml eight values at a time: exp_ggml's operations lane by lane, in its order,
- * so the same bits. (Its branch for |n| > 126, gates beyond about +-87, kept the plain
- * loop from vectorizing; eight values with one there go through swiglu_ggml.) */
+/* swiglu_ggml eight values at a time, with the same bits; eight with a lane where exp_ggml
+ * takes its branch (|n| > 126: gates beyond about +-87) go through swiglu_ggml. The branch
+ * kept the plain loop from vectorizing. */
 SQ_AVX2 static void swiglu_avx2(float *gate, const float *up, int64_t n) {
-    const __m256 shift = _mm256_set1_ps(0x1.8p23f), one = _mm256_set1_ps(1.0f);
+    const __m256 one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 g = _mm256_loadu_ps(gate + i), x = _mm256_sub_ps(_mm256_setzero_ps(), g);
-        const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
-        const __m256 nn = _mm256_sub_ps(z, shift);
-        const __m256 far = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), nn), _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 m;
+        const __m256 e = exp_ggml_near_v(_mm256_sub_ps(_mm256_setzero_ps(), g), &m);
+        const __m256 far = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), m), _mm256_set1_ps(126.0f), _CMP_GT_OQ);
         if (_mm256_movemask_ps(far)) {
             for (int64_t l = i; l < i + 8; l++) gate[l] = swiglu_ggml(gate[l], up[l]);
             continue;
         }
-        const __m256 b = _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.7f7d1cp-20f),
-                                          _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.62e4p-1f), x));
-        const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23),
-                                                              _mm256_castps_si256(one)));
-        const __m256 u = _mm256_mul_ps(b, b);
-        const __m256 j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
-                            _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
-            u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
-        const __m256 e = _mm256_fmadd_ps(j, k, k);
         _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
     }
     for (; i < n; i++) gate[i] = swiglu_ggml(gate[i], up[i]);
