@@ -93,7 +93,7 @@ def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
         if kept is not None:
             model.packed, model.packed_data = offsets, kept
             return model.packed
-        with packed_cache.new_entry(entry, size) if entry else nullcontext() as into:
+        with packed_cache.new_entry(entry, size, threads) if entry else nullcontext() as into:
             packed = into if into is not None else _anonymous(size)
             _pack_into(model, todo, offsets, packed, threads)
         packed.flags.writeable = False  # the kernel only reads it; a kept entry is mapped read-only

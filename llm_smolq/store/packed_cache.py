@@ -1,20 +1,21 @@
 """Packed weights kept on disk, so that a model is packed once rather than on every load.
 
 Packing the 3B shape's 1.8 GB of matrices (engine/packing.py) takes most of a second, and
-nearly all of that is the first touch of fresh memory (0.6-1.9 s for 1.8 GB on the
+nearly all of that is the first touch of fresh memory (0.6-3.8 s for 1.9 GB on the
 machines measured here), not the rearranging; a one-shot `llm -m … "prompt"` would pay it
 on every run. So the packed matrices are written straight into a file of the cache
 directory, through a shared mapping (the kernel writes the pages to disk in the
 background), and a later load maps that file, whose pages the page cache usually holds.
 
-Entries live in the cache directory's packed/. An entry is named by the model file (path, size, mtime, inode) and the kernel build that
-packed it (another build may lay the rows out otherwise). It ends with a trailer: a magic,
-that name, the size of the data and the 64-bit sum of its words, and it is only used when
-all of them check out, so a torn or damaged entry means packing again, never wrong
-weights. A new entry's disk space is reserved before anything is written into its
-mapping: a write to a mapped page the disk has no room for would end the process.
-At most KEEP entries stay; the least recently used go. Anything else (the cache off,
-no room, an unwritable directory) leaves packing into memory, as without the cache.
+Entries live in the cache directory's packed/. An entry is named by the model file (path,
+size, mtime, inode) and the kernel build that packed it (another build may lay the rows
+out otherwise). It ends with a trailer: a magic, that name, the size of the data and the
+64-bit sum of its words, and it is only used when all of them check out, so a torn or
+damaged entry means packing again, never wrong weights. A new entry's disk space is
+reserved before anything is written into its mapping: a write to a mapped page the disk
+has no room for would end the process. At most KEEP entries stay; the least recently
+used go. Anything else (the cache off, no room, an unwritable directory) leaves packing
+into memory, as without the cache.
 """
 
 from __future__ import annotations
@@ -43,18 +44,24 @@ KEEP = 3  # entries kept: each is as large as the model's packed matrices
 STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a process that died
 
 
+def _folder() -> Path | None:
+    """packed/ of the cache directory; None when the cache is off."""
+    root = header_cache_dir()
+    return None if root is None else root / "packed"
+
+
 def entry_path(model_path: str | os.PathLike[str]) -> Path | None:
     """Where the model file's packed weights are kept; None when the cache is off or the
     file cannot be stat'ed."""
-    root = header_cache_dir()
-    if root is None:
+    folder = _folder()
+    if folder is None:
         return None
     try:
         real = os.path.realpath(model_path)
         st = os.stat(real)
     except OSError:
         return None
-    return root / "packed" / f"{_key(real, st).hex()}{SUFFIX}"
+    return folder / f"{_key(real, st).hex()}{SUFFIX}"
 
 
 def _key(real: str, st: os.stat_result) -> bytes:
@@ -65,10 +72,9 @@ def _key(real: str, st: os.stat_result) -> bytes:
 def kept_entries() -> tuple[Path | None, list[tuple[Path, int]]]:
     """The folder of kept packed weights (None when the cache is off) and its entries with
     their sizes in bytes."""
-    root = header_cache_dir()
-    if root is None:
+    folder, found = _folder(), []
+    if folder is None:
         return None, []
-    folder, found = root / "packed", []
     try:
         names = sorted(p for p in folder.iterdir() if p.name.endswith(SUFFIX))
     except OSError:
@@ -117,7 +123,7 @@ def open_entry(path: Path, n_bytes: int, threads: int = 1) -> np.ndarray | None:
 
 
 @contextmanager
-def new_entry(path: Path, n_bytes: int) -> Iterator[np.ndarray | None]:
+def new_entry(path: Path, n_bytes: int, threads: int = 1) -> Iterator[np.ndarray | None]:
     """A writable n_bytes array mapped from a new entry, or None (nothing to write into:
     pack into memory instead). Once the block has filled it, the entry is sealed with its
     trailer and takes path's name (a reader sees no entry or a whole one); if the block
@@ -133,7 +139,7 @@ def new_entry(path: Path, n_bytes: int) -> Iterator[np.ndarray | None]:
         _remove(temp)
         raise
     TRAILER.pack_into(mapped, n_bytes, MAGIC, bytes.fromhex(path.name[:-len(SUFFIX)]), n_bytes,
-                      word_sum(data, os.cpu_count() or 1))
+                      word_sum(data, threads))
     try:
         os.replace(temp, path)
     except OSError:  # not kept; this process's mapping stays good
