@@ -71,9 +71,27 @@ static inline TARGET v16i word16(const int8_t *p) {
     return V16(set1_epi32)(w);
 }
 
-/* Two neighbouring bsums (int16) in every lane, for vpdpwssd. */
-static inline TARGET v16i bsums_pair16(const int16_t *p) {
-    return word16((const int8_t *)p);
+/* acc + vpdpbusd(code, the 32-bit word at p in every lane). gcc keeps the broadcast
+ * a load of its own before each vpdpbusd; taken as the instruction's {1to16} operand it
+ * is one fused micro-op where it was two. */
+static inline __attribute__((always_inline)) TARGET v16i dpbusd_word(v16i acc, v16i code, const int8_t *p) {
+#ifdef SQ_VNNI_VIA_SIMDE
+    return V16(dpbusd_epi32)(acc, code, word16(p));
+#else
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(code), "m"(*(const int32_t *)p));
+    return acc;
+#endif
+}
+
+/* acc + vpdpwssd(x, the two neighbouring int16 at p in every lane): the same fused
+ * {1to16} operand as dpbusd_word. */
+static inline __attribute__((always_inline)) TARGET v16i dpwssd_pair(v16i acc, v16i x, const int16_t *p) {
+#ifdef SQ_VNNI_VIA_SIMDE
+    return V16(dpwssd_epi32)(acc, x, word16((const int8_t *)p));
+#else
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*(const int32_t *)p));
+    return acc;
+#endif
 }
 
 /* The 16 bytes at p + r * row_bytes for sixteen rows r, side by side: w[j] lane r holds
@@ -182,8 +200,8 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
     for (int h = 0; h < 2; h++) {
         v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
         for (int j = 0; j < 8; j += 2) {
-            even = V16(dpbusd_epi32)(even, code[h][j], word16(aq + 32 * h + 4 * j));
-            odd = V16(dpbusd_epi32)(odd, code[h][j + 1], word16(aq + 32 * h + 4 * j + 4));
+            even = dpbusd_word(even, code[h][j], aq + 32 * h + 4 * j);
+            odd = dpbusd_word(odd, code[h][j + 1], aq + 32 * h + 4 * j + 4);
         }
         const v16i sc = h ? sc_high : sc_low;
         isum = V16(dpwssd_epi32)(V16(dpwssd_epi32)(isum, even, sc), odd, sc);
@@ -231,9 +249,8 @@ static inline __attribute__((always_inline)) TARGET void batch_dot16_q4_K(
                 for (int t = 0; t < nt; t++) {
                     const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                     const v16i isum = q4_K_span16(a->qs + 64 * c, code, scale[2 * c], scale[2 * c + 1], V16(setzero_si512)());
-                    const v16i imin = V16(dpwssd_epi32)(
-                        V16(dpwssd_epi32)(V16(setzero_si512)(), min2[2 * c], bsums_pair16(a->bsums + 4 * c)),
-                        min2[2 * c + 1], bsums_pair16(a->bsums + 4 * c + 2));
+                    const v16i imin = dpwssd_pair(dpwssd_pair(V16(setzero_si512)(), min2[2 * c], a->bsums + 4 * c),
+                                                  min2[2 * c + 1], a->bsums + 4 * c + 2);
                     sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), d[t], sumf[t]);
                     summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), dmin[t], summ[t]);
                 }
@@ -302,7 +319,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_K(
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 v16i imin = V16(setzero_si512)();
                 for (int g = 0; g < 8; g++)
-                    imin = V16(dpwssd_epi32)(imin, min2[g], bsums_pair16(a->bsums + 2 * g));
+                    imin = dpwssd_pair(imin, min2[g], a->bsums + 2 * g);
                 const v16f a_d = V16(set1_ps)(a->d);
                 sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sumf[t]);
                 summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), V16(mul_ps)(dmin_rows, a_d), summ[t]);
@@ -411,7 +428,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
                     const v16f d = V16(mul_ps)(d_rows[k], V16(set1_ps)(_mm_cvtss_f32(ds)));
                     summs = V16(add_ps)(summs, V16(mul_ps)(m_rows[k], V16(set1_ps)(_mm_cvtss_f32(_mm_movehdup_ps(ds)))));
                     for (int l = 0; l < 8; l++) {
-                        const v16i p = V16(dpbusd_epi32)(V16(set1_epi32)(EXACT_FLOAT_BIAS), codes[k][l], word16(a[k].qs + 4 * l));
+                        const v16i p = dpbusd_word(V16(set1_epi32)(EXACT_FLOAT_BIAS), codes[k][l], a[k].qs + 4 * l);
                         acc[l] = V16(fmadd_ps)(d, biased_to_float(p), acc[l]);
                     }
                 }
@@ -495,7 +512,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
                     int32_t start[8];
                     q8_0_starts(a[k].qs, start);
                     for (int l = 0; l < 8; l++) {
-                        const v16i p = V16(dpbusd_epi32)(V16(set1_epi32)(start[l]), codes[k][l], word16(a[k].qs + 4 * l));
+                        const v16i p = dpbusd_word(V16(set1_epi32)(start[l]), codes[k][l], a[k].qs + 4 * l);
                         acc[l] = V16(fmadd_ps)(d, V16(cvtepi32_ps)(p), acc[l]);
                     }
                 }
@@ -609,7 +626,7 @@ static inline __attribute__((always_inline)) TARGET void q6_K_block_tokens16(
     v16i lane[2][8];
     for (int u = 0; u < n; u++)
         for (int m = 0; m < 8; m++)
-            lane[u][m] = V16(dpwssd_epi32)(V16(setzero_si512)(), off[m], bsums_pair16(a[u][k].bsums + 2 * m));
+            lane[u][m] = dpwssd_pair(V16(setzero_si512)(), off[m], a[u][k].bsums + 2 * m);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         for (int p = 0; p < n * lines_per_slot; p++, *ahead += 64)
@@ -784,8 +801,8 @@ static inline __attribute__((always_inline)) TARGET void batch_dot16_q6_K(
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 32 * k;
                     v16i g0 = V16(setzero_si512)(), g1 = V16(setzero_si512)();
                     for (int j = 0; j < 4; j++) {
-                        g0 = V16(dpbusd_epi32)(g0, code[j], word16(aq + 4 * j));
-                        g1 = V16(dpbusd_epi32)(g1, code[j + 4], word16(aq + 16 + 4 * j));
+                        g0 = dpbusd_word(g0, code[j], aq + 4 * j);
+                        g1 = dpbusd_word(g1, code[j + 4], aq + 16 + 4 * j);
                     }
                     acc[t] = V16(add_epi32)(acc[t], V16(add_epi32)(V16(mullo_epi32)(g0, sc0), V16(mullo_epi32)(g1, sc1)));
                 }
