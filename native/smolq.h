@@ -127,11 +127,12 @@ void sq_swiglu(float *gate, const float *up, int64_t n);
  * multiple of 16) rows of cols elements (whole blocks), contiguous at src, to dst (as many
  * bytes, not overlapping src); sq_rows16_unpack does the reverse. 0, or -1 for anything
  * else (dst untouched). sq_rows16_wanted: 1 when the kernels in use read packed matrices
- * faster (the "avx512vnni" path); any path reads them, with the same bits. */
+ * of that type faster (every packable type on the "avx512vnni" path, Q4_K on "avx2");
+ * any path reads them, with the same bits. */
 int sq_rows16_packs(int type);
 int sq_rows16_pack(int type, const void *src, void *dst, int64_t rows, int64_t cols);
 int sq_rows16_unpack(int type, const void *src, void *dst, int64_t rows, int64_t cols);
-int sq_rows16_wanted(void);
+int sq_rows16_wanted(int type);
 
 /* Rows r0..r1-1 of a matrix packed by sq_rows16_pack whose row 0 is at data, times
  * n_tokens activation rows: y[t * ldy + r - r0], each exactly sq_vec_dot_steps_rows's

@@ -45,9 +45,11 @@ def packable(info: TensorInfo) -> bool:
     return len(info.shape) == 2 and info.rows % GROUP == 0 and bool(lib.sq_rows16_packs(int(info.type)))
 
 
-def _wanted() -> bool:
+def _wanted(info: TensorInfo) -> bool:
+    """Whether to pack a packable matrix: where the kernels in use read its type faster
+    packed (every packable type on the 512-bit path, Q4_K on the AVX2 one)."""
     setting = os.environ.get("SMOLQ_PACK")
-    return setting == "1" if setting in ("0", "1") else bool(lib.sq_rows16_wanted())
+    return setting == "1" if setting in ("0", "1") else bool(lib.sq_rows16_wanted(int(info.type)))
 
 
 def _anonymous(nbytes: int) -> np.ndarray:
@@ -79,7 +81,7 @@ def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
     with model.pack_lock:
         if model.packed is not None:
             return model.packed
-        todo = [info for info in model.tensors.values() if packable(info)] if _wanted() else []
+        todo = [info for info in model.tensors.values() if packable(info) and _wanted(info)]
         todo.sort(key=lambda t: -t.n_bytes)
         free = memory.available_memory()
         if free is not None and sum(info.n_bytes for info in todo) > free[0]:
@@ -88,7 +90,8 @@ def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
         for info in todo:
             offsets[info.name] = size
             size += -(-info.n_bytes // ALIGN) * ALIGN
-        entry = packed_cache.entry_path(model.path) if todo else None
+        layout = ";".join(f"{name}@{at}" for name, at in offsets.items())
+        entry = packed_cache.entry_path(model.path, layout) if todo else None
         kept = packed_cache.open_entry(entry, size, threads) if entry else None
         if kept is not None:
             model.packed, model.packed_data = offsets, kept

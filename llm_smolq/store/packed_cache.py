@@ -50,9 +50,10 @@ def _folder() -> Path | None:
     return None if root is None else root / "packed"
 
 
-def entry_path(model_path: str | os.PathLike[str]) -> Path | None:
+def entry_path(model_path: str | os.PathLike[str], layout: str = "") -> Path | None:
     """Where the model file's packed weights are kept; None when the cache is off or the
-    file cannot be stat'ed."""
+    file cannot be stat'ed. `layout` names what was packed (which matrices, where): the
+    kernel's paths pack different sets, so each set is an entry of its own."""
     folder = _folder()
     if folder is None:
         return None
@@ -61,11 +62,12 @@ def entry_path(model_path: str | os.PathLike[str]) -> Path | None:
         st = os.stat(real)
     except OSError:
         return None
-    return folder / f"{_key(real, st).hex()}{SUFFIX}"
+    return folder / f"{_key(real, st, layout).hex()}{SUFFIX}"
 
 
-def _key(real: str, st: os.stat_result) -> bytes:
-    ident = f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}\0{kernel_fingerprint()['sha256']}"
+def _key(real: str, st: os.stat_result, layout: str) -> bytes:
+    ident = (f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}\0{kernel_fingerprint()['sha256']}"
+             f"\0{layout}")
     return hashlib.blake2b(ident.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 

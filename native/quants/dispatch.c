@@ -340,6 +340,17 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     return 0;
 }
 
+int sq_rows16_wanted(int type) {
+    if (!sq_rows16_packs(type))
+        return 0;
+#ifdef SQ_X86
+    /* The 512-bit kernels read every packable type packed; the AVX2 ones only Q4_K. */
+    return sq_simd_512() || (type == SQ_Q4_K && sq_simd_enabled());
+#else
+    return 0;
+#endif
+}
+
 /* Rows first..first+count-1 of a packed group through a copy in the file's layout: how
  * the settings without a packed kernel read one (scalar, or AVX2 after sq_set_simd), and
  * how a range that starts or ends inside a group reads that group. Slow, same bits. */
@@ -361,6 +372,18 @@ static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int
 }
 
 #ifdef SQ_X86
+/* A whole packed Q4_K group at the avx2 setting, eight rows at a time (the group's second
+ * eight find its bytes in cache), in the orders packed_group below takes. */
+static void packed_group8_q4_K(const uint8_t *group, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
+                               const void *stop, float *y, int64_t ldy, int step_order) {
+    const int by4 = step_order ? 0 : n_tokens - n_tokens % 4;
+    for (int half = 0; by4 && half < 2; half++)
+        sq_packed_batch8_q4_K_avx2(group, half, xq, xq_stride, by4, nb, stop, y + 8 * half, ldy);
+    if (by4 < n_tokens)
+        sq_packed_dotn16_q4_K_avx2(group, (const uint8_t *)xq + by4 * xq_stride, xq_stride, n_tokens - by4, nb,
+                                   by4 ? group : stop, y + by4 * ldy, ldy);
+}
+
 /* A whole packed group at the avx512vnni setting. A batch not in step order takes the
  * batched orders as sq_vec_dot_batch_rows does: Q4_K's repacked gemm for its first
  * n_tokens - n_tokens % 4 tokens, Q6_K's tiled order for all from SQ_TILED_MIN_TOKENS;
@@ -399,6 +422,10 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
 #ifdef SQ_X86
         if (wide && first == g && end == g + 16) {
             packed_group(type, base + g * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy, step_order);
+            continue;
+        }
+        if (!wide && type == SQ_Q4_K && sq_simd_enabled() && first == g && end == g + 16) {
+            packed_group8_q4_K(base + g * row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy, step_order);
             continue;
         }
 #endif

@@ -195,6 +195,18 @@ void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int
  * The next eight rows' bytes are asked of memory up to stop. */
 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
+/* Rows 8 half .. 8 half + 7 (half 0 or 1) of a group of sixteen Q4_K rows packed side by
+ * side (quants/rows16.c), in the repacked gemm's order: sq_batch_dot8_q4_K_avx2's bits,
+ * y[t * ldy + r] for r < 8. Half 0 asks for the group's bytes ahead, up to stop; half 1
+ * finds them in cache. */
+void sq_packed_batch8_q4_K_avx2(const void *group, int half, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                                const void *stop, float *y, int64_t ldy);
+/* The whole group (both halves) for n >= 1 tokens, each output with the one-token vec_dot's
+ * bits (sq_steps_dot8_q4_K_avx2's), each token's sums kept in registers: a decode step's and
+ * a lookup draft's check. y[t * ldy + r] for r < 16; the group's bytes asked for ahead up
+ * to stop. */
+void sq_packed_dotn16_q4_K_avx2(const void *group, const void *xq, int64_t stride, int n, int64_t nb,
+                                const void *stop, float *y, int64_t ldy);
 /* Sixteen Q4_K rows at once in 512-bit registers (CPUs with AVX-512 VNNI), each with
  * sq_batch_dot8_q4_K_avx2's bits: y[t * ldy + r] for r < 16. The next sixteen rows'
  * bytes are asked of memory up to stop. */

@@ -47,8 +47,6 @@ static_assert(2 * 1 + (QK_K / 2 + QK_K / 4 + QK_K / 16) == sizeof(block_q6_K) &&
 
 int sq_rows16_packs(int type) { return shape_of(type).words > 0; }
 
-int sq_rows16_wanted(void) { return sq_simd_512(); }
-
 /* Bytes of a row of cols elements of a packable type, or 0 when cols is not whole blocks. */
 static int64_t row_bytes_of(int type, int64_t cols) {
     const int elems = sq_block_elems(type);

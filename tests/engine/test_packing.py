@@ -69,12 +69,23 @@ def test_a_model_is_packed_once(reference_dir, monkeypatch):
     assert second.eval([1, 2, 3]).tobytes() == first.eval([1, 2, 3]).tobytes()
 
 
-def test_no_packing_where_the_path_does_not_want_it(reference_dir, monkeypatch):
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K_M"])
+def test_packed_where_the_path_wants_it(kind, reference_dir, monkeypatch):
+    from llm_smolq._kernel import ffi
+    from llm_smolq.engine.packing import packable
+
     monkeypatch.delenv("SMOLQ_PACK", raising=False)
-    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_1.gguf", n_ctx=32, threads=1)
-    assert bool(eng._packed) == bool(lib.sq_rows16_wanted())
-    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_K_M.gguf", n_ctx=32, threads=1)
-    assert all(lib.sq_rows16_packs(int(eng.model.tensors[name].type)) for name in eng._packed)
+    monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")
+    eng = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=32, threads=1)
+    assert set(eng._packed) == {name for name, info in eng.model.tensors.items()
+                                if packable(info) and lib.sq_rows16_wanted(int(info.type))}
+    path = ffi.string(lib.sq_simd_name()).decode()
+    wanted = {name for name in ("Q4_1", "Q8_0", "Q4_K", "Q6_K") if lib.sq_rows16_wanted(getattr(lib, f"SQ_{name}"))}
+    # the 512-bit kernels read every packable type packed, the AVX2 ones Q4_K, others none
+    assert wanted == {"avx512vnni": {"Q4_1", "Q8_0", "Q4_K", "Q6_K"}, "avx2": {"Q4_K"}}.get(path, set())
+    assert not lib.sq_rows16_wanted(lib.SQ_Q5_K) and not lib.sq_rows16_wanted(lib.SQ_F32)
+    if path != "scalar" and kind == "Q4_K_M":
+        assert {eng.model.tensors[name].type.name for name in eng._packed} >= {"Q4_K"}
 
 
 def test_packing_on_several_threads_gives_the_same_bytes(reference_dir, monkeypatch):

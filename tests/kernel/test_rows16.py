@@ -94,7 +94,7 @@ def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypa
     for cols, rows in ((8 * elems, 48), (37 * elems, 32)):
         plain = matrix(qtype, rows, cols, rng)
         pack = packed(qtype, plain, cols)
-        for tokens in (1, 2, 9, 17):
+        for tokens in (1, 2, 5, 9, 17):
             xq = quantized_rows(vtype, cols, tokens, rng)
             steps = np.array([[c_vec_dot(qtype, row, xq[t], cols) for row in plain] for t in range(tokens)],
                              dtype=np.float32)

@@ -93,8 +93,7 @@ def test_an_entry_that_does_not_check_out_is_packed_again(cache, model, damage, 
         shutil.copyfile(model, other)
         st = os.stat(other)
         os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-        llm_smolq.load(other, n_ctx=32, threads=1)
-        data = (cache / "packed" / packed_cache.entry_path(other).name).read_bytes()
+        data = llm_smolq.load(other, n_ctx=32, threads=1).model.packed_kept.read_bytes()
     replace(path, bytes(data))
     packs.clear()
     again = llm_smolq.load(model, n_ctx=32, threads=1)
@@ -138,8 +137,7 @@ def test_at_most_keep_entries_stay(cache, model, tmp_path):
     for i in range(packed_cache.KEEP + 2):
         copy = tmp_path / f"copy{i}.gguf"
         shutil.copyfile(model, copy)
-        llm_smolq.load(copy, n_ctx=32, threads=1)
-        names.append(packed_cache.entry_path(copy).name)
+        names.append(llm_smolq.load(copy, n_ctx=32, threads=1).model.packed_kept.name)
         st = os.stat(cache / "packed" / names[-1])  # older than the next one
         os.utime(cache / "packed" / names[-1], ns=(st.st_atime_ns, st.st_mtime_ns - (10 - i) * 10**9))
     assert entries(cache) == sorted(names[-packed_cache.KEEP:])
@@ -180,3 +178,17 @@ def test_llm_says_once_where_the_packed_weights_were_kept(user_dir, monkeypatch,
     loaded.in_memory.clear()  # a new process: the kept copy is mapped, nothing more to say
     again = run("-m", "smollm2-q", "-o", "temperature", "0", "-o", "max_tokens", "2", "Hi")
     assert "packed weights" not in again.stderr
+
+
+def test_each_set_of_packed_matrices_is_an_entry_of_its_own(cache, model, monkeypatch, packs):
+    """The kernel's paths pack different sets (the AVX2 one only Q4_K): a copy packed for
+    one set is never mapped for another, whatever its size."""
+    assert packed_cache.entry_path(model, "a@0") != packed_cache.entry_path(model, "b@0")
+    everything = llm_smolq.load(model, n_ctx=32, threads=1)  # SMOLQ_PACK=1: every packable matrix
+    monkeypatch.setattr(packing, "_wanted", lambda info: info.type.name == "Q4_K")
+    only_q4_k = llm_smolq.load(model, n_ctx=32, threads=1)
+    assert packs == [str(model)] * 2 and len(entries(cache)) == 2
+    assert set(only_q4_k._packed) < set(everything._packed)
+    assert logits(only_q4_k) == logits(everything)
+    again = llm_smolq.load(model, n_ctx=32, threads=1)  # mapped from its own entry
+    assert packs == [str(model)] * 2 and logits(again) == logits(everything)

@@ -117,8 +117,9 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
  * codes stay in registers while every token of the tile goes by (token by token, with
  * the codes reloaded for each, 2048-wide rows took a tenth longer; 11008-wide ones, whose
  * activations come from L3, no longer). y[t * ldy + r] for r < 8. */
-TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
+    const void *rows, int64_t row_bytes, const int packed, int half, const void *xq, int64_t stride, int n_tokens,
+    int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 64 };  /* tokens per pass over a block's codes (32: 5% slower on 2048-wide rows) */
     __m256i codes[4][2][8], scale[8], mins[4];
     __m256 d_rows, dmin_rows;
@@ -130,9 +131,15 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
         for (int t = 0; t < nt; t++)
             sumf[t] = summ[t] = _mm256_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
-            if (t0 == 0)
-                prefetch_next_rows(next, i, share, stop);
-            q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
+            if (packed) {
+                if (t0 == 0 && half == 0)  /* one stream, read once for both halves */
+                    prefetch_ahead(q4_K_run(rows, i), 16 * (int)sizeof(block_q4_K), stop);
+                q4_K_packed_side_by_side(q4_K_run(rows, i), half, codes, scale, mins, &d_rows, &dmin_rows);
+            } else {
+                if (t0 == 0)
+                    prefetch_next_rows(next, i, share, stop);
+                q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
+            }
             __m256 d[TILE], dmin[TILE];
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
@@ -155,6 +162,129 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
         }
         for (int t = 0; t < nt; t++)
             _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_sub_ps(sumf[t], summ[t]));
+    }
+}
+
+TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    batch_dot8_q4_K(rows, row_bytes, 0, 0, xq, stride, n_tokens, nb, stop, y, ldy);
+}
+
+/* The same for rows 8 half .. 8 half + 7 of a group of sixteen packed side by side
+ * (quants/rows16.c), read without a transpose. */
+TARGET void sq_packed_batch8_q4_K_avx2(const void *group, int half, const void *xq, int64_t stride, int n_tokens,
+                                       int64_t nb, const void *stop, float *y, int64_t ldy) {
+    batch_dot8_q4_K(group, 0, 1, half, xq, stride, n_tokens, nb, stop, y, ldy);
+}
+
+/* ---------------------------------------------------------------------------
+ * Q4_K rows packed side by side, a few tokens in one-token steps
+ * ------------------------------------------------------------------------- */
+
+/* The scales and mins of block i of eight packed Q4_K rows (q4_K_packed_side_by_side's
+ * scale[] and mins[], its d and dmin), without the codes. */
+static inline __attribute__((always_inline)) TARGET void q4_K_packed_headers(const uint8_t *run, int half,
+                                                                             __m256i scale[8], __m256i mins[4],
+                                                                             __m256 *d_rows, __m256 *dmin_rows) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *words = run + 64 + 32 * half;
+    const __m256i w0 = _mm256_loadu_si256((const __m256i *)words);
+    const __m256i w1 = _mm256_loadu_si256((const __m256i *)(words + 64));
+    const __m256i w2 = _mm256_loadu_si256((const __m256i *)(words + 128));
+    const __m256i sc_low = _mm256_and_si256(w0, m6), mn_low = _mm256_and_si256(w1, m6);
+    const __m256i sc_high = _mm256_or_si256(_mm256_and_si256(w2, m4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
+    const __m256i mn_high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+    for (int g = 0; g < 4; g++) {
+        scale[g] = _mm256_shuffle_epi8(sc_low, lane_bytes_to_words(g, g));
+        scale[g + 4] = _mm256_shuffle_epi8(sc_high, lane_bytes_to_words(g, g));
+    }
+    for (int c = 0; c < 2; c++) {
+        mins[c] = _mm256_shuffle_epi8(mn_low, lane_bytes_to_words(2 * c, 2 * c + 1));
+        mins[c + 2] = _mm256_shuffle_epi8(mn_high, lane_bytes_to_words(2 * c, 2 * c + 1));
+    }
+    *d_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 16 * half)));
+    *dmin_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 32 + 16 * half)));
+}
+
+/* At most PASS tokens go through the codes at a time: with more, their int16 sums and
+ * int32 totals no longer fit the sixteen registers. Later passes find the codes in cache. */
+enum { PASS = 4 };
+
+/* A packed group of sixteen Q4_K rows times n (1..PASS) tokens, each output with the
+ * one-token vec_dot's bits (sq_steps_dot8_q4_K_avx2's), y[t * ldy + r] for r < 16.
+ * Unlike that kernel, no block's codes are kept in memory: a group of 32 elements is read
+ * a word at a time, its nibbles taken out, and every token's products added into that
+ * token's int16 sums, held in registers until the group's scale multiplies them; a token
+ * costs the loads of its activation words and the multiplies, and the codes are read
+ * once. Each block's run is read whole, eight rows and then the other eight, so that
+ * memory streams while the core computes (the two halves in two passes over the rows
+ * left memory idle in the second: one thread streamed 14% slower than the file's layout). */
+static inline __attribute__((always_inline)) TARGET void packed_dotn16_q4_K(const void *group, const void *xq,
+                                                                            int64_t stride, const int n, int64_t nb,
+                                                                            const void *stop, float *y, int64_t ldy) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 sumf[2][PASS], summ[2][PASS];  /* [half][token] */
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < n; t++)
+            sumf[h][t] = summ[h][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *run = q4_K_run(group, i);
+        for (int half = 0; half < 2; half++) {
+            __m256i scale[8], mins[4];
+            __m256 d_rows, dmin_rows;
+            q4_K_packed_headers(run, half, scale, mins, &d_rows, &dmin_rows);
+            const uint8_t *codes = run + 64 + 32 * half + 64 * 3;  /* code word j at codes + 64 j */
+            __m256i isum[PASS];
+            for (int t = 0; t < n; t++)
+                isum[t] = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {  /* group g: the low (even g) or high nibbles of words 8 (g / 2) .. +7 */
+                /* A sixteenth of the run asked for per group, so that the requests are spread
+                 * out as the one-row vec_dots' are (all at once, they waited on one another). */
+                prefetch_ahead(run + (8 * half + g) * (int)sizeof(block_q4_K), (int)sizeof(block_q4_K), stop);
+                __m256i s16[PASS];
+                for (int t = 0; t < n; t++)
+                    s16[t] = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(codes + 64 * (8 * (g / 2) + j)));
+                    const __m256i code = g % 2 ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
+                    for (int t = 0; t < n; t++) {
+                        int32_t w;
+                        memcpy(&w, token_block(xq, stride, t, i)->qs + 32 * g + 4 * j, 4);
+                        s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(code, _mm256_set1_epi32(w)));
+                    }
+                }
+                /* |s16| <= 8 * 3840: q4_K_group8's bound */
+                for (int t = 0; t < n; t++)
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], scale[g]));
+            }
+            for (int t = 0; t < n; t++) {
+                const block_q8_K *a = token_block(xq, stride, t, i);
+                __m256i imin = q4_K_min8(a, 0, mins[0]);
+                for (int c = 1; c < 4; c++)
+                    imin = _mm256_add_epi32(imin, q4_K_min8(a, c, mins[c]));
+                const __m256 a_d = _mm256_set1_ps(a->d);
+                sumf[half][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d_rows, a_d), sumf[half][t]);
+                summ[half][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin_rows, a_d), summ[half][t]);
+            }
+        }
+    }
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < n; t++)
+            _mm256_storeu_ps(y + t * ldy + 8 * h, _mm256_sub_ps(sumf[h][t], summ[h][t]));
+}
+
+#define PACKED_DOTN16_CASE(k) case k: packed_dotn16_q4_K(group, x, stride, k, nb, fetch, y + t * ldy, ldy); break;
+TARGET void sq_packed_dotn16_q4_K_avx2(const void *group, const void *xq, int64_t stride, int n, int64_t nb,
+                                       const void *stop, float *y, int64_t ldy) {
+    const int passes = (n + PASS - 1) / PASS;
+    for (int t = 0, p = 0; p < passes; p++) {
+        const int k = (n - t) / (passes - p);  /* as even as can be: 9 as 3 + 3 + 3 */
+        const void *x = (const uint8_t *)xq + t * stride, *fetch = p == 0 ? stop : group;
+        switch (k) {
+            PACKED_DOTN16_CASE(1) PACKED_DOTN16_CASE(2) PACKED_DOTN16_CASE(3) PACKED_DOTN16_CASE(4)
+        }
+        t += k;
     }
 }
 

@@ -102,6 +102,55 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
     }
 }
 
+/* The same from a group of sixteen Q4_K rows packed side by side (quants/rows16.c): block
+ * i of rows 8 half .. 8 half + 7, whose words lie there already side by side, each word
+ * of the sixteen rows in 64 bytes, these eight rows' in its first or second 32. So no
+ * transpose: the scales and mins come out of their packed bytes eight rows at once, as
+ * k_scales_mins takes them out of one row's, and each lane's bytes are picked into place
+ * by one shuffle per group. q4_K_run(group, i) is where block i's run starts. */
+static inline const uint8_t *q4_K_run(const void *group, int64_t i) {
+    return (const uint8_t *)group + i * 16 * (int64_t)sizeof(block_q4_K);
+}
+
+/* (byte a of each 32-bit lane) | (byte b) << 16, for a shuffle: a byte index -1 gives 0. */
+static inline TARGET __m256i lane_bytes_to_words(int a, int b) {
+    return _mm256_setr_epi8(a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1,
+                            a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1);
+}
+
+static inline __attribute__((always_inline)) TARGET void q4_K_packed_side_by_side(
+    const uint8_t *run, int half, __m256i codes[4][2][8], __m256i scale[8], __m256i mins[4], __m256 *d_rows,
+    __m256 *dmin_rows) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *words = run + 64 + 32 * half;  /* word j of these rows at words + 64 j */
+    /* The twelve scale bytes as three words per row: bytes 0..3 (scales 0..3 and the top
+     * bits of scales 4..7), 4..7 (mins 0..3, the top bits of mins 4..7), 8..11 (the low
+     * four bits of scales and mins 4..7). */
+    const __m256i w0 = _mm256_loadu_si256((const __m256i *)words);
+    const __m256i w1 = _mm256_loadu_si256((const __m256i *)(words + 64));
+    const __m256i w2 = _mm256_loadu_si256((const __m256i *)(words + 128));
+    const __m256i sc_low = _mm256_and_si256(w0, m6), mn_low = _mm256_and_si256(w1, m6);
+    const __m256i sc_high = _mm256_or_si256(_mm256_and_si256(w2, m4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
+    const __m256i mn_high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
+    for (int g = 0; g < 4; g++) {
+        scale[g] = _mm256_shuffle_epi8(sc_low, lane_bytes_to_words(g, g));
+        scale[g + 4] = _mm256_shuffle_epi8(sc_high, lane_bytes_to_words(g, g));
+    }
+    for (int c = 0; c < 2; c++) {
+        mins[c] = _mm256_shuffle_epi8(mn_low, lane_bytes_to_words(2 * c, 2 * c + 1));
+        mins[c + 2] = _mm256_shuffle_epi8(mn_high, lane_bytes_to_words(2 * c, 2 * c + 1));
+    }
+    *d_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 16 * half)));
+    *dmin_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 32 + 16 * half)));
+    for (int c = 0; c < 4; c++)
+        for (int j = 0; j < 8; j++) {  /* word 3 + 8c + j: bytes 32c + 4j .. +3 of the codes */
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(words + 64 * (3 + 8 * c + j)));
+            codes[c][0][j] = _mm256_and_si256(q, m4);
+            codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        }
+}
+
 /* Group g (32 elements) of one token's activation block against eight rows side by side:
  * each row's exact sum of the group's products times its scale. code[j] is codes[c][h][j]
  * of q4_K_side_by_side (g = 2c + h); each activation word is broadcast to all eight rows.
