@@ -181,32 +181,6 @@ TARGET void sq_packed_batch8_q4_K_avx2(const void *group, int half, const void *
  * Q4_K rows packed side by side, a few tokens in one-token steps
  * ------------------------------------------------------------------------- */
 
-/* The scales and mins of block i of eight packed Q4_K rows (q4_K_packed_side_by_side's
- * scale[] and mins[], its d and dmin), without the codes. */
-static inline __attribute__((always_inline)) TARGET void q4_K_packed_headers(const uint8_t *run, int half,
-                                                                             __m256i scale[8], __m256i mins[4],
-                                                                             __m256 *d_rows, __m256 *dmin_rows) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
-    const uint8_t *words = run + 64 + 32 * half;
-    const __m256i w0 = _mm256_loadu_si256((const __m256i *)words);
-    const __m256i w1 = _mm256_loadu_si256((const __m256i *)(words + 64));
-    const __m256i w2 = _mm256_loadu_si256((const __m256i *)(words + 128));
-    const __m256i sc_low = _mm256_and_si256(w0, m6), mn_low = _mm256_and_si256(w1, m6);
-    const __m256i sc_high = _mm256_or_si256(_mm256_and_si256(w2, m4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2));
-    const __m256i mn_high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
-                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2));
-    for (int g = 0; g < 4; g++) {
-        scale[g] = _mm256_shuffle_epi8(sc_low, lane_bytes_to_words(g, g));
-        scale[g + 4] = _mm256_shuffle_epi8(sc_high, lane_bytes_to_words(g, g));
-    }
-    for (int c = 0; c < 2; c++) {
-        mins[c] = _mm256_shuffle_epi8(mn_low, lane_bytes_to_words(2 * c, 2 * c + 1));
-        mins[c + 2] = _mm256_shuffle_epi8(mn_high, lane_bytes_to_words(2 * c, 2 * c + 1));
-    }
-    *d_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 16 * half)));
-    *dmin_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 32 + 16 * half)));
-}
-
 /* At most PASS tokens go through the codes at a time: with more, their int16 sums and
  * int32 totals no longer fit the sixteen registers. Later passes find the codes in cache. */
 enum { PASS = 4 };
@@ -234,7 +208,7 @@ static inline __attribute__((always_inline)) TARGET void packed_dotn16_q4_K(cons
             __m256i scale[8], mins[4];
             __m256 d_rows, dmin_rows;
             q4_K_packed_headers(run, half, scale, mins, &d_rows, &dmin_rows);
-            const uint8_t *codes = run + 64 + 32 * half + 64 * 3;  /* code word j at codes + 64 j */
+            const uint8_t *codes = run + 64 * 4 + 32 * half;  /* code word j at codes + 64 j */
             __m256i isum[PASS];
             for (int t = 0; t < n; t++)
                 isum[t] = _mm256_setzero_si256();

@@ -102,12 +102,9 @@ static inline TARGET void q4_K_side_by_side(const void *rows, int64_t row_bytes,
     }
 }
 
-/* The same from a group of sixteen Q4_K rows packed side by side (quants/rows16.c): block
- * i of rows 8 half .. 8 half + 7, whose words lie there already side by side, each word
- * of the sixteen rows in 64 bytes, these eight rows' in its first or second 32. So no
- * transpose: the scales and mins come out of their packed bytes eight rows at once, as
- * k_scales_mins takes them out of one row's, and each lane's bytes are picked into place
- * by one shuffle per group. q4_K_run(group, i) is where block i's run starts. */
+/* Where block i's run starts in a group of sixteen Q4_K rows packed side by side
+ * (quants/rows16.c): each of the block's 32-bit words of the sixteen rows in 64 bytes, rows
+ * 0..7 in its first 32 and rows 8..15 in its second, after the rows' d and dmin. */
 static inline const uint8_t *q4_K_run(const void *group, int64_t i) {
     return (const uint8_t *)group + i * 16 * (int64_t)sizeof(block_q4_K);
 }
@@ -118,14 +115,18 @@ static inline TARGET __m256i lane_bytes_to_words(int a, int b) {
                             a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1);
 }
 
-static inline __attribute__((always_inline)) TARGET void q4_K_packed_side_by_side(
-    const uint8_t *run, int half, __m256i codes[4][2][8], __m256i scale[8], __m256i mins[4], __m256 *d_rows,
-    __m256 *dmin_rows) {
+/* q4_K_scales_side_by_side's scale[], mins[], d_rows and dmin_rows for rows 8 half .. 8 half
+ * + 7 of a packed group's block (run: q4_K_run), whose words lie side by side already: no
+ * transpose. The scales and mins come out of their twelve packed bytes eight rows at once,
+ * as k_scales_mins takes them out of one row's, and one shuffle per group puts each lane's
+ * bytes in place. */
+static inline __attribute__((always_inline)) TARGET void q4_K_packed_headers(const uint8_t *run, int half,
+                                                                             __m256i scale[8], __m256i mins[4],
+                                                                             __m256 *d_rows, __m256 *dmin_rows) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi8(0x3f), top2 = _mm256_set1_epi8(0x30);
     const uint8_t *words = run + 64 + 32 * half;  /* word j of these rows at words + 64 j */
-    /* The twelve scale bytes as three words per row: bytes 0..3 (scales 0..3 and the top
-     * bits of scales 4..7), 4..7 (mins 0..3, the top bits of mins 4..7), 8..11 (the low
-     * four bits of scales and mins 4..7). */
+    /* Bytes 0..3 of the scales (scales 0..3, and the top bits of scales 4..7), 4..7 (mins
+     * 0..3, the top bits of mins 4..7), 8..11 (the low four bits of scales and mins 4..7). */
     const __m256i w0 = _mm256_loadu_si256((const __m256i *)words);
     const __m256i w1 = _mm256_loadu_si256((const __m256i *)(words + 64));
     const __m256i w2 = _mm256_loadu_si256((const __m256i *)(words + 128));
@@ -143,9 +144,18 @@ static inline __attribute__((always_inline)) TARGET void q4_K_packed_side_by_sid
     }
     *d_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 16 * half)));
     *dmin_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 32 + 16 * half)));
+}
+
+/* q4_K_side_by_side's outputs for rows 8 half .. 8 half + 7 of a packed group's block. */
+static inline __attribute__((always_inline)) TARGET void q4_K_packed_side_by_side(
+    const uint8_t *run, int half, __m256i codes[4][2][8], __m256i scale[8], __m256i mins[4], __m256 *d_rows,
+    __m256 *dmin_rows) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    q4_K_packed_headers(run, half, scale, mins, d_rows, dmin_rows);
+    const uint8_t *code_words = run + 64 * 4 + 32 * half;  /* after the d, dmin and three words of scales */
     for (int c = 0; c < 4; c++)
-        for (int j = 0; j < 8; j++) {  /* word 3 + 8c + j: bytes 32c + 4j .. +3 of the codes */
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(words + 64 * (3 + 8 * c + j)));
+        for (int j = 0; j < 8; j++) {  /* bytes 32c + 4j .. +3 of the codes */
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(code_words + 64 * (8 * c + j)));
             codes[c][0][j] = _mm256_and_si256(q, m4);
             codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         }
