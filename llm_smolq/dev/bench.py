@@ -6,6 +6,7 @@
     python -m llm_smolq.dev.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
     python -m llm_smolq.dev.bench MODEL.gguf --lookup [8] [--threads N] [--repeat 5] [--json]
     python -m llm_smolq.dev.bench MODEL.gguf --draft-check [512] [--threads N] [--repeat 5] [--json]
+    python -m llm_smolq.dev.bench MODEL.gguf --kernels [1,2,4,8,9] [--repeat 5] [--json]
 
 With --depth N the prompt is N random ids fed in batches of 512 (prefill tok/s is their
 average), and decode is timed at that depth; --vs-llama-cpp then runs llama.cpp twice,
@@ -198,6 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-check", type=int, nargs="?", const=512, metavar="DEPTH",
                         help="instead: what one forward of 1, 2, 4, 8 and 16 tokens in step order costs at DEPTH "
                              "(default 512), as multiples of one decode step")
+    parser.add_argument("--kernels", nargs="?", const="1,2,4,8,9", metavar="K,K,...",
+                        help="instead: one thread's GB/s in each quantized type's largest matrix times K tokens, "
+                             "from the file's layout and packed (dev/kernel_bench.py)")
     parser.add_argument("--bandwidth", action="store_true",
                         help="also time llm-smolq's threads reading the model file, and decode as a share of it")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
@@ -224,6 +228,19 @@ def main(argv: list[str] | None = None) -> None:
 
         report = lookup_bench.measure_check_cost(args.model, args.threads, args.draft_check, args.repeat)
         print(json.dumps(report, indent=2) if args.json else lookup_bench.format_check_cost(report))
+        return
+
+    if args.kernels:
+        from llm_smolq.dev import kernel_bench
+
+        try:
+            tokens = [int(k) for k in args.kernels.split(",")]
+        except ValueError:
+            parser.error(f"--kernels takes token counts separated by commas, such as 1,2,9; not {args.kernels!r}")
+        if not tokens or min(tokens) < 1:
+            parser.error("--kernels: every token count must be 1 or more")
+        report = kernel_bench.measure(args.model, tokens, args.repeat)
+        print(json.dumps(report, indent=2) if args.json else kernel_bench.format_report(report))
         return
 
     if args.child:

@@ -72,3 +72,30 @@ def test_bench_draft_check_times_step_order_batches_against_one_step(smollm2_ggu
     assert report["sizes"]["1"]["steps"] == 1.0
     assert all(v["ms"] > 0 for v in report["sizes"].values())
     assert report["sizes"]["16"]["ms"] > report["sizes"]["1"]["ms"]  # sixteen tokens are not free
+
+
+def test_bench_kernels_times_each_types_largest_matrix_in_both_layouts(reference_dir, capsys):
+    from llm_smolq._kernel import lib
+    from llm_smolq.dev import bench
+
+    bench.main([str(reference_dir / "tiny-smollm3-Q4_K_M.gguf"), "--kernels", "1,2,9", "--repeat", "2", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["types"]) == {"Q4_K", "Q6_K"}  # the file's quantized types; its F32 norms are no mat-vecs
+    for name, entry in report["types"].items():
+        assert list(entry["tokens"]) == ["1", "2", "9"] and entry["mb"] > 0
+        packs = bool(lib.sq_rows16_wanted(getattr(lib, f"SQ_{name}")))
+        for row in entry["tokens"].values():
+            assert row["file_gb_s"] > 0
+            assert ("packed_gb_s" in row) == packs  # packed only where the path in use reads it so
+            assert row.get("same_bits", True) is True
+
+
+def test_bench_kernels_refuses_token_counts_it_cannot_use(reference_dir, capsys):
+    import pytest
+
+    from llm_smolq.dev import bench
+
+    for bad in ("a,b", "0,2", "1,,2"):
+        with pytest.raises(SystemExit):
+            bench.main([str(reference_dir / "tiny-smollm3-Q4_K_M.gguf"), "--kernels", bad])
+        assert "--kernels" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""One thread's speed in a model's quantized mat-vecs, from the file's layout and packed.
+
+    python -m llm_smolq.dev.bench MODEL.gguf --kernels [1,2,4,8,9] [--repeat R] [--json]
+
+For each quantized type among the model's matrices, its largest matrix times k activation
+rows, every output with one-token bits (k = 1: a decode step; more: a lookup draft's
+check), on the calling thread alone: once as the file lays the rows out, and once packed
+sixteen rows side by side (native/quants/rows16.c) where the kernel path in use reads that
+type packed (sq_rows16_wanted). Each is reported as GB/s of weights read, the best of R
+passes (a matrix larger than the last-level cache streams from memory; a smaller one is
+read from cache after the first pass), with whether the two layouts gave the same bits
+(they must).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from llm_smolq._kernel import ffi, lib
+from llm_smolq.model.model_file import TensorInfo, open_model
+
+FLOAT_TYPES = {"F32", "F16", "BF16"}
+
+
+def _largest_matrices(path: str) -> tuple[object, dict[str, TensorInfo]]:
+    model = open_model(path)
+    largest: dict[str, TensorInfo] = {}
+    for info in model.tensors.values():
+        name = info.type.name
+        if len(info.shape) == 2 and name not in FLOAT_TYPES and lib.sq_vec_dot_type(int(info.type)) >= 0:
+            if name not in largest or info.n_bytes > largest[name].n_bytes:
+                largest[name] = info
+    return model, largest
+
+
+def _activations(vec_type: int, cols: int, tokens: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """tokens rows of random activations in the vec-dot format, and the bytes of one row."""
+    row_bytes = cols // lib.sq_block_elems(vec_type) * lib.sq_block_bytes(vec_type)
+    xq = np.zeros(tokens * row_bytes, np.uint8)
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    for t in range(tokens):
+        lib.sq_quantize_row(vec_type, ffi.from_buffer("float[]", x[t]), ffi.from_buffer(xq[t * row_bytes:]), cols)
+    return xq, row_bytes
+
+
+def _best_seconds(call, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        if call() != 0:
+            raise RuntimeError("the kernel refused a product it was given")
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure(path: str, tokens: list[int], repeat: int) -> dict:
+    model, largest = _largest_matrices(path)
+    rng = np.random.default_rng(0)
+    report: dict = {"model": path, "simd": ffi.string(lib.sq_simd_name()).decode(), "repeat": repeat, "types": {}}
+    for type_name, info in sorted(largest.items()):
+        qtype, cols, rows = int(info.type), info.shape[0], info.rows
+        weights = model.data[info.offset:info.offset + info.n_bytes]
+        packed = None
+        if rows % 16 == 0 and lib.sq_rows16_packs(qtype) and lib.sq_rows16_wanted(qtype):
+            packed = np.empty(info.n_bytes, np.uint8)
+            if lib.sq_rows16_pack(qtype, ffi.from_buffer(weights), ffi.from_buffer(packed), rows, cols) != 0:
+                raise RuntimeError(f"the kernel would not pack {info.name}")
+        entry = {"matrix": info.name, "rows": rows, "cols": cols, "mb": info.n_bytes / 1e6, "tokens": {}}
+        for k in tokens:
+            xq, xq_bytes = _activations(lib.sq_vec_dot_type(qtype), cols, k, rng)
+            w, x = ffi.from_buffer(weights), ffi.from_buffer(xq)
+            plain_y, packed_y = np.zeros((k, rows), np.float32), np.zeros((k, rows), np.float32)
+            y = ffi.from_buffer("float[]", plain_y)
+            if k == 1:
+                plain = _best_seconds(lambda: lib.sq_vec_dot_rows(qtype, w, info.row_bytes, rows, x, cols, y), repeat)
+            else:
+                plain = _best_seconds(lambda: lib.sq_vec_dot_steps_rows(qtype, w, info.row_bytes, rows, x, xq_bytes, k,
+                                                                        cols, y, rows), repeat)
+            row = {"file_gb_s": info.n_bytes / plain / 1e9}
+            if packed is not None:
+                p, py = ffi.from_buffer(packed), ffi.from_buffer("float[]", packed_y)
+                seconds = _best_seconds(lambda: lib.sq_vec_dot_rows16(qtype, p, 0, rows, x, xq_bytes, k, cols, py, rows,
+                                                                      1), repeat)
+                row["packed_gb_s"] = info.n_bytes / seconds / 1e9
+                row["same_bits"] = plain_y.tobytes() == packed_y.tobytes()
+            entry["tokens"][str(k)] = row
+        report["types"][type_name] = entry
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [f"{r['model']}: one thread, the {r['simd']} kernels, best of {r['repeat']}, GB/s of weights read"]
+    for type_name, e in r["types"].items():
+        lines.append(f"  {type_name}: {e['matrix']} ({e['rows']} x {e['cols']}, {e['mb']:.1f} MB)")
+        for k, row in e["tokens"].items():
+            text = f"    {int(k):2d} tokens: file's layout {row['file_gb_s']:.2f}"
+            if "packed_gb_s" in row:
+                text += (f", packed {row['packed_gb_s']:.2f} (x{row['packed_gb_s'] / row['file_gb_s']:.2f}), "
+                         f"same bits: {'yes' if row['same_bits'] else 'NO'}")
+            lines.append(text)
+    return "\n".join(lines)
