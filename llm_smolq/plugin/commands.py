@@ -205,7 +205,7 @@ def register_cache_commands(smolq: click.Group) -> None:
         else:
             size = catalog.format_size(sum(n for _, n in packed))
             click.echo(f"Packed:    {size} in {len(packed)} file{'' if len(packed) == 1 else 's'} in {folder} "
-                       f"(weights laid out for the 512-bit kernels, the {packed_cache.KEEP} last used models; "
+                       f"(weights laid out for the SIMD kernels, the {packed_cache.KEEP} last used models; "
                        "`llm smolq cache clear --packed` deletes them)")
 
     @cache.command(name="clear")
