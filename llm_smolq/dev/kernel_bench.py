@@ -19,12 +19,13 @@ import time
 import numpy as np
 
 from llm_smolq._kernel import ffi, lib
-from llm_smolq.model.model_file import TensorInfo, open_model
+from llm_smolq.model.model_file import ModelFile, TensorInfo, open_model
 
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 
 
-def _largest_matrices(path: str) -> tuple[object, dict[str, TensorInfo]]:
+def _largest_matrices(path: str) -> tuple[ModelFile, dict[str, TensorInfo]]:
+    """The opened model, and for each quantized type among its matrices the largest one."""
     model = open_model(path)
     largest: dict[str, TensorInfo] = {}
     for info in model.tensors.values():

@@ -372,8 +372,9 @@ static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int
 }
 
 #ifdef SQ_X86
-/* A whole packed Q4_K group at the avx2 setting, eight rows at a time (the group's second
- * eight find its bytes in cache), in the orders packed_group below takes. */
+/* A whole packed Q4_K group at the avx2 setting, in the orders packed_group below takes:
+ * the repacked gemm's tokens eight rows at a time (the second eight find the group's
+ * bytes in cache), every other token all sixteen at once in one-token bits. */
 static void packed_group8_q4_K(const uint8_t *group, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
                                const void *stop, float *y, int64_t ldy, int step_order) {
     const int by4 = step_order ? 0 : n_tokens - n_tokens % 4;
