@@ -51,7 +51,7 @@ def packable(info: TensorInfo) -> bool:
 
 def _wanted(info: TensorInfo) -> bool:
     """Whether to pack a packable matrix: where the kernels in use read its type faster
-    packed (every packable type on the 512-bit path, Q4_K on the AVX2 one)."""
+    packed, as the kernel says, unless SMOLQ_PACK says otherwise."""
     setting = os.environ.get("SMOLQ_PACK")
     return setting == "1" if setting in ("0", "1") else bool(lib.sq_rows16_wanted(int(info.type)))
 

@@ -340,17 +340,6 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
     return 0;
 }
 
-int sq_rows16_wanted(int type) {
-    if (!sq_rows16_packs(type))
-        return 0;
-#ifdef SQ_X86
-    /* The 512-bit kernels read every packable type packed; the AVX2 ones only Q4_K. */
-    return sq_simd_512() || (type == SQ_Q4_K && sq_simd_enabled());
-#else
-    return 0;
-#endif
-}
-
 /* Rows first..first+count-1 of a packed group through a copy in the file's layout: how
  * the settings without a packed kernel read one (scalar, or AVX2 after sq_set_simd), and
  * how a range that starts or ends inside a group reads that group. Slow, same bits. */
@@ -372,6 +361,11 @@ static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int
 }
 
 #ifdef SQ_X86
+/* The types the avx2 setting reads packed, with packed_group8_q4_K: Q4_K alone (its
+ * eight-row kernels take fewer multiplies per row than the one-row vec_dot; the other
+ * types' as many). */
+static int avx2_reads_packed(int type) { return type == SQ_Q4_K; }
+
 /* A whole packed Q4_K group at the avx2 setting, in the orders packed_group below takes:
  * the repacked gemm's tokens eight rows at a time (the second eight find the group's
  * bytes in cache), every other token all sixteen at once in one-token bits. */
@@ -402,6 +396,17 @@ static void packed_group(int type, const uint8_t *group, int64_t row_bytes, cons
 }
 #endif
 
+int sq_rows16_wanted(int type) {
+    if (!sq_rows16_packs(type))
+        return 0;
+#ifdef SQ_X86
+    /* The 512-bit kernels read every packable type packed. */
+    return sq_simd_512() || (avx2_reads_packed(type) && sq_simd_enabled());
+#else
+    return 0;
+#endif
+}
+
 int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
                       int n_tokens, int64_t n, float *y, int64_t ldy, int step_order) {
     const sq_type_traits *t = sq_traits(type);
@@ -425,7 +430,7 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
             packed_group(type, base + g * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy, step_order);
             continue;
         }
-        if (!wide && type == SQ_Q4_K && sq_simd_enabled() && first == g && end == g + 16) {
+        if (!wide && avx2_reads_packed(type) && sq_simd_enabled() && first == g && end == g + 16) {
             packed_group8_q4_K(base + g * row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy, step_order);
             continue;
         }
