@@ -10,7 +10,7 @@ import llm
 from llm.parts import StreamEvent
 
 from llm_smolq.plugin.command import finish_after_prompt
-from llm_smolq.plugin.options import EngineOptions, SmolQOptions, ThinkingOptions
+from llm_smolq.plugin.options import EngineOptions, ThinkingOptions, options_without_thinking
 from llm_smolq.errors import ModelNotFound
 from llm_smolq.store import catalog
 
@@ -41,7 +41,7 @@ class _SmolQ:
     def __init__(self, model_id: str, tools: bool = False, thinking: bool = False):
         self.model_id = model_id
         self.supports_tools = tools  # its template has a tool format: see chat/tool_calls.py
-        self.Options = ThinkingOptions if thinking else SmolQOptions
+        self.Options = ThinkingOptions if thinking else options_without_thinking(model_id)
 
     def __str__(self) -> str:
         return f"SmolQ: {self.model_id}"

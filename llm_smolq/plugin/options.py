@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Union
+from functools import cache
+from typing import TYPE_CHECKING, ClassVar, Optional, Union
 
 import llm
 from pydantic import Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from llm_smolq import defaults
 
@@ -102,6 +105,30 @@ class ThinkingOptions(SmolQOptions):
     """For models whose chat template has a <think> switch (SmolLM3)."""
 
     thinking: Optional[bool] = Field(default=None, description=f"Reason in <think> before answering (default {str(defaults.THINKING).lower()})")
+
+
+class NoThinkingOptions(SmolQOptions):
+    """For models whose chat template has no <think> switch (SmolLM2): `-o thinking` is
+    refused saying so and naming models that have one, where pydantic would only say
+    "Extra inputs are not permitted". The field is left out of `llm models --options`."""
+
+    model_id: ClassVar[str] = "this model"
+    thinking: SkipJsonSchema[Optional[bool]] = None
+
+    @field_validator("thinking", mode="before")
+    @classmethod
+    def _no_thinking_mode(cls, value):
+        from llm_smolq.plugin.abilities import no_thinking_mode
+
+        if value is None:
+            return None
+        raise PydanticCustomError("no_thinking_mode", no_thinking_mode(cls.model_id))
+
+
+@cache
+def options_without_thinking(model_id: str) -> type[NoThinkingOptions]:
+    """NoThinkingOptions that name `model_id` in their refusal."""
+    return type(NoThinkingOptions.__name__, (NoThinkingOptions,), {"__module__": __name__, "model_id": model_id})
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from llm_smolq.errors import ChatTemplateError, ConstraintError
 from llm_smolq.chat.reasoning import ReasoningSplitter
 from llm_smolq.decode.generate import Completion, RepetitionGuard, prompt_ids
 from llm_smolq import defaults
+from llm_smolq.plugin.abilities import no_thinking_mode
 from llm_smolq.plugin.command import Command
 from llm_smolq.plugin.loaded import Loaded
 from llm_smolq.plugin.options import pick, sampling_params, stop_strings
@@ -38,8 +39,7 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
     schema = prompt.schema
     asked_thinking = getattr(opts, "thinking", None)
     if asked_thinking is not None and not smollm3:
-        raise llm.ModelError(f"{model_id} has no thinking mode (its chat template has no <think> switch): "
-                             "leave out -o thinking")
+        raise llm.ModelError(no_thinking_mode(model_id))
     constraint = schema_constraint(engine, schema) if schema is not None else None
     # With a schema the answer is the JSON alone: no <think> part before it.
     thinking = (pick(asked_thinking, defaults.THINKING) and schema is None) if smollm3 else None

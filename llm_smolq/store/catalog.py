@@ -348,6 +348,17 @@ def list_models() -> list[ModelRecord]:
     return records
 
 
+def models_with(ability: str) -> list[str]:
+    """The models whose chat template is known to have `ability` ("tools" or "thinking"),
+    for messages that send a user to one: each known model once (by its default id), then
+    each registered file whose template was checked and has it. Reads only models.json."""
+    names = [known.id for known in KNOWN_MODELS.values() if getattr(known, ability)]
+    for model_id, entry in sorted(_read_registry(strict=False).items()):
+        if entry.get(ability) is True:  # entries from before abilities were recorded: unknown
+            names.append(model_id)
+    return names
+
+
 def resolve(model_id: str) -> Path:
     """The file to load for a model id or alias; ModelNotFound (one line, with the command
     that fixes it) when it is unknown or its file is not there."""

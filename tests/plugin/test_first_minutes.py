@@ -4,6 +4,7 @@ ended by the repetition guard, Ctrl-C's exit status, every README model id, the 
 cache's size and first notice, and errors that name the real problem."""
 
 import json
+import re
 import sqlite3
 
 import llm
@@ -110,9 +111,28 @@ def test_tools_and_thinking_are_offered_only_where_the_template_has_them(user_di
         "path": str(tiny3.resolve()), "aliases": ["tiny3"], "tools": True, "thinking": True}
 
 
-def test_thinking_on_smollm2_is_refused(user_dir):
-    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "thinking", "true", "hi"])
-    assert result.exit_code != 0 and "thinking" in result.output and "Traceback" not in result.output
+NO_THINKING = ("smollm2-q has no thinking mode (its chat template has no <think> switch): leave out -o thinking, "
+               "or use a SmolLM3 model such as smollm3-q, which has one")
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_thinking_on_smollm2_is_refused_naming_a_model_that_has_it(user_dir, value):
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "thinking", value, "hi"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output == f"Error: thinking\n  {NO_THINKING}\n"
+    assert not (user_dir / "logs.db").exists() or not last_log(user_dir)  # refused before it ran
+    # the same from Python, and when set as a default option
+    with pytest.raises(ValueError, match=re.escape(NO_THINKING)):
+        llm.get_model("smollm2-q").prompt("hi", thinking=False)
+    result = CliRunner().invoke(cli, ["models", "options", "set", "smollm2-q", "thinking", value])
+    assert result.exit_code == 1 and NO_THINKING in result.output
+
+
+def test_the_models_with_thinking_named_include_registered_ones(user_dir, tiny3):
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "thinking", "false", "hi"])
+    assert result.exit_code == 1
+    assert "use a SmolLM3 model such as smollm3-q or smolq/tiny-smollm3-chat-q8_0, which has one" in result.output
+    assert "thinking" in listed("--options", "-m", "tiny3")  # and there it is an option
 
 
 def test_a_file_registered_before_capabilities_were_recorded_refuses_thinking_when_run(user_dir, smollm2_gguf):

@@ -437,3 +437,14 @@ def test_register_keeps_symlinks(store, tiny, tmp_path):
     assert catalog.register(link) == "smolq/my-model-q8_0"
     (record,) = [r for r in catalog.list_models() if r.id == "smolq/my-model-q8_0"]
     assert record.path == link and record.quant == "Q8_0" and record.present
+
+
+def test_models_with_an_ability_names_known_models_and_registered_files_checked_for_it(store, tiny, reference_dir):
+    assert catalog.models_with("thinking") == catalog.models_with("tools") == ["smollm3-q"]
+    catalog.register(tiny)  # no chat template: neither
+    catalog.register(reference_dir / "tiny-smollm3-chat-Q8_0.gguf")  # SmolLM3's template: both
+    registry = json.loads((store / "models.json").read_text())
+    registry["smolq/old"] = {"path": str(tiny), "aliases": []}  # registered before abilities were recorded
+    (store / "models.json").write_text(json.dumps(registry))
+    assert catalog.models_with("thinking") == ["smollm3-q", "smolq/tiny-smollm3-chat-q8_0"]
+    assert catalog.models_with("tools") == ["smollm3-q", "smolq/tiny-smollm3-chat-q8_0"]
