@@ -19,8 +19,15 @@ copied on a fault of its own, where this takes about 1 s.) Every kernel path rea
 matrices with the same bits, so a later switch of path (sq_set_simd) stays correct.
 
 The packed copy is kept on disk as well (store/packed_cache.py): a later load of the same
-file maps it instead of packing again (the 3B shape: 0.8-1.3 s to load with packing,
-0.23 s from the kept copy). Where no copy can be kept, packing goes into memory.
+weights maps it instead of packing again (the 3B shape: 0.8-1.3 s to load with packing,
+0.23 s from the kept copy). Where no copy can be kept, packing goes into memory. The copy
+is named by what its bytes depend on (packed_identity): the weights' content (the
+header's digest, the first and last MiB of weights, a few runs of bytes along every packed
+matrix), which matrices were packed where (the set differs between the kernel's paths),
+and what the kernel's packing does (packing_identity: its output on a probe matrix of
+every type it packs). Not the file's path or mtime, nor which build of the kernel, where
+those leave the bytes the same: a copy of the file, or the package installed again, maps
+the copy already kept.
 
 Packing is decided once per opened model, by its first engine. SMOLQ_PACK=0 leaves the
 weights as the file has them, SMOLQ_PACK=1 packs them on any path (both to compare).
@@ -28,6 +35,8 @@ weights as the file has them, SMOLQ_PACK=1 packs them on any path (both to compa
 
 from __future__ import annotations
 
+import hashlib
+import json
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -35,13 +44,18 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from gguf import GGMLQuantizationType as QT
+from gguf.constants import GGML_QUANT_SIZES
+
 from llm_smolq._kernel import ffi, lib
 from llm_smolq.model import memory
 from llm_smolq.model.model_file import ModelFile, TensorInfo
 from llm_smolq.store import packed_cache
+from llm_smolq.store.kernel_identity import weights_identity
 
 GROUP = 16
 ALIGN = 64  # each packed matrix starts on a cache line
+PROBE_ROWS, PROBE_BLOCKS = 2 * GROUP, 3  # the probe matrix packing_identity packs, per type
 
 
 def packable(info: TensorInfo) -> bool:
@@ -54,6 +68,44 @@ def _wanted(info: TensorInfo) -> bool:
     packed, as the kernel says, unless SMOLQ_PACK says otherwise."""
     setting = os.environ.get("SMOLQ_PACK")
     return setting == "1" if setting in ("0", "1") else bool(lib.sq_rows16_wanted(int(info.type)))
+
+
+_packing_identity: str | None = None
+
+
+def packing_identity() -> str:
+    """What the kernel's packing does, as a digest: the types it packs, each with its
+    packed form of a probe matrix (two groups of rows, three blocks each, of bytes that
+    never repeat a pattern). Packing only moves bytes, so two builds that move them alike
+    give the same digest, wherever they were built or installed; one that lays a type out
+    otherwise gives another."""
+    global _packing_identity
+    if _packing_identity is None:
+        h = hashlib.sha256()
+        for qt in QT:
+            if not lib.sq_rows16_packs(int(qt)):
+                continue
+            elems, block_bytes = GGML_QUANT_SIZES[qt]
+            n = PROBE_ROWS * PROBE_BLOCKS * block_bytes
+            src = np.frombuffer(hashlib.shake_256(f"smolq rows16 probe {qt.name}".encode()).digest(n), np.uint8)
+            dst = np.zeros(n, np.uint8)
+            if lib.sq_rows16_pack(int(qt), ffi.from_buffer("uint8_t[]", src), ffi.from_buffer("uint8_t[]", dst),
+                                  PROBE_ROWS, PROBE_BLOCKS * elems) != 0:
+                raise RuntimeError(f"the kernel would not pack a {qt.name} probe")  # sq_rows16_packs said it would
+            h.update(f"{int(qt)}:{qt.name}:".encode() + dst.tobytes())
+        _packing_identity = h.hexdigest()
+    return _packing_identity
+
+
+def packed_identity(model: ModelFile, todo: list[TensorInfo], offsets: dict[str, int]) -> str:
+    """Everything the packed copy's bytes depend on: the weights (by content), which
+    matrices were packed and where each went, and the kernel's packing."""
+    return json.dumps({
+        "weights": weights_identity(model, todo),
+        "layout": [[info.name, int(info.type), list(info.shape), offsets[info.name]] for info in todo],
+        "packing": packing_identity(),
+        "group": GROUP,
+    }, sort_keys=True)
 
 
 def _anonymous(nbytes: int) -> np.ndarray:
@@ -94,10 +146,12 @@ def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
         for info in todo:
             offsets[info.name] = size
             size += -(-info.n_bytes // ALIGN) * ALIGN
-        layout = ";".join(f"{name}@{at}" for name, at in offsets.items())
-        entry = packed_cache.entry_path(model.path, layout) if todo else None
+        cached = todo and packed_cache.folder() is not None
+        entry = packed_cache.entry_path(packed_identity(model, todo, offsets)) if cached else None
         kept = packed_cache.open_entry(entry, size, threads) if entry else None
         if kept is not None:
+            for info in todo:  # the few pages the identity read: the kernel reads the kept copy
+                _let_go(model, info)
             model.packed, model.packed_data = offsets, kept
             return model.packed
         with packed_cache.new_entry(entry, size, threads) if entry else nullcontext() as into:

@@ -22,6 +22,7 @@ from llm_smolq.plugin.command import Command
 from llm_smolq.plugin.loaded import Loaded
 from llm_smolq.plugin.options import pick, sampling_params, stop_strings
 from llm_smolq.plugin.progress import PrefillProgress
+from llm_smolq.store import packed_cache
 from llm_smolq.store.prompt_cache import CacheActivity, PromptCache
 from llm_smolq.chat.tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
 
@@ -94,7 +95,8 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
 def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, disk: CacheActivity | None) -> None:
     """One line on stderr for an answer that did not end by itself, the first time the
     prompt cache writes (where it is, how big it may grow, how to turn it off), and when
-    the model's packed weights were kept on disk (where, how big, how to delete them)."""
+    the model's packed weights were kept on disk (where, how big, how many copies stay and
+    how big they may grow, how to delete them)."""
     if done.finish_reason == "length":
         command.tell(f"the answer reached max_tokens ({len(done.output_ids)}): -o max_tokens N lets it go further")
     elif done.finish_reason == "context":
@@ -111,9 +113,11 @@ def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, 
                      "turns it off)")
     kept, engine.model.packed_kept = engine.model.packed_kept, None
     if kept is not None:
-        command.tell(f"kept this model's packed weights ({format_size(len(engine.model.packed_data))}) in "
-                     f"{kept.parent} so its next load skips packing them; `llm smolq cache clear --packed` deletes "
-                     "them, SMOLQ_CACHE_DIR=off keeps none")
+        size = len(engine.model.packed_data)
+        command.tell(f"kept this model's packed weights ({format_size(size)}) in {kept.parent} so its next load "
+                     f"skips packing them; the {packed_cache.KEEP} last used copies are kept, up to "
+                     f"{format_size(packed_cache.most_bytes_here(size))} with the models here; "
+                     "`llm smolq cache clear --packed` deletes them, SMOLQ_CACHE_DIR=off keeps none")
 
 
 def conversation_ids(loaded: Loaded, prompt: llm.Prompt, model_id: str, tools: list[llm.Tool],

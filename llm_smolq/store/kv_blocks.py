@@ -28,7 +28,7 @@ import numpy as np
 from llm_smolq.engine.kv_types import KV_TYPES
 from llm_smolq.errors import BadBlock
 from llm_smolq.store.atomic_file import replaced_atomically
-from llm_smolq.store.kernel_identity import kernel_fingerprint
+from llm_smolq.store.kernel_identity import kernel_fingerprint, weights_edges
 
 if TYPE_CHECKING:
     from llm_smolq.engine.engine import Engine
@@ -41,7 +41,6 @@ _DIGEST_BYTES = 32  # the SHA-256 of everything before it ends the file
 _MAX_HEADER_BYTES = 1 << 16
 HEADER_ESTIMATE = 512  # a block's JSON header is about 400 bytes
 _MAX_BLOCK_TOKENS = 1 << 20
-_EDGE_BYTES = 1 << 20  # of the model's weights hashed at each end
 NAME = re.compile(r"^(\d{8})-([0-9a-f]{16})-([0-9a-f]{16})\.kv$")  # block_name()'s form
 
 
@@ -76,12 +75,7 @@ def model_fingerprint(model: ModelFile) -> dict:
     the first and last MiB of weights, read from the engine's own mapping, so it
     describes the weights the engine runs."""
     st = os.stat(model.path)
-    data = model.data
-    weights_start = min((t.offset for t in model.tensors.values()), default=len(data))
-    h = hashlib.sha256()
-    h.update(memoryview(data[weights_start:weights_start + _EDGE_BYTES]))
-    h.update(memoryview(data[max(weights_start, len(data) - _EDGE_BYTES):]))
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": model.digest, "sha256": h.hexdigest()}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": model.digest, "sha256": weights_edges(model)}
 
 
 _roots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

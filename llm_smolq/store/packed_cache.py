@@ -7,15 +7,22 @@ on every run. So the packed matrices are written straight into a file of the cac
 directory, through a shared mapping (the kernel writes the pages to disk in the
 background), and a later load maps that file, whose pages the page cache usually holds.
 
-Entries live in the cache directory's packed/. An entry is named by the model file (path,
-size, mtime, inode) and the kernel build that packed it (another build may lay the rows
-out otherwise). It ends with a trailer: a magic, that name, the size of the data and the
-64-bit sum of its words, and it is only used when all of them check out, so a torn or
-damaged entry means packing again, never wrong weights. A new entry's disk space is
-reserved before anything is written into its mapping: a write to a mapped page the disk
-has no room for would end the process. At most KEEP entries stay; the least recently
-used go. Anything else (the cache off, no room, an unwritable directory) leaves packing
-into memory, as without the cache.
+Entries live in the cache directory's packed/. An entry is named by what its bytes
+depend on, and nothing else (engine/packing.py says what: the weights' content, which
+matrices were packed where, what the kernel's packing does): a copy of a model file under
+another name, or the same kernel installed again elsewhere, finds the entry already
+there. It ends with a trailer: a magic, that name, the size of the data and the 64-bit
+sum of its words, and it is only used when all of them check out, so a torn or damaged
+entry means packing again, never wrong weights. A new entry's disk space is reserved
+before anything is written into its mapping: a write to a mapped page the disk has no
+room for would end the process. Anything else (the cache off, no room, an unwritable
+directory) leaves packing into memory, as without the cache.
+
+At most KEEP entries stay, the most recently used (a load that maps an entry marks it
+used): before a new one is reserved the others are cut to KEEP - 1, and after it is in
+place to KEEP, least recently used first. Deleting an entry another process has mapped
+does not harm that process: the file's name goes, its pages stay until the last mapping
+of it is gone (and so does its space on disk, until then).
 """
 
 from __future__ import annotations
@@ -29,12 +36,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from llm_smolq.store.atomic_file import TEMP_PREFIX
-from llm_smolq.store.kernel_identity import kernel_fingerprint
 from llm_smolq.store.paths import header_cache_dir
 
 MAGIC = b"SMOLQPK1"  # bump the digit when the trailer's layout changes
@@ -44,49 +50,54 @@ KEEP = 3  # entries kept: each is as large as the model's packed matrices
 STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a process that died
 
 
-def _folder() -> Path | None:
+def folder() -> Path | None:
     """packed/ of the cache directory; None when the cache is off."""
     root = header_cache_dir()
     return None if root is None else root / "packed"
 
 
-def entry_path(model_path: str | os.PathLike[str], layout: str = "") -> Path | None:
-    """Where the model file's packed weights are kept; None when the cache is off or the
-    file cannot be stat'ed. `layout` names what was packed (which matrices, where): the
-    kernel's paths pack different sets, so each set is an entry of its own."""
-    folder = _folder()
-    if folder is None:
+def entry_path(identity: str) -> Path | None:
+    """Where the packed weights named by identity (everything their bytes depend on) are
+    kept; None when the cache is off."""
+    where = folder()
+    if where is None:
         return None
-    try:
-        real = os.path.realpath(model_path)
-        st = os.stat(real)
-    except OSError:
-        return None
-    return folder / f"{_key(real, st, layout).hex()}{SUFFIX}"
+    key = hashlib.blake2b(identity.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    return where / f"{key}{SUFFIX}"
 
 
-def _key(real: str, st: os.stat_result, layout: str) -> bytes:
-    ident = (f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}\0{kernel_fingerprint()['sha256']}"
-             f"\0{layout}")
-    return hashlib.blake2b(ident.encode("utf-8", "surrogateescape"), digest_size=16).digest()
+def most_bytes(sizes: Iterable[int]) -> int:
+    """The most the kept entries can take when no model's packed weights are larger than
+    the largest of `sizes`: KEEP of those."""
+    return KEEP * max(sizes, default=0)
+
+
+def most_bytes_here(*more: int) -> int:
+    """most_bytes for the model files llm-smolq has here (downloaded or registered: a
+    model's packed weights are never larger than its file), the entries kept now, and
+    `more` (a copy just made)."""
+    from llm_smolq.store import catalog
+
+    files = [r.size for r in catalog.list_models() if r.present and r.size]
+    return most_bytes([*files, *(n for _, n in kept_entries()[1]), *more])
 
 
 def kept_entries() -> tuple[Path | None, list[tuple[Path, int]]]:
     """The folder of kept packed weights (None when the cache is off) and its entries with
     their sizes in bytes."""
-    folder, found = _folder(), []
-    if folder is None:
+    where, found = folder(), []
+    if where is None:
         return None, []
     try:
-        names = sorted(p for p in folder.iterdir() if p.name.endswith(SUFFIX))
+        names = sorted(p for p in where.iterdir() if p.name.endswith(SUFFIX))
     except OSError:
-        return folder, []
+        return where, []
     for p in names:
         try:
             found.append((p, p.stat().st_size))
         except OSError:  # another process removed it
             pass
-    return folder, found
+    return where, found
 
 
 def word_sum(data: np.ndarray, threads: int = 1) -> int:
@@ -130,6 +141,7 @@ def new_entry(path: Path, n_bytes: int, threads: int = 1) -> Iterator[np.ndarray
     pack into memory instead). Once the block has filled it, the entry is sealed with its
     trailer and takes path's name (a reader sees no entry or a whole one); if the block
     raises, it is deleted."""
+    _evict(path.parent, KEEP - 1)  # room for this one within KEEP, before its space is taken
     mapped, temp = _reserve(path, n_bytes + TRAILER.size)
     if mapped is None:
         yield None
@@ -147,7 +159,7 @@ def new_entry(path: Path, n_bytes: int, threads: int = 1) -> Iterator[np.ndarray
     except OSError:  # not kept; this process's mapping stays good
         _remove(temp)
         return
-    _evict(path.parent, path)
+    _evict(path.parent, KEEP, path)
 
 
 def _reserve(path: Path, n_bytes: int) -> tuple[mmap.mmap | None, Path | None]:
@@ -170,21 +182,27 @@ def _reserve(path: Path, n_bytes: int) -> tuple[mmap.mmap | None, Path | None]:
         os.close(fd)
 
 
-def _evict(root: Path, keep: Path) -> None:
-    """Drop the least recently used entries past KEEP, and temporary files left by
-    processes that died while writing one."""
+def _evict(root: Path, keep: int, newest: Path | None = None) -> None:
+    """Drop the least recently used entries past the `keep` most recent (`newest`, just
+    made, counted first and never dropped), and temporary files left by processes that
+    died while writing one."""
     now = time.time()
     entries = []
-    for p in root.iterdir():
+    try:
+        found = list(root.iterdir())
+    except OSError:  # no folder yet: nothing kept
+        return
+    for p in found:
         try:
             st = p.stat()
         except OSError:
             continue
         if p.name.startswith(TEMP_PREFIX) and now - st.st_mtime > STALE_TEMP_SECONDS:
             _remove(p)
-        elif p.name.endswith(SUFFIX) and p != keep:
-            entries.append((st.st_mtime, p))
-    for _, p in sorted(entries, reverse=True)[KEEP - 1:]:
+        elif p.name.endswith(SUFFIX) and p != newest:
+            entries.append((st.st_mtime_ns, p.name, p))
+    others = keep - (newest is not None)
+    for *_, p in sorted(entries, reverse=True)[max(others, 0):]:
         _remove(p)
 
 
