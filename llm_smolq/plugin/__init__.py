@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, AsyncIterator, Iterator, Union
 import llm
 from llm.parts import StreamEvent
 
-from llm_smolq.plugin.command import finish_after_prompt
+from llm_smolq.plugin.abilities import NAME_PREFIX
+from llm_smolq.plugin.command import wrap_llm_commands
 from llm_smolq.plugin.options import EngineOptions, ThinkingOptions, options_without_thinking
 from llm_smolq.errors import ModelNotFound
 from llm_smolq.store import catalog
@@ -31,7 +32,7 @@ def register_commands(cli):
     from llm_smolq.plugin.commands import register_commands as add_commands
 
     add_commands(cli)
-    finish_after_prompt(cli)
+    wrap_llm_commands(cli)
 
 
 class _SmolQ:
@@ -44,7 +45,7 @@ class _SmolQ:
         self.Options = ThinkingOptions if thinking else options_without_thinking(model_id)
 
     def __str__(self) -> str:
-        return f"SmolQ: {self.model_id}"
+        return f"{NAME_PREFIX}{self.model_id}"
 
     def run(self, prompt: llm.Prompt, response, command: Command) -> Iterator[Union[str, StreamEvent]]:
         from llm_smolq.plugin.turn import answer

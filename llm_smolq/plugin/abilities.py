@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from llm_smolq.store import catalog
 
+#: How str() names these models. llm puts it in its own refusal of tools ("SmolQ: smollm2-q
+#: does not support tools"), which the wrapped commands reword (plugin/command.py).
+NAME_PREFIX = "SmolQ: "
+
 
 def _a_model_that_has(ability: str, model_id: str) -> str:
     names = [name for name in catalog.models_with(ability) if name != model_id]
@@ -15,3 +19,10 @@ def _a_model_that_has(ability: str, model_id: str) -> str:
 def no_thinking_mode(model_id: str) -> str:
     return (f"{model_id} has no thinking mode (its chat template has no <think> switch): leave out -o thinking, "
             f"or use {_a_model_that_has('thinking', model_id)}, which has one")
+
+
+def no_tools(model_id: str) -> str:
+    names = [name for name in catalog.models_with("tools") if name != model_id]
+    example = f", e.g. llm -m {names[0]} -T ..." if names else ""
+    return (f"{model_id} does not support tools (its chat template has no tool format): "
+            f"use {_a_model_that_has('tools', model_id)}{example}")

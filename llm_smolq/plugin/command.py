@@ -4,6 +4,7 @@ printed and logged the answer) and the exit status a one-shot prompt ends with."
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -29,22 +30,59 @@ class AfterPrompt:
             ctx.exit(self.exit_code)
 
 
-def finish_after_prompt(cli: click.Group) -> None:
-    command = cli.commands.get("prompt")
-    if command is None or command.callback is None or getattr(command.callback, "smolq_after", False):
-        return
-    original = command.callback
+def wrap_llm_commands(cli: click.Group) -> None:
+    """Wrap llm's `prompt` and `chat` commands: a refusal of tools names a model that has
+    them; `prompt` also ends with what its answer left (AfterPrompt)."""
+    _wrap(cli, "prompt", _prompt_callback)
+    _wrap(cli, "chat", _chat_callback)
 
-    @functools.wraps(original)
+
+def _wrap(cli: click.Group, name: str, make) -> None:
+    command = cli.commands.get(name)
+    if command is None or command.callback is None or getattr(command.callback, "smolq_wrapped", False):
+        return
+    callback = functools.wraps(command.callback)(make(command.callback))
+    callback.smolq_wrapped = True
+    command.callback = callback
+
+
+def _prompt_callback(original):
     def callback(*args, **kwargs):
         ctx = click.get_current_context()
         after = ctx.meta.setdefault(AFTER_PROMPT, AfterPrompt())
-        result = original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except click.ClickException as exc:  # llm's ValueErrors arrive as ClickExceptions
+            better = _reworded(exc.message)
+            if better is None:
+                raise
+            raise click.ClickException(better) from None
         after.run(ctx)
         return result
 
-    callback.smolq_after = True
-    command.callback = callback
+    return callback
+
+
+def _chat_callback(original):
+    def callback(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except ValueError as exc:  # `llm chat` lets llm's refusal out as a traceback
+            better = _reworded(str(exc))
+            if better is None:
+                raise
+            raise click.ClickException(better) from None
+
+    return callback
+
+
+def _reworded(message: str) -> str | None:
+    """Our words for a refusal llm makes about one of these models, else None: llm says
+    "SmolQ: smollm2-q does not support tools" and no more."""
+    from llm_smolq.plugin.abilities import NAME_PREFIX, no_tools
+
+    match = re.fullmatch(re.escape(NAME_PREFIX) + r"(\S+) does not support tools", message)
+    return no_tools(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)

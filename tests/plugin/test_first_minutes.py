@@ -128,6 +128,28 @@ def test_thinking_on_smollm2_is_refused_naming_a_model_that_has_it(user_dir, val
     assert result.exit_code == 1 and NO_THINKING in result.output
 
 
+NO_TOOLS = ("smollm2-q does not support tools (its chat template has no tool format): use a SmolLM3 model such "
+            "as smollm3-q, e.g. llm -m smollm3-q -T ...")
+
+
+@pytest.mark.parametrize("tools", [["-T", "llm_version"], ["--functions", "def two():\n    return 2"]],
+                         ids=["toolbox", "functions"])
+def test_tools_on_smollm2_are_refused_naming_a_smollm3_model(user_dir, tools):
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", *tools, "hi"])
+    assert (result.exit_code, result.output) == (1, f"Error: {NO_TOOLS}\n")
+    # `llm chat` said it with a traceback; now the same line, before anything is generated
+    result = CliRunner().invoke(cli, ["chat", "-m", "smollm2-q", *tools], input="hi\nquit\n")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # not a ValueError
+    assert result.output.endswith(f"Error: {NO_TOOLS}\n")
+
+
+def test_the_models_with_tools_named_include_registered_ones(user_dir, tiny3):
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-T", "llm_version", "hi"])
+    assert result.exit_code == 1
+    assert ("use a SmolLM3 model such as smollm3-q or smolq/tiny-smollm3-chat-q8_0, e.g. llm -m smollm3-q -T ..."
+            in result.output)
+
+
 def test_the_models_with_thinking_named_include_registered_ones(user_dir, tiny3):
     result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "thinking", "false", "hi"])
     assert result.exit_code == 1
