@@ -203,10 +203,14 @@ def register_cache_commands(smolq: click.Group) -> None:
         if folder is None:
             click.echo("Packed:    none kept (SMOLQ_CACHE_DIR=off)")
         else:
-            size = catalog.format_size(sum(n for _, n in packed))
+            size = catalog.format_size(sum(k.size for k in packed))
+            most = catalog.format_size(packed_cache.most_bytes_here())
             click.echo(f"Packed:    {size} in {len(packed)} file{'' if len(packed) == 1 else 's'} in {folder} "
-                       f"(weights laid out for the SIMD kernels, the {packed_cache.KEEP} last used models; "
-                       "`llm smolq cache clear --packed` deletes them)")
+                       f"(weights laid out for the SIMD kernels; the {packed_cache.KEEP} last used copies are kept, "
+                       f"up to {most} with the models here; `llm smolq cache clear --packed` deletes them)")
+            for k in packed:
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(k.used))
+                click.echo(f"  {k.path.name}: {catalog.format_size(k.size)}, last used {when}")
 
     @cache.command(name="clear")
     @click.option("--packed", is_flag=True, help="Delete the kept packed weights instead (remade on the next load)")
@@ -218,12 +222,12 @@ def register_cache_commands(smolq: click.Group) -> None:
 
         if packed:
             folder, entries = packed_cache.kept_entries()
-            size = sum(n for _, n in entries)
-            for p, _ in entries:
+            size = sum(k.size for k in entries)
+            for k in entries:
                 try:
-                    p.unlink(missing_ok=True)
+                    k.path.unlink(missing_ok=True)
                 except OSError as exc:
-                    raise click.ClickException(f"could not delete {p}: {exc.strerror}")
+                    raise click.ClickException(f"could not delete {k.path}: {exc.strerror}")
             click.echo(f"Deleted {len(entries)} file{'' if len(entries) == 1 else 's'} ({catalog.format_size(size)})"
                        + (f" from {folder}" if folder else ""))
             return

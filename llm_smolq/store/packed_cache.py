@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -79,25 +79,32 @@ def most_bytes_here(*more: int) -> int:
     from llm_smolq.store import catalog
 
     files = [r.size for r in catalog.list_models() if r.present and r.size]
-    return most_bytes([*files, *(n for _, n in kept_entries()[1]), *more])
+    return most_bytes([*files, *(k.size for k in kept_entries()[1]), *more])
 
 
-def kept_entries() -> tuple[Path | None, list[tuple[Path, int]]]:
-    """The folder of kept packed weights (None when the cache is off) and its entries with
-    their sizes in bytes."""
+class Kept(NamedTuple):
+    path: Path
+    size: int  # bytes
+    used: float  # when last used (mapped or made), as a time.time()
+
+
+def kept_entries() -> tuple[Path | None, list[Kept]]:
+    """The folder of kept packed weights (None when the cache is off) and its entries,
+    most recently used first."""
     where, found = folder(), []
     if where is None:
         return None, []
     try:
-        names = sorted(p for p in where.iterdir() if p.name.endswith(SUFFIX))
+        names = [p for p in where.iterdir() if p.name.endswith(SUFFIX)]
     except OSError:
         return where, []
     for p in names:
         try:
-            found.append((p, p.stat().st_size))
+            st = p.stat()
         except OSError:  # another process removed it
-            pass
-    return where, found
+            continue
+        found.append(Kept(p, st.st_size, st.st_mtime))
+    return where, sorted(found, key=lambda k: (-k.used, k.path.name))
 
 
 def word_sum(data: np.ndarray, threads: int = 1) -> int:
