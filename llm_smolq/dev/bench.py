@@ -1,10 +1,11 @@
 """Benchmark: prefill and decode speed, load time and peak memory on one GGUF file.
 
     python -m llm_smolq.dev.bench MODEL.gguf [--threads N] [--prefill 256] [--decode 128]
-                                  [--repeat 5] [--json] [--vs-llama-cpp] [--schema]
+                                  [--repeat 5] [--json | --markdown] [--vs-llama-cpp] [--schema]
                                   [--depth N] [--kv-cache f16|q8_0|f32] [--bandwidth]
+                                  [--with-depth N] [--with-lookup [N]]
     python -m llm_smolq.dev.bench MODEL.gguf --follow-up 1000 [--threads N] [--repeat 5] [--json]
-    python -m llm_smolq.dev.bench MODEL.gguf --lookup [8] [--threads N] [--repeat 5] [--json]
+    python -m llm_smolq.dev.bench MODEL.gguf --lookup [8] [--threads N] [--repeat 5] [--json | --markdown]
     python -m llm_smolq.dev.bench MODEL.gguf --draft-check [512] [--threads N] [--repeat 5] [--json]
     python -m llm_smolq.dev.bench MODEL.gguf --kernels [1,2,4,8,9] [--repeat 5] [--json]
 
@@ -22,6 +23,11 @@ times what a JSON-schema constraint adds per generated token (mask + matcher upd
 With --bandwidth, each llm-smolq run also times its own threads reading every page of the
 model file (Engine.weight_read_seconds, best of three), right after its decode, and gives
 decode's weight bytes per second as a share of that rate: how close decode is to the wall.
+
+--with-depth N adds the --depth N runs (same engines, same --repeat) to the speed runs, and
+--with-lookup [N] the --lookup comparison, so that one command measures every row of a
+BENCHMARKS.md table; --markdown prints the result as that table, with a line naming the
+machine, the date and the commit (dev/bench_markdown.py).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from llm_smolq.dev import bench_markdown
 
 ENGINES = ("llm-smolq", "llama.cpp", "llama.cpp-fa")  # -fa: llama.cpp with flash attention
 _LLAMA_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml's type numbers
@@ -184,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode", type=int, default=128, help="generated tokens (default 128)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the result as a Markdown table with the machine, date and commit, as "
+                             "BENCHMARKS.md gives it (the speed runs and --lookup)")
     parser.add_argument("--vs-llama-cpp", action="store_true", help="also run llama-cpp-python, interleaved")
     parser.add_argument("--schema", action="store_true", help="also time a JSON-schema constraint per token")
     parser.add_argument("--follow-up", type=int, metavar="TOKENS",
@@ -204,10 +215,23 @@ def main(argv: list[str] | None = None) -> None:
                              "from the file's layout and packed (dev/kernel_bench.py)")
     parser.add_argument("--bandwidth", action="store_true",
                         help="also time llm-smolq's threads reading the model file, and decode as a share of it")
+    parser.add_argument("--with-depth", type=int, metavar="N",
+                        help="with the speed runs: also the --depth N runs, reported beside them")
+    parser.add_argument("--with-lookup", type=int, nargs="?", const=8, metavar="N",
+                        help="with the speed runs: also the --lookup N comparison (default 8), reported beside them")
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.depth:
         args.prefill = args.depth
+    modes = {"--follow-up": bool(args.follow_up), "--lookup": bool(args.lookup),
+             "--draft-check": args.draft_check is not None, "--kernels": bool(args.kernels)}
+    other_mode = next((mode for mode, given in modes.items() if given), None)
+    if args.markdown and args.json:
+        parser.error("--markdown and --json: one output format at a time")
+    if args.markdown and other_mode not in (None, "--lookup"):
+        parser.error(f"--markdown prints the speed runs and --lookup, not {other_mode}")
+    if (args.with_depth or args.with_lookup) and (other_mode or args.depth):
+        parser.error("--with-depth and --with-lookup go with the speed runs, not with --depth or another mode")
 
     if args.follow_up:
         from llm_smolq.dev import follow_up_bench
@@ -220,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
         from llm_smolq.dev import lookup_bench
 
         report = lookup_bench.measure(args.model, args.threads, args.lookup, args.repeat)
-        print(json.dumps(report, indent=2) if args.json else lookup_bench.format_report(report))
+        print(json.dumps(report, indent=2) if args.json else
+              bench_markdown.format_markdown(report) if args.markdown else lookup_bench.format_report(report))
         return
 
     if args.draft_check is not None:
@@ -253,6 +278,24 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             parser.error("--vs-llama-cpp needs llama-cpp-python: pip install -e '.[bench]'")
 
+    report = measure(args)
+    if args.with_depth:
+        report["at_depth"] = measure(argparse.Namespace(**{**vars(args), "depth": args.with_depth,
+                                                           "prefill": args.with_depth}))
+    if args.with_lookup:
+        from llm_smolq.dev import lookup_bench
+
+        report["lookup"] = lookup_bench.measure(args.model, args.threads, args.with_lookup, args.repeat)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif args.markdown:
+        print(bench_markdown.format_markdown(report))
+    else:
+        print(format_report(report))
+
+
+def measure(args) -> dict:
+    """The speed runs: each engine's cold runs, alternating, --repeat rounds, summarized."""
     engines = (ENGINES if args.depth else ENGINES[:2]) if args.vs_llama_cpp else ENGINES[:1]
     if args.kv_cache == "q8_0" and "llama.cpp-fa" in engines:
         # llama.cpp makes no context with a quantized V cache unless flash attention is on
@@ -277,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
         stats["decode_gb_s"] = report["weight_bytes_per_token"] * stats["decode_tok_s"]["median"] / 1e9
     if args.vs_llama_cpp:
         report["ratios"] = ratios(runs)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return report
 
 
 def ratios(runs: dict[str, list[dict]]) -> dict:
@@ -320,6 +363,12 @@ def format_report(r: dict) -> str:
         parts = [f"{label(k)} x{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["ratios"].items()]
         anchor = "the faster llama.cpp of each round" if len(r["engines"]) > 2 else "llama.cpp"
         lines.append(f"  llm-smolq / {anchor}: " + ", ".join(parts))
+    if "at_depth" in r:
+        lines.append(format_report(r["at_depth"]))
+    if "lookup" in r:
+        from llm_smolq.dev import lookup_bench
+
+        lines.append(lookup_bench.format_report(r["lookup"]))
     return "\n".join(lines)
 
 

@@ -99,3 +99,186 @@ def test_bench_kernels_refuses_token_counts_it_cannot_use(reference_dir, capsys)
         with pytest.raises(SystemExit):
             bench.main([str(reference_dir / "tiny-smollm3-Q4_K_M.gguf"), "--kernels", bad])
         assert "--kernels" in capsys.readouterr().err
+
+
+def _markdown_table(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The header and the rows (by label) of the one table in the bench's Markdown output;
+    checks that every line of it has the header's number of cells."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    header, rule, body = cells[0], cells[1], cells[2:]
+    assert rule == ["---"] * len(header)
+    assert all(len(row) == len(header) for row in body)
+    return header, {row[0]: row[1:] for row in body}
+
+
+def _shows(cell: str, value: float) -> bool:
+    """Whether a cell holds `value` as printed: the number, rounded at the cell's last digit."""
+    text = cell.replace(",", "")
+    decimals = len(text.partition(".")[2])
+    return abs(float(text) - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def _machine_line(text: str) -> str:
+    (line,) = [line for line in text.splitlines() if line.startswith("Machine: ")]
+    return line
+
+
+def _recording_children(monkeypatch, fake=None) -> dict:
+    """bench._child, with every run's figures kept by (engine, depth); `fake(engine, args, call)`
+    stands in for the engines it answers for."""
+    from llm_smolq.dev import bench
+
+    seen: dict = {}
+    real = bench._child
+
+    def child(engine, args):
+        runs = seen.setdefault((engine, args.depth), [])
+        result = (fake and fake(engine, args, len(runs))) or real(engine, args)
+        runs.append(result)
+        return result
+
+    monkeypatch.setattr(bench, "_child", child)
+    return seen
+
+
+def test_bench_markdown_prints_the_measured_figures_with_the_machine(reference_dir, monkeypatch, capsys):
+    import statistics
+    from datetime import date
+    from pathlib import Path
+
+    from llm_smolq._kernel import ffi, lib
+    from llm_smolq.dev import bench
+
+    seen = _recording_children(monkeypatch)
+    model = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
+    bench.main([str(model), "--threads", "2", "--prefill", "16", "--decode", "4", "--repeat", "3", "--bandwidth",
+                "--with-depth", "40", "--markdown"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"### {model.name} (")
+    header, rows = _markdown_table(out)
+    assert header == ["", "llm-smolq"]  # no llama.cpp column without --vs-llama-cpp
+    assert list(rows) == [
+        "prefill, 16 tokens, tok/s", "decode, 4 tokens, tok/s",
+        "decode: weights read per second, share of our threads' file read rate", "load, s", "peak RSS, MB",
+        "prefill to depth 40 (batches of 512), tok/s", "decode at depth 40, 4 tokens, tok/s",
+        "decode at depth 40: weights read per second, share of our threads' file read rate",
+        "peak RSS at depth 40, MB"]
+    short, deep = seen[("llm-smolq", None)], seen[("llm-smolq", 40)]
+    assert len(short) == len(deep) == 3
+
+    def median(runs, key):
+        return statistics.median(r[key] for r in runs)
+
+    for label, runs, key in [("prefill, 16 tokens, tok/s", short, "prefill_tok_s"),
+                             ("decode, 4 tokens, tok/s", short, "decode_tok_s"),
+                             ("load, s", short, "load_s"), ("peak RSS, MB", short, "peak_rss_mb"),
+                             ("prefill to depth 40 (batches of 512), tok/s", deep, "prefill_tok_s"),
+                             ("decode at depth 40, 4 tokens, tok/s", deep, "decode_tok_s"),
+                             ("peak RSS at depth 40, MB", deep, "peak_rss_mb")]:
+        assert _shows(rows[label][0], median(runs, key)), (label, rows[label], [r[key] for r in runs])
+    share, _, read = rows["decode: weights read per second, share of our threads' file read rate"][0].partition(" of ")
+    assert _shows(share.rstrip("%"), median(short, "decode_pct_of_read"))
+    assert _shows(read.removesuffix(" GB/s"), median(short, "file_read_gb_s"))
+
+    machine = _machine_line(out)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.partition(":")[2].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        if names:
+            assert names[0] in machine
+    assert f"{ffi.string(lib.sq_simd_name()).decode()} kernels" in machine
+    assert "; 2 threads; " in machine and date.today().isoformat() in machine
+    head = subprocess.run(["git", "-C", str(Path(bench.__file__).resolve().parents[2]), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode == 0:
+        assert f"commit {head.stdout.strip()}" in machine
+
+
+def test_bench_markdown_sets_llama_cpp_beside_ours_with_the_rounds_ratios(reference_dir, monkeypatch, capsys):
+    """With --vs-llama-cpp: llama.cpp's column and the ratio's are the medians of what its runs
+    gave and of the rounds' ratios. llama.cpp itself is a stand-in here (its figures differ in
+    every run), so that the arithmetic is checked wherever the test runs."""
+    import statistics
+    import types
+
+    from llm_smolq.dev import bench
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
+
+    def fake(engine, args, call):
+        if engine == "llm-smolq":
+            return None
+        scale = (1.0 + 0.37 * call) * (1.5 if engine.endswith("-fa") else 1.0)
+        return {"load_s": 0.9 * scale, "prefill_tok_s": 700.0 * scale, "decode_tok_s": 90.0 / scale,
+                "peak_rss_mb": 300.0 * scale}
+
+    seen = _recording_children(monkeypatch, fake)
+    model = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
+    bench.main([str(model), "--threads", "2", "--prefill", "16", "--decode", "4", "--repeat", "3", "--vs-llama-cpp",
+                "--with-depth", "24", "--markdown"])
+    out = capsys.readouterr().out
+    header, rows = _markdown_table(out)
+    assert header == ["", "llm-smolq", "llama.cpp", "llm-smolq / llama.cpp"]
+    assert "the rounds' ratios" in out and "flash attention (fa)" in out
+
+    def ratio_cell(values):
+        return f"x{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+    better = {"prefill_tok_s": max, "decode_tok_s": max, "load_s": min, "peak_rss_mb": min}
+    for label, depth, key in [("prefill, 16 tokens, tok/s", None, "prefill_tok_s"),
+                              ("decode, 4 tokens, tok/s", None, "decode_tok_s"),
+                              ("load, s", None, "load_s"), ("peak RSS, MB", None, "peak_rss_mb"),
+                              ("prefill to depth 24 (batches of 512), tok/s", 24, "prefill_tok_s"),
+                              ("decode at depth 24, 4 tokens, tok/s", 24, "decode_tok_s"),
+                              ("peak RSS at depth 24, MB", 24, "peak_rss_mb")]:
+        ours_cell, theirs_cell, ratio = rows[label]
+        ours = [r[key] for r in seen[("llm-smolq", depth)]]
+        assert _shows(ours_cell, statistics.median(ours))
+        if depth is None:  # llama.cpp with its defaults only
+            theirs = [r[key] for r in seen[("llama.cpp", None)]]
+            assert _shows(theirs_cell, statistics.median(theirs))
+        else:  # at depth also with flash attention; the ratio takes the better of the two each round
+            plain, fa = ([r[key] for r in seen[(e, depth)]] for e in ("llama.cpp", "llama.cpp-fa"))
+            plain_cell, fa_cell = theirs_cell.split(" / ")
+            assert _shows(plain_cell, statistics.median(plain))
+            assert fa_cell.startswith("fa ") and _shows(fa_cell[3:], statistics.median(fa))
+            theirs = [better[key](a, b) for a, b in zip(plain, fa)]
+        assert ratio == ratio_cell([a / b for a, b in zip(ours, theirs)]), (label, ratio)
+
+
+def test_bench_markdown_lookup_rows(smollm2_gguf, monkeypatch, capsys):
+    from llm_smolq.dev import bench, lookup_bench
+
+    monkeypatch.setattr(lookup_bench, "ANSWER_TOKENS", 16)
+    measured = []
+    real = lookup_bench.measure
+    monkeypatch.setattr(lookup_bench, "measure", lambda *a: measured.append(real(*a)) or measured[-1])
+    bench.main([str(smollm2_gguf), "--lookup", "--threads", "2", "--repeat", "1", "--markdown"])
+    out = capsys.readouterr().out
+    header, rows = _markdown_table(out)
+    assert header == ["", "llm-smolq"] and _machine_line(out)
+    (report,) = measured
+    assert len(rows) == len(lookup_bench.PROMPTS)
+    for name, p in report["prompts"].items():
+        (cell,) = [cells[0] for label, cells in rows.items() if label.startswith(f"lookup decoding, {name} (")]
+        r = p["ratio"]
+        assert cell.startswith(f"x{r['median']:.2f}")
+        assert ("ANSWERS DIFFER" in cell) != p["same_output"]
+
+
+def test_bench_markdown_refuses_what_it_cannot_print(reference_dir, capsys):
+    import pytest
+
+    from llm_smolq.dev import bench
+
+    model = str(reference_dir / "tiny-smollm3-Q4_K_M.gguf")
+    for extra, says in [(["--json"], "one output format"), (["--draft-check"], "not --draft-check"),
+                        (["--kernels"], "not --kernels")]:
+        with pytest.raises(SystemExit):
+            bench.main([model, "--markdown", *extra])
+        assert says in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main([model, "--depth", "64", "--with-depth", "128"])
+    assert "--with-depth" in capsys.readouterr().err
