@@ -85,9 +85,12 @@ def register_commands(cli: click.Group) -> None:
         rows = [("id", "quant", "size", "present", "file")]
         for r in catalog.list_models():
             approx = "~" if not r.present and r.known and r.known.quants[r.quant].approximate else ""
+            quant = r.quant
+            if quant is None and r.known is None and r.present:  # registered before its quant was recorded
+                quant = catalog.quant_of_file(r.path)
             rows.append((
                 r.id + (f" (aliases: {', '.join(r.aliases)})" if r.aliases else ""),
-                r.quant or "-",
+                quant or "-",
                 approx + catalog.format_size(r.size),
                 "yes" if r.present else "no",
                 str(r.path),

@@ -4,7 +4,8 @@ Everything sits in one folder, ``llm.user_dir() / "smolq"`` (so LLM_USER_PATH mo
 
 - the known models' files, under their upstream names (``SmolLM3-Q4_K_M.gguf``, ...);
 - ``<file>.part`` while a download is under way: an interrupted download resumes from it;
-- ``models.json``: GGUF files registered from elsewhere, ``{model_id: {"path", "aliases"}}``.
+- ``models.json``: GGUF files registered from elsewhere, ``{model_id: {"path", "aliases", ...}}``
+  with what registering read from the file: ``tools``, ``thinking`` and ``quant``.
 
 Model ids:
 
@@ -34,7 +35,7 @@ from urllib.parse import urlsplit
 import llm
 
 from llm_smolq.store import pypi_models
-from llm_smolq.model.tensor_types import file_type_pattern
+from llm_smolq.model.tensor_types import file_quant, file_type_pattern
 from llm_smolq.store.atomic_file import replaced_atomically
 from llm_smolq.store.paths import llm_aliases_file, models_dir, registry_file
 from llm_smolq.errors import CatalogError, DownloadError, ModelNotFound, UnknownModel, UnknownQuant
@@ -107,7 +108,7 @@ class ModelRecord:
     path: Path  # where the file is, or will be once downloaded
     present: bool
     size: int | None  # on disk when present, else the expected size
-    quant: str | None  # from the file name; None when the name does not say
+    quant: str | None  # a registered file's: its header's when registered, else its name's; None: neither said
     aliases: tuple[str, ...] = ()
     known: KnownModel | None = field(default=None, repr=False)  # None: registered by the user
     tools: bool = False  # what its chat template can do, as the catalog knows it
@@ -215,9 +216,11 @@ def register(path: str | os.PathLike[str], alias: str | None = None) -> str:
     if not resolved.exists():
         raise CatalogError(f"not registered: no such file: {resolved}")
     try:
-        abilities = capabilities(open_model(resolved).metadata)
+        model = open_model(resolved)
     except GGUFError as exc:
         raise CatalogError(f"not registered: {exc}") from None
+    abilities = capabilities(model.metadata)
+    quant = file_quant(model.metadata.get("general.file_type"), [(int(t.type), t.shape) for t in model.tensors.values()])
     registry = _read_registry()
     model_id = next((mid for mid, e in registry.items() if e["path"] == str(resolved)), None)
     model_id = model_id or default_model_id(resolved)
@@ -229,7 +232,7 @@ def register(path: str | os.PathLike[str], alias: str | None = None) -> str:
     if alias and alias not in aliases:
         _check_alias_free(alias, model_id, registry)
         aliases.append(alias)
-    registry[model_id] = {"path": str(resolved), "aliases": aliases, **abilities}
+    registry[model_id] = {"path": str(resolved), "aliases": aliases, **abilities, **({"quant": quant} if quant else {})}
     _write_registry(registry)
     return model_id
 
@@ -340,7 +343,8 @@ def list_models() -> list[ModelRecord]:
         records.append(
             ModelRecord(
                 id=model_id, path=path, present=size is not None, size=size,
-                quant=quant_from_name(path.name), aliases=tuple(entry.get("aliases", [])),
+                # what its header said when registered; entries from before that: the file's name
+                quant=_recorded_quant(entry) or quant_from_name(path.name), aliases=tuple(entry.get("aliases", [])),
                 # entries written before these were recorded: offer both, refused when run if absent
                 tools=bool(entry.get("tools", True)), thinking=bool(entry.get("thinking", True)),
             )
@@ -357,6 +361,24 @@ def models_with(ability: str) -> list[str]:
         if entry.get(ability) is True:  # entries from before abilities were recorded: unknown
             names.append(model_id)
     return names
+
+
+def _recorded_quant(entry: dict) -> str | None:
+    quant = entry.get("quant")
+    return quant if isinstance(quant, str) and quant else None
+
+
+def quant_of_file(path: str | os.PathLike[str]) -> str | None:
+    """The quant a GGUF's header says it holds (general.file_type, else its dominant weight
+    type); None when the file cannot be read as a GGUF."""
+    from llm_smolq.errors import GGUFError
+    from llm_smolq.store.header_cache import read_header_cached
+
+    try:
+        header = read_header_cached(os.fspath(path))
+    except (GGUFError, OSError):
+        return None
+    return file_quant(header.metadata.get("general.file_type"), [(t.type_id, t.shape) for t in header.tensors])
 
 
 def resolve(model_id: str) -> Path:

@@ -108,7 +108,7 @@ def test_tools_and_thinking_are_offered_only_where_the_template_has_them(user_di
     assert llm.get_model("smollm2-q").supports_tools is False and llm.get_model("tiny3").supports_tools is True
     registry = json.loads((user_dir / "smolq" / "models.json").read_text())
     assert registry["smolq/tiny-smollm3-chat-q8_0"] == {
-        "path": str(tiny3.resolve()), "aliases": ["tiny3"], "tools": True, "thinking": True}
+        "path": str(tiny3.resolve()), "aliases": ["tiny3"], "tools": True, "thinking": True, "quant": "Q8_0"}
 
 
 NO_THINKING = ("smollm2-q has no thinking mode (its chat template has no <think> switch): leave out -o thinking, "

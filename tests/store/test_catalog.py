@@ -272,7 +272,7 @@ def test_register_then_models_lists_it(store, tiny):
     registry = json.loads((store / "models.json").read_text())
     # what its chat template can do is recorded, so listing never opens the file (this one has none)
     assert registry == {"smolq/tiny-smollm3-q8_0": {"path": str(tiny.resolve()), "aliases": ["tiny"],
-                                                    "tools": False, "thinking": False}}
+                                                    "tools": False, "thinking": False, "quant": "Q8_0"}}
 
     listing = smolq("models")
     assert listing.exit_code == 0
@@ -448,3 +448,66 @@ def test_models_with_an_ability_names_known_models_and_registered_files_checked_
     (store / "models.json").write_text(json.dumps(registry))
     assert catalog.models_with("thinking") == ["smollm3-q", "smolq/tiny-smollm3-chat-q8_0"]
     assert catalog.models_with("tools") == ["smollm3-q", "smolq/tiny-smollm3-chat-q8_0"]
+
+
+# -- the quant of a registered file, from its header -----------------------------------------
+
+# one reference file per type the kernel reads (the K types as llama.cpp's _M mixes)
+QUANTS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
+          "Q6_K", "IQ4_NL", "IQ4_XS"]
+
+
+def test_the_quants_below_cover_every_type_the_kernel_reads():
+    from llm_smolq.model.tensor_types import weight_types
+
+    assert {q.removesuffix("_M") for q in QUANTS} == set(weight_types().values())
+
+
+def models_row(model_id: str) -> list[str]:
+    listing = smolq("models")
+    assert listing.exit_code == 0, listing.output
+    return next(line for line in listing.output.splitlines() if line.startswith(model_id + " ")).split()
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_models_shows_the_quant_of_a_registered_file_whose_name_does_not_say(store, reference_dir, tmp_path, quant):
+    link = tmp_path / "my-model.gguf"
+    link.symlink_to(reference_dir / f"tiny-smollm3-{quant}.gguf")
+    assert catalog.quant_from_name(link.name) is None
+    result = smolq("register", str(link))
+    assert result.exit_code == 0, result.output
+    assert models_row("smolq/my-model")[1] == quant
+    (record,) = [r for r in catalog.list_models() if r.id == "smolq/my-model"]
+    assert record.quant == quant
+
+
+def test_the_header_wins_over_the_name_and_old_entries_are_read_when_listed(store, reference_dir, tmp_path):
+    misnamed = tmp_path / "model-Q4_0.gguf"
+    misnamed.symlink_to(reference_dir / "tiny-smollm3-Q5_1.gguf")
+    catalog.register(misnamed)
+    assert models_row("smolq/model-q4_0")[1] == "Q5_1"
+    # an entry written before registering recorded the quant: the header is read for the listing
+    anonymous = tmp_path / "weights.gguf"
+    anonymous.symlink_to(reference_dir / "tiny-smollm3-Q4_K_M.gguf")
+    registry = json.loads((store / "models.json").read_text())
+    registry["smolq/weights"] = {"path": str(anonymous), "aliases": []}
+    (store / "models.json").write_text(json.dumps(registry))
+    assert models_row("smolq/weights")[1] == "Q4_K_M"
+
+
+def test_file_quant_falls_back_to_the_dominant_weight_type(reference_dir):
+    from gguf import GGMLQuantizationType as T
+
+    from llm_smolq.model.gguf_file import read_header
+    from llm_smolq.model.tensor_types import file_quant
+
+    header = read_header(str(reference_dir / "tiny-smollm3-Q4_K_M.gguf"))
+    tensors = [(t.type_id, t.shape) for t in header.tensors]
+    assert header.metadata["general.file_type"] == 15 and file_quant(15, tensors) == "Q4_K_M"
+    # no file type, one newer than gguf knows, or one the weights contradict: the weights say
+    for file_type in (None, 9999, "15", True, 7):  # 7 is Q8_0, which this file has none of
+        assert file_quant(file_type, tensors) == "Q4_K"
+    # the matrices count, by parameters; vectors (the F32 norms) do not
+    assert file_quant(None, [(int(T.F32), (4096,))] * 50 + [(int(T.Q8_0), (64, 64))]) == "Q8_0"
+    assert file_quant(None, [(int(T.Q8_0), (64, 64)), (int(T.Q6_K), (256, 64)), (int(T.Q4_K), (256, 32))]) == "Q6_K"
+    assert file_quant(None, []) is None
