@@ -106,3 +106,71 @@ def test_no_packing_without_room_for_the_copy(reference_dir, monkeypatch):
 
     monkeypatch.setattr(memory, "available_memory", lambda: (1000, "a test"))
     assert pack_weights(open_model(reference_dir / "tiny-smollm3-Q4_1.gguf")) == {}
+
+
+def test_the_packing_identity_is_what_packing_does(monkeypatch):
+    """The same on every kernel path (they all read one layout), another when the kernel
+    would lay a type out otherwise or pack another set of types."""
+    from llm_smolq.engine import packing
+
+    def fresh() -> str:
+        monkeypatch.setattr(packing, "_packing_identity", None)
+        return packing.packing_identity()
+
+    want = fresh()
+    assert packing.packing_identity() == want and len(want) == 64
+    prev = lib.sq_set_simd(0)
+    try:
+        assert fresh() == want  # the plain code's path
+    finally:
+        lib.sq_set_simd(prev)
+
+    class Kernel:  # the kernel as built, but for what the test changes
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+    class MovesAByte(Kernel):
+        def sq_rows16_pack(self, qtype, src, dst, rows, cols):
+            done = lib.sq_rows16_pack(qtype, src, dst, rows, cols)
+            if qtype == lib.SQ_Q6_K:  # one type's layout changed: two bytes trade places
+                dst[0], dst[64] = dst[64], dst[0]
+            return done
+
+    class PacksNoQ8_0(Kernel):
+        def sq_rows16_packs(self, qtype):
+            return 0 if qtype == lib.SQ_Q8_0 else lib.sq_rows16_packs(qtype)
+
+    for other in (MovesAByte(), PacksNoQ8_0()):
+        monkeypatch.setattr(packing, "lib", other)
+        assert fresh() != want, type(other).__name__
+    monkeypatch.setattr(packing, "lib", Kernel())
+    assert fresh() == want  # and the stand-in itself changes nothing
+
+
+def test_the_packed_copy_is_named_by_content_not_by_place(reference_dir, tmp_path, monkeypatch):
+    """Two copies of a file (other paths, names, mtimes) name one packed copy; a change to
+    the weights, or another layout of the packed matrices, names another."""
+    import os
+    import shutil
+
+    from llm_smolq.engine.packing import packable, packed_identity
+    from llm_smolq.model.model_file import open_model
+
+    monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")
+    source = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
+    copy = tmp_path / "another name.gguf"
+    shutil.copyfile(source, copy)
+    os.utime(copy, ns=(0, 10**18))
+    changed = tmp_path / "changed.gguf"
+    data = bytearray(source.read_bytes())
+    one, two = open_model(source), open_model(copy)
+    todo = [info for info in one.tensors.values() if packable(info)]
+    data[todo[len(todo) // 2].offset + 100] ^= 1
+    changed.write_bytes(data)
+    offsets = dict(zip([info.name for info in todo], range(0, 1 << 40, 1 << 20)))
+    assert packed_identity(one, todo, offsets) == packed_identity(two, todo, offsets)
+    assert packed_identity(open_model(changed), todo, offsets) != packed_identity(one, todo, offsets)
+    moved = {**offsets, todo[0].name: 1 << 41}
+    assert packed_identity(one, todo, moved) != packed_identity(one, todo, offsets)
+    assert packed_identity(one, todo[1:], offsets) != packed_identity(one, todo, offsets)
+    assert str(source) not in packed_identity(one, todo, offsets)
