@@ -75,10 +75,11 @@ _packing_identity: str | None = None
 
 def packing_identity() -> str:
     """What the kernel's packing does, as a digest: the types it packs, each with its
-    packed form of a probe matrix (two groups of rows, three blocks each, of bytes that
-    never repeat a pattern). Packing only moves bytes, so two builds that move them alike
-    give the same digest, wherever they were built or installed; one that lays a type out
-    otherwise gives another."""
+    packed form of a probe matrix (two groups of rows, three blocks each, of pseudo-random
+    bytes that are the same everywhere; about 30 kB in all, packed once per process).
+    Packing only moves bytes, so two builds that move them alike give the same digest,
+    wherever they were built or installed; one that lays a type out otherwise gives
+    another."""
     global _packing_identity
     if _packing_identity is None:
         h = hashlib.sha256()
