@@ -1,12 +1,17 @@
 """The llm command an answer runs under: where its notices go (stderr, after llm has
-printed and logged the answer) and the exit status a one-shot prompt ends with."""
+printed and logged the answer) and the exit status a one-shot prompt ends with; and the
+wrapping of llm's `prompt` and `chat` commands that makes that possible."""
 
 from __future__ import annotations
 
 import functools
+import io
+import os
 import re
+import signal
 import sys
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import click
 
@@ -52,15 +57,51 @@ def _prompt_callback(original):
         after = ctx.meta.setdefault(AFTER_PROMPT, AfterPrompt())
         try:
             result = original(*args, **kwargs)
-        except click.ClickException as exc:  # llm's ValueErrors arrive as ClickExceptions
+            after.run(ctx)
+        except click.ClickException as exc:  # what llm raised while answering, as its message
+            if _stdout_closed(exc):
+                _end_quietly(ctx)
             better = _reworded(exc.message)
             if better is None:
                 raise
             raise click.ClickException(better) from None
-        after.run(ctx)
+        except BrokenPipeError:  # from the flush above, or from llm as it is under pytest
+            _end_quietly(ctx)
         return result
 
     return callback
+
+
+#: The status a shell reports for `seq 1000000 | head -1` and every program that SIGPIPE
+#: ends when its reader goes away: 128 + SIGPIPE (13 wherever there is one).
+EXIT_STDOUT_CLOSED = 128 + int(getattr(signal, "SIGPIPE", 13))
+
+
+def _stdout_closed(exc: BaseException) -> bool:
+    """Whether llm's error is a write to a pipe nobody reads any more: it reports its own
+    OSErrors as "Error: [Errno 32] Broken pipe", a ClickException raised from them."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, BrokenPipeError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _end_quietly(ctx: click.Context) -> NoReturn:
+    """`llm ... | head -1`: the reader has what it wanted, so stop as the tools around it
+    do: nothing more on stdout or stderr (the notices of an answer cut short are moot), exit
+    status 141. stdout goes to /dev/null so Python's last flush of what is left in its
+    buffer, at exit, cannot fail and print "Exception ignored ... BrokenPipeError"."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # a stdout with no descriptor (click's test runner)
+        pass
+    ctx.exit(EXIT_STDOUT_CLOSED)
 
 
 def _chat_callback(original):
