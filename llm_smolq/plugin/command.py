@@ -15,6 +15,8 @@ from typing import NoReturn
 
 import click
 
+from llm_smolq.plugin.logs_db import logging_one_at_a_time, migrate_logs_db
+
 
 AFTER_PROMPT = "llm_smolq.after_prompt"  # the key of an AfterPrompt in click's ctx.meta
 
@@ -36,8 +38,9 @@ class AfterPrompt:
 
 
 def wrap_llm_commands(cli: click.Group) -> None:
-    """Wrap llm's `prompt` and `chat` commands: a refusal of tools names a model that has
-    them; `prompt` also ends with what its answer left (AfterPrompt)."""
+    """Wrap llm's `prompt` and `chat` commands: logs.db is migrated, and answers logged, one
+    process at a time (plugin/logs_db.py); a refusal of tools names a model that has them; `prompt` also ends
+    with what its answer left (AfterPrompt), and quietly when its reader has gone."""
     _wrap(cli, "prompt", _prompt_callback)
     _wrap(cli, "chat", _chat_callback)
 
@@ -55,8 +58,10 @@ def _prompt_callback(original):
     def callback(*args, **kwargs):
         ctx = click.get_current_context()
         after = ctx.meta.setdefault(AFTER_PROMPT, AfterPrompt())
+        migrate_logs_db(kwargs.get("database"))
         try:
-            result = original(*args, **kwargs)
+            with logging_one_at_a_time():
+                result = original(*args, **kwargs)
             after.run(ctx)
         except click.ClickException as exc:  # what llm raised while answering, as its message
             if _stdout_closed(exc):
@@ -106,8 +111,10 @@ def _end_quietly(ctx: click.Context) -> NoReturn:
 
 def _chat_callback(original):
     def callback(*args, **kwargs):
+        migrate_logs_db(kwargs.get("database"))
         try:
-            return original(*args, **kwargs)
+            with logging_one_at_a_time():
+                return original(*args, **kwargs)
         except ValueError as exc:  # `llm chat` lets llm's refusal out as a traceback
             better = _reworded(str(exc))
             if better is None:
