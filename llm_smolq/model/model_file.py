@@ -127,6 +127,8 @@ class ModelFile:
     metadata: dict[str, Any]
     data: np.memmap = field(repr=False)  # the whole file, read-only
     digest: str = ""  # of the header's bytes: names what is cached for this header
+    # os.fstat of the file as it was mapped (the weights' digest is remembered by it).
+    stat: os.stat_result | None = field(default=None, repr=False, compare=False)
     # The tensors packed for the kernel (engine/packing.py): where each starts in
     # packed_data, once decided.
     packed: dict[str, int] | None = field(default=None, repr=False)
@@ -148,9 +150,11 @@ def open_model(path: str | os.PathLike[str]) -> ModelFile:
     tensors = _tensor_infos(path, header)
     config = _config(path, header.metadata, tensors)
     _check_model_tensors(path, config, tensors)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    with open(path, "rb") as f:
+        mapped = os.fstat(f.fileno())
+        data = np.memmap(f, dtype=np.uint8, mode="r")
     return ModelFile(path=path, config=config, tensors=tensors, metadata=header.metadata, data=data,
-                     digest=header.digest)
+                     digest=header.digest, stat=mapped)
 
 
 def _tensor_infos(path: str, header: GGUFHeader) -> dict[str, TensorInfo]:
