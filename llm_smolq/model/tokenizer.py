@@ -5,7 +5,7 @@ a pre-tokenizer name (``tokenizer.ggml.pre``). llama.cpp does not store the spli
 in the file; it picks one by that name. We do the same, and build a
 ``tokenizers.Tokenizer`` from the pieces so the regex split and BPE merging run in Rust.
 
-Ground truth for every rule here is llama.cpp's own output, kept in the shared reference
+Ground truth for every rule here is llama.cpp's own output, kept in the tests' reference
 folder (253 strings x 2 special modes x 3 pre-types, all matched by the tests).
 """
 

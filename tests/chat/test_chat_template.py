@@ -1,6 +1,6 @@
 """Chat templates: the prompts transformers renders, and a sandbox hostile templates cannot leave.
 
-The reference renderings come from shared/reference: llama-cpp-python's jinja rendering of
+The reference renderings come from tests/data/reference: llama-cpp-python's jinja rendering of
 SmolLM2's template (smollm2-chat-A.json) and transformers' `render_jinja_template` of
 SmolLM3's template with the date frozen at 2026-11-29 (smollm3-template-A.json).
 """

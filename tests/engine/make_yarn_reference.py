@@ -1,6 +1,6 @@
 """Makes tests/data/yarn-tiny-Q8_0.npz: llama.cpp's logits for the tiny SmolLM3 model with
 YaRN, the reference test_yarn.py compares with. Run it by hand where llama-cpp-python is
-installed (the `bench` extra) and ../shared/reference exists:
+installed (the `bench` extra), from the repository's root:
 
     python tests/engine/make_yarn_reference.py
 
@@ -24,7 +24,6 @@ from gguf import GGUFValueType as V
 from llm_smolq.dev.gguf_mutations import with_metadata
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
-SOURCE = HERE.parent.parent / "shared" / "reference" / "tiny-smollm3-Q8_0.gguf"
 OUT = HERE / "data" / "yarn-tiny-Q8_0.npz"
 CONTEXT, FACTOR, N_CTX = 512, 4.0, 2048
 ROWS = [0, 63, 255, 511, 512, 700, 1023, 1024, 1100, 1199]
@@ -73,7 +72,11 @@ def main() -> None:
     import llama_cpp
 
     with tempfile.TemporaryDirectory() as tmp:
-        paths = yarn_files(SOURCE, Path(tmp))
+        sys.path.insert(0, str(HERE))
+        from helpers.reference_data import materialize
+
+        source = materialize(HERE.parent / ".models" / "reference") / "tiny-smollm3-Q8_0.gguf"
+        paths = yarn_files(source, Path(tmp))
         out = {"tokens": np.array(prompt_ids(), np.int32), "row_index": np.array(ROWS, np.int32),
                "llama_cpp_python": np.array(llama_cpp.__version__)}
         for case, path in paths.items():

@@ -1,4 +1,4 @@
-"""The forward pass against llama.cpp's logits on the same files (shared/reference).
+"""The forward pass against llama.cpp's logits on the same files (tests/data/reference).
 
 The `.avx2` references came from llama.cpp built on an AVX2-only CPU. This engine keeps
 that build's order of operations on every CPU and SIMD path, so on every quantized file

@@ -269,12 +269,13 @@ def test_missing_metadata_key(tiny, tmp_path):
     load_fails(bad, "metadata key smollm3.block_count is missing")
 
 
-@pytest.mark.parametrize("name", ["tiny-smollm3-Q4_K_M.gguf", "tiny-smollm3-chat-Q8_0.gguf", "tok-llama-bpe.gguf"])
-def test_header_reader_agrees_with_gguf_reader(reference_dir, name):
+@pytest.mark.parametrize("name", ["tiny-smollm3-Q4_K_M.gguf", "tiny-smollm3-chat-Q8_0.gguf", "SmolLM2"])
+def test_header_reader_agrees_with_gguf_reader(reference_dir, smollm2_gguf, name):
     from llm_smolq.model.gguf_file import read_header
 
-    ours = read_header(reference_dir / name)
-    theirs = GGUFReader(reference_dir / name)
+    path = smollm2_gguf if name == "SmolLM2" else reference_dir / name
+    ours = read_header(path)
+    theirs = GGUFReader(path)
     expected = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
     assert ours.metadata.keys() == expected.keys()
     for key, value in expected.items():

@@ -1,4 +1,4 @@
-"""The GGUF tokenizer against llama.cpp's own token ids (shared/reference)."""
+"""The GGUF tokenizer against llama.cpp's own token ids (tests/data/reference)."""
 
 import json
 
@@ -6,61 +6,53 @@ import numpy as np
 import pytest
 
 from llm_smolq.errors import GGUFError
+from helpers.reference_data import manifest, vocabulary_digest
 from llm_smolq.model.tokenizer import (
     GGUFTokenizer,
     read_tokenizer_metadata,
 )
 
-# (pre-type, reference JSON, GGUF whose vocabulary and merges we build from).
-# The SmolLM2 row builds from tok-smaug-bpe.gguf with tokenizer.ggml.pre set to
-# "smollm". That file carries SmolLM2's vocabulary (49,152 tokens) and 48,900 merges, checked
-# equal - tokens, token types, merges, BOS/EOS/padding ids, add_bos_token and chat
-# template - to those of SmolLM2-135M-Instruct.Q4_1.gguf. That file differs only in its
-# pre-type ("smollm") and in two keys byte-level BPE never reads (add_space_prefix,
-# unknown_token_id). So this is the real SmolLM2 tokenizer without a 98 MB file.
+# pre-type -> llama.cpp's ids for 253 strings. llama.cpp tokenized them with SmolLM2's
+# vocabulary (49,152 tokens, 48,900 merges) under each split rule: the real SmolLM2 file for
+# "smollm", and two files holding the same vocabulary under "smaug-bpe" and "llama-bpe".
+# Those two are not kept: the tokenizers here are built from the real SmolLM2 file with the
+# pre-type set, once the test below has shown that its vocabulary is theirs.
 CASES = {
-    "smollm": ("smollm2-tokenizer-A.json", "tok-smaug-bpe.gguf"),
-    "smaug-bpe": ("tokenizer-smaug-bpe-A.json", "tok-smaug-bpe.gguf"),
-    "llama-bpe": ("tokenizer-llama-bpe-A.json", "tok-llama-bpe.gguf"),
+    "smollm": "smollm2-tokenizer-A.json",
+    "smaug-bpe": "tokenizer-smaug-bpe-A.json",
+    "llama-bpe": "tokenizer-llama-bpe-A.json",
 }
 
 
 @pytest.fixture(scope="module")
-def metadata(reference_dir):
-    """tokenizer.* metadata per reference GGUF, read once."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = read_tokenizer_metadata(reference_dir / name)
-        return cache[name]
-
-    return get
-
-
-@pytest.fixture(scope="module")
-def tokenizers_by_pre(metadata):
+def tokenizers_by_pre(smollm2_gguf):
+    meta = read_tokenizer_metadata(smollm2_gguf)
     built = {}
 
     def get(pre):
         if pre not in built:
-            meta = dict(metadata(CASES[pre][1]))
-            meta["tokenizer.ggml.pre"] = pre
-            built[pre] = GGUFTokenizer.from_metadata(meta)
+            built[pre] = GGUFTokenizer.from_metadata({**meta, "tokenizer.ggml.pre": pre})
         return built[pre]
 
     return get
 
 
 def load_cases(reference_dir, pre):
-    data = json.loads((reference_dir / CASES[pre][0]).read_text())
+    data = json.loads((reference_dir / CASES[pre]).read_text())
     assert len(data["cases"]) == 253
     return data["cases"]
 
 
-def test_reference_files_declare_their_pre_type(metadata):
-    assert metadata("tok-smaug-bpe.gguf")["tokenizer.ggml.pre"] == "smaug-bpe"
-    assert metadata("tok-llama-bpe.gguf")["tokenizer.ggml.pre"] == "llama-bpe"
+def test_the_smollm2_file_holds_the_vocabulary_llama_cpp_tokenized_with(smollm2_gguf, reference_dir):
+    """Tokens, token types, merges, BOS/EOS/padding ids and add_bos_token hash to what
+    llama.cpp's smaug-bpe and llama-bpe files held (their digest in generated.json)."""
+    kept = manifest()["tokenizer_files"]
+    assert vocabulary_digest(smollm2_gguf) == kept["vocabulary_sha256"]
+    assert read_tokenizer_metadata(smollm2_gguf)["tokenizer.ggml.pre"] == "smollm"
+    for name, pre in kept["pre"].items():  # where a complete reference folder is used
+        if (reference_dir / name).exists():
+            assert vocabulary_digest(reference_dir / name) == kept["vocabulary_sha256"]
+            assert read_tokenizer_metadata(reference_dir / name)["tokenizer.ggml.pre"] == pre
 
 
 @pytest.mark.parametrize("pre", list(CASES))
