@@ -45,8 +45,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """In CI a skipped test is a failed one, unless it is marked `may_skip_in_ci` (a test
-    of an optional extra that CI does not install): a run cannot pass by not testing."""
+    """In CI a skipped test is a failed one, unless it is marked `may_skip_in_ci` (it needs
+    a CPU feature or an optional tool the machine may lack): a run cannot pass by not testing."""
     outcome = yield
     report = outcome.get_result()
     if in_ci() and report.skipped and not hasattr(report, "wasxfail") and not item.get_closest_marker("may_skip_in_ci"):

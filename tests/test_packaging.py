@@ -108,7 +108,7 @@ def installed(sdist, tmp_path_factory) -> Installed:
 def test_the_sdist_holds_the_kernel_sources_and_its_builder_but_no_tests(sdist):
     names = set(sdist_members(sdist))
     needed = {"native/smolq.h", "cffi_build/build_kernel.py", "setup.py", "pyproject.toml", "MANIFEST.in",
-              "README.md", "LICENSE", "PKG-INFO"}
+              "README.md", "LICENSE", "PKG-INFO", "docs/design.md", "docs/development.md"}
     assert needed <= names, needed - names
     native = {p.relative_to(ROOT).as_posix() for p in (ROOT / "native").rglob("*") if p.suffix in (".c", ".h")}
     assert native and native <= names, native - names

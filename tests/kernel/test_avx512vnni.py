@@ -23,7 +23,11 @@ from pathlib import Path
 
 import pytest
 from helpers.kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
+from helpers.run_once import once_per_run
 from test_quants import cpu_flags
+
+# The one skip here is for a CPU that cannot run this code (not x86-64, or without AVX2).
+pytestmark = pytest.mark.may_skip_in_ci
 
 SELECTION = ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/engine/test_engine_reference.py",
              "tests/engine/test_kv_cache.py", "tests/engine/test_packing.py",
@@ -40,10 +44,14 @@ def simde_include() -> str:
 
 @pytest.fixture(scope="module")
 def vnni_kernel(tmp_path_factory) -> Path:
-    """The kernel with SIMDe standing in for the VNNI instructions, by the builder's own code path."""
+    """The kernel with SIMDe standing in for the VNNI instructions, by the builder's own code
+    path, once per run."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("the VNNI kernels are x86-64 code; their SIMDe build runs on CPUs with AVX2, FMA and F16C")
-    return build(tmp_path_factory.mktemp("vnni"), "VNNI via SIMDe", vnni_via_simde=simde_include())
+    include = simde_include()
+    made = once_per_run(tmp_path_factory, "vnni-via-simde",
+                        lambda folder: {"path": str(build(folder, "VNNI via SIMDe", vnni_via_simde=include))})
+    return Path(made["path"])
 
 
 def child_env(simd: str | None) -> dict[str, str]:

@@ -10,12 +10,14 @@ mat-vecs of a model give the same results on arm64 as on x86-64.
 
 import subprocess
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from helpers.aarch64_kernel import CPU_BASELINE, CPU_DOTPROD, Aarch64Kernel, build_kernel, require_tools
+from helpers.aarch64_kernel import CPU_BASELINE, CPU_DOTPROD, Aarch64Kernel, Build, build_kernel, require_tools
+from helpers.run_once import once_per_run
 from llm_smolq._kernel import ffi, lib
 from test_quants import (ACT_GEOMETRY, GUARD, SIMD_TYPES, VEC_DOT_TYPE, activations, c_quantize, c_vec_dot,
                          extreme_row, random_row)
@@ -26,16 +28,21 @@ FILLS = (0x00, 0xFF, 0x80, 0x7F)
 
 @pytest.fixture(scope="session", params=[CPU_BASELINE, CPU_DOTPROD], ids=["armv8", "dotprod"])
 def aarch64_build(request, tmp_path_factory):
-    """The kernel built once per session for aarch64-linux-musl, warnings as errors: for
+    """The kernel built once per run for aarch64-linux-musl, warnings as errors: for
     baseline ARMv8-A, and with the dot-product extension (SDOT in quants/arm/neon.c's integer sums)."""
     try:
         require_tools()
     except ImportError as e:
         pytest.fail(str(e))
-    try:
-        return build_kernel(tmp_path_factory.mktemp("aarch64"), request.param)
-    except subprocess.CalledProcessError as e:
-        pytest.fail(f"aarch64 build failed:\n{e.stdout}{e.stderr}")
+    def make(folder: Path) -> dict:
+        try:
+            built = build_kernel(folder, request.param)
+        except subprocess.CalledProcessError as e:
+            pytest.fail(f"aarch64 build failed:\n{e.stdout}{e.stderr}")
+        return {"elf": str(built.elf), "flags": built.flags, "output": built.output}
+
+    made = once_per_run(tmp_path_factory, f"aarch64-{request.param}", make)
+    return Build(Path(made["elf"]), made["flags"], made["output"])
 
 
 @pytest.fixture(scope="module")

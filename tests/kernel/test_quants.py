@@ -571,6 +571,7 @@ def test_simd_name(simd_restore):
     assert lib.sq_set_simd(0) == 0
 
 
+@pytest.mark.may_skip_in_ci  # on a CPU without AVX2/FMA (x86-64) or NEON
 @pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
 def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
     """SIMD and scalar vec_dot: the same exact integer block sums, so they differ only by

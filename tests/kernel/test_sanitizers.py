@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from helpers.kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
+from helpers.run_once import once_per_run
 
 # The selections each child runs: "default" with the SIMD code the CPU supports, "scalar"
 # with SMOLQ_SIMD=0. The long-context tests and the repeats at other thread counts are left
@@ -65,8 +66,10 @@ def runtime() -> Path:
 
 @pytest.fixture(scope="module")
 def sanitized_kernel(runtime, tmp_path_factory) -> Path:
-    """The kernel built with sanitize=True, by the builder's own code path."""
-    return build(tmp_path_factory.mktemp("sanitized"), "sanitized", sanitize=True)
+    """The kernel built with sanitize=True, by the builder's own code path, once per run."""
+    made = once_per_run(tmp_path_factory, "sanitized",
+                        lambda folder: {"path": str(build(folder, "sanitized", sanitize=True))})
+    return Path(made["path"])
 
 
 def child_env(runtime: Path, simd: str) -> dict[str, str]:
