@@ -51,7 +51,7 @@ from llm_smolq._kernel import ffi, lib
 from llm_smolq.model import memory
 from llm_smolq.model.model_file import ModelFile, TensorInfo
 from llm_smolq.store import packed_cache
-from llm_smolq.store.kernel_identity import weights_identity
+from llm_smolq.store.kernel_identity import weights_digest, weights_start
 
 GROUP = 16
 ALIGN = 64  # each packed matrix starts on a cache line
@@ -98,12 +98,17 @@ def packing_identity() -> str:
     return _packing_identity
 
 
-def packed_identity(model: ModelFile, todo: list[TensorInfo], offsets: dict[str, int]) -> str:
-    """Everything the packed copy's bytes depend on: the weights (by content), which
-    matrices were packed and where each went, and the kernel's packing."""
+def packed_identity(model: ModelFile, todo: list[TensorInfo], offsets: dict[str, int],
+                    digest: str | None = None) -> str:
+    """Everything the packed copy's bytes depend on: the weights (`digest`, of every byte
+    of them, else computed here), which matrices were packed, where each was in the weights
+    and where it went, and the kernel's packing. Not the header before the weights: a file
+    whose metadata alone differs packs to the same bytes."""
+    start = weights_start(model)
     return json.dumps({
-        "weights": weights_identity(model, todo),
-        "layout": [[info.name, int(info.type), list(info.shape), offsets[info.name]] for info in todo],
+        "weights": digest if digest is not None else weights_digest(model),
+        "layout": [[info.name, int(info.type), list(info.shape), info.offset - start, offsets[info.name]]
+                   for info in todo],
         "packing": packing_identity(),
         "group": GROUP,
     }, sort_keys=True)
@@ -147,21 +152,25 @@ def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
         for info in todo:
             offsets[info.name] = size
             size += -(-info.n_bytes // ALIGN) * ALIGN
-        cached = todo and packed_cache.folder() is not None
-        entry = packed_cache.entry_path(packed_identity(model, todo, offsets)) if cached else None
+        weights = packed_cache.weights(model, threads) if todo and packed_cache.folder() is not None else None
+        entry = packed_cache.entry_path(packed_identity(model, todo, offsets, weights.digest)) if weights else None
         kept = packed_cache.open_entry(entry, size, threads) if entry else None
         if kept is not None:
-            for info in todo:  # the few pages the identity read: the kernel reads the kept copy
+            for info in todo:  # any pages of them read before (the digest lets go of its own)
                 _let_go(model, info)
             model.packed, model.packed_data = offsets, kept
             return model.packed
-        with packed_cache.new_entry(entry, size, threads) if entry else nullcontext() as into:
+        # A new entry only for a digest of a settled file, sealed only if the file is still
+        # as it was: else packing goes into memory (or the entry is not kept).
+        keep = entry if weights and weights.settled else None
+        with packed_cache.new_entry(keep, size, threads, lambda: packed_cache.unchanged(model)) if keep \
+                else nullcontext() as into:
             packed = into if into is not None else _anonymous(size)
             _pack_into(model, todo, offsets, packed, threads)
         packed.flags.writeable = False  # the kernel only reads it; a kept entry is mapped read-only
         model.packed, model.packed_data = offsets, packed
-        if into is not None and entry.exists():
-            model.packed_kept = entry
+        if into is not None and keep.exists():
+            model.packed_kept = keep
         return model.packed
 
 

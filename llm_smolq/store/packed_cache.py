@@ -28,6 +28,7 @@ of it is gone (and so does its space on disk, until then).
 from __future__ import annotations
 
 import hashlib
+import json
 import mmap
 import os
 import struct
@@ -36,18 +37,26 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from llm_smolq.store.atomic_file import TEMP_PREFIX
+from llm_smolq.store.atomic_file import TEMP_PREFIX, replaced_atomically
+from llm_smolq.store.kernel_identity import weights_digest
 from llm_smolq.store.paths import header_cache_dir
+
+if TYPE_CHECKING:
+    from llm_smolq.model.model_file import ModelFile
 
 MAGIC = b"SMOLQPK1"  # bump the digit when the trailer's layout changes
 TRAILER = struct.Struct("<8s16sQQ")  # magic, key, data bytes, sum of the data's uint64 words
 SUFFIX = ".packed"
 KEEP = 3  # entries kept: each is as large as the model's packed matrices
 STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a process that died
+INDEX = "weights.index"  # in packed/: the weights' digest of the file states last seen
+INDEX_MAGIC = b"SMOLQWI1"  # bump the digit when the index's layout changes
+REMEMBERED = 64  # file states the index keeps, the most recently used
+SETTLED_SECONDS = 2.0  # a file changed more recently may change again within its timestamps' tick
 
 
 def folder() -> Path | None:
@@ -107,6 +116,104 @@ def kept_entries() -> tuple[Path | None, list[Kept]]:
     return where, sorted(found, key=lambda k: (-k.used, k.path.name))
 
 
+class Weights(NamedTuple):
+    digest: str  # kernel_identity.weights_digest of the model's weights
+    # Whether the digest is of the file in a state that cannot change unseen (unchanged
+    # while hashed, and since it was mapped, and last changed SETTLED_SECONDS before): only
+    # such a digest is remembered, or names a new entry.
+    settled: bool
+
+
+def weights(model: ModelFile, threads: int = 1) -> Weights:
+    """The digest of the model's weights: remembered in the index when this state of the
+    file (its resolved path, size, mtime, ctime, inode and device, and its header's
+    digest) was hashed before, else hashed, `threads` at a time, and remembered if the
+    state is settled. A changed file (another mtime or size, or ctime: an edit that put
+    its mtime back) or a copy (another path and inode) is another state, hashed anew."""
+    mapped = _state(model.path, model.stat)
+    try:
+        now = _state(model.path, os.stat(model.path))
+    except OSError:
+        now = None
+    index = _index_path() if mapped is not None and mapped == now else None
+    if index is None:  # no state to go by, or the file changed since it was mapped
+        return Weights(weights_digest(model, threads), False)
+    records = _read_index(index)
+    for i, record in enumerate(records):
+        if record["state"] == mapped and record["header"] == model.digest:
+            if i != len(records) - 1:  # the most recently used last
+                _write_index(index, [*records[:i], *records[i + 1:], record])
+            return Weights(record["weights"], True)
+    began = time.time()
+    digest = weights_digest(model, threads)
+    try:
+        after = _state(model.path, os.stat(model.path))
+    except OSError:
+        after = None
+    settled = after == mapped and began - max(mapped[2], mapped[3]) / 1e9 >= SETTLED_SECONDS
+    if settled:
+        record = {"state": mapped, "header": model.digest, "weights": digest}
+        _write_index(index, [*(r for r in _read_index(index) if r["state"] != mapped), record])
+    return Weights(digest, settled)
+
+
+def unchanged(model: ModelFile) -> bool:
+    """Whether the file at the model's path is still the one mapped, in the state it was
+    mapped in."""
+    try:
+        now = _state(model.path, os.stat(model.path))
+    except OSError:
+        return False
+    return now is not None and now == _state(model.path, model.stat)
+
+
+def _state(path: str, st: os.stat_result | None) -> list | None:
+    if st is None:
+        return None
+    return [os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _index_path() -> Path | None:
+    where = folder()
+    return None if where is None else where / INDEX
+
+
+def _read_index(index: Path) -> list[dict]:
+    """The index's records, least recently used first; none when it is missing, damaged
+    (its checksum or its records' form) or foreign: then the digests are hashed again."""
+    try:
+        blob = index.read_bytes()
+    except OSError:
+        return []
+    head = len(INDEX_MAGIC) + 16
+    if blob[:len(INDEX_MAGIC)] != INDEX_MAGIC or hashlib.blake2b(blob[head:], digest_size=16).digest() != \
+            blob[len(INDEX_MAGIC):head]:
+        return []
+    try:
+        records = json.loads(blob[head:])
+    except ValueError:
+        return []
+    good = (isinstance(records, list) and all(
+        isinstance(r, dict) and set(r) == {"state", "header", "weights"}
+        and isinstance(r["state"], list) and len(r["state"]) == 6 and isinstance(r["state"][0], str)
+        and all(type(x) is int for x in r["state"][1:])
+        and isinstance(r["header"], str) and isinstance(r["weights"], str) and len(r["weights"]) == 64
+        for r in records))
+    return records if good else []
+
+
+def _write_index(index: Path, records: list[dict]) -> None:
+    """The index replaced by `records` (the REMEMBERED last), atomically; nothing when it
+    cannot be written (the digests are hashed again next time)."""
+    payload = json.dumps(records[-REMEMBERED:]).encode()
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        with replaced_atomically(index) as f:
+            f.write(INDEX_MAGIC + hashlib.blake2b(payload, digest_size=16).digest() + payload)
+    except OSError:
+        pass
+
+
 def word_sum(data: np.ndarray, threads: int = 1) -> int:
     """The sum of data's little-endian uint64 words, modulo 2**64 (data: a multiple of 8
     bytes), `threads` pieces at a time (numpy lets go of the GIL)."""
@@ -143,11 +250,13 @@ def open_entry(path: Path, n_bytes: int, threads: int = 1) -> np.ndarray | None:
 
 
 @contextmanager
-def new_entry(path: Path, n_bytes: int, threads: int = 1) -> Iterator[np.ndarray | None]:
+def new_entry(path: Path, n_bytes: int, threads: int = 1,
+              still_good: Callable[[], bool] = lambda: True) -> Iterator[np.ndarray | None]:
     """A writable n_bytes array mapped from a new entry, or None (nothing to write into:
     pack into memory instead). Once the block has filled it, the entry is sealed with its
-    trailer and takes path's name (a reader sees no entry or a whole one); if the block
-    raises, it is deleted."""
+    trailer and takes path's name (a reader sees no entry or a whole one), if still_good()
+    says what was written is still what the name says (the model file unchanged); if not,
+    or if the block raises, it is deleted (this process's mapping of it stays good)."""
     _evict(path.parent, KEEP - 1)  # room for this one within KEEP, before its space is taken
     mapped, temp = _reserve(path, n_bytes + TRAILER.size)
     if mapped is None:
@@ -159,6 +268,9 @@ def new_entry(path: Path, n_bytes: int, threads: int = 1) -> Iterator[np.ndarray
     except BaseException:
         _remove(temp)
         raise
+    if not still_good():
+        _remove(temp)
+        return
     TRAILER.pack_into(mapped, n_bytes, MAGIC, bytes.fromhex(path.name[:-len(SUFFIX)]), n_bytes,
                       word_sum(data, threads))
     try:

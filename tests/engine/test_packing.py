@@ -148,29 +148,91 @@ def test_the_packing_identity_is_what_packing_does(monkeypatch):
 
 
 def test_the_packed_copy_is_named_by_content_not_by_place(reference_dir, tmp_path, monkeypatch):
-    """Two copies of a file (other paths, names, mtimes) name one packed copy; a change to
-    the weights, or another layout of the packed matrices, names another."""
+    """Two copies of a file (other paths, names, mtimes) name one packed copy, and so does a
+    file whose metadata alone differs; a change to any byte of the weights (the first, one
+    halfway along a matrix, the last), or another layout of the packed matrices, names
+    another."""
     import os
     import shutil
 
     from llm_smolq.engine.packing import packable, packed_identity
     from llm_smolq.model.model_file import open_model
+    from llm_smolq.store.kernel_identity import weights_start
 
     monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")
     source = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
     copy = tmp_path / "another name.gguf"
     shutil.copyfile(source, copy)
     os.utime(copy, ns=(0, 10**18))
-    changed = tmp_path / "changed.gguf"
-    data = bytearray(source.read_bytes())
     one, two = open_model(source), open_model(copy)
     todo = [info for info in one.tensors.values() if packable(info)]
-    data[todo[len(todo) // 2].offset + 100] ^= 1
-    changed.write_bytes(data)
     offsets = dict(zip([info.name for info in todo], range(0, 1 << 40, 1 << 20)))
-    assert packed_identity(one, todo, offsets) == packed_identity(two, todo, offsets)
-    assert packed_identity(open_model(changed), todo, offsets) != packed_identity(one, todo, offsets)
+    want = packed_identity(one, todo, offsets)
+    assert packed_identity(two, todo, offsets) == want
+
+    def changed(name: str, at: int) -> str:
+        data = bytearray(source.read_bytes())
+        data[at] ^= 1
+        (tmp_path / name).write_bytes(data)
+        return packed_identity(open_model(tmp_path / name), todo, offsets)
+
+    name = one.metadata["general.name"].encode()
+    renamed = source.read_bytes().index(name)  # a byte of the model's name, in the header
+    assert renamed + len(name) < weights_start(one)
+    assert changed("renamed.gguf", renamed) == want
+    assert open_model(tmp_path / "renamed.gguf").digest != one.digest  # though the header's digest differs
+    matrix = max(todo, key=lambda info: info.n_bytes)
+    for at in (weights_start(one), matrix.offset + matrix.n_bytes // 2 + 7, len(one.data) - 1):
+        assert changed(f"changed{at}.gguf", at) != want, at
+    # the tensor table pointing two matrices of one shape and type at each other's bytes:
+    # the same bytes of weights, other matrices
+    import struct
+
+    data = bytearray(source.read_bytes())
+    fields = []
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_output.weight"):
+        at = data.index(struct.pack("<Q", len(name)) + name.encode()) + 8 + len(name)
+        (n_dims,) = struct.unpack_from("<I", data, at)
+        fields.append(at + 4 + 8 * n_dims + 4)  # past the dimensions and the type: the offset
+    (a,), (b,) = (struct.unpack_from("<Q", data, at) for at in fields)
+    struct.pack_into("<Q", data, fields[0], b)
+    struct.pack_into("<Q", data, fields[1], a)
+    (tmp_path / "swapped.gguf").write_bytes(data)
+    swapped = open_model(tmp_path / "swapped.gguf")
+    assert swapped.tensors["blk.0.attn_q.weight"].offset == one.tensors["blk.0.attn_output.weight"].offset
+    assert packed_identity(swapped, [swapped.tensors[info.name] for info in todo], offsets) != want
     moved = {**offsets, todo[0].name: 1 << 41}
-    assert packed_identity(one, todo, moved) != packed_identity(one, todo, offsets)
-    assert packed_identity(one, todo[1:], offsets) != packed_identity(one, todo, offsets)
-    assert str(source) not in packed_identity(one, todo, offsets)
+    assert packed_identity(one, todo, moved) != want
+    assert packed_identity(one, todo[1:], offsets) != want
+    assert str(source) not in want
+
+
+def test_a_byte_halfway_along_a_matrix_of_a_large_file_names_another_packed_copy(smollm2_gguf, tmp_path,
+                                                                                monkeypatch):
+    """SmolLM2's file, one byte changed in place halfway along a matrix in its middle: the
+    first and last MiB of its weights are the same, the header too, yet the packed copy
+    it names is another."""
+    import shutil
+
+    from llm_smolq.engine.packing import packable, packed_identity
+    from llm_smolq.model.model_file import open_model
+    from llm_smolq.store.kernel_identity import EDGE_BYTES, weights_edges, weights_start
+
+    monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")
+    path = tmp_path / "SmolLM2.gguf"
+    shutil.copyfile(smollm2_gguf, path)
+    before = open_model(path)
+    todo = [info for info in before.tensors.values() if packable(info)]
+    offsets = dict(zip([info.name for info in todo], range(0, 1 << 40, 1 << 24)))
+    want = packed_identity(before, todo, offsets)
+    matrix = before.tensors["blk.15.attn_q.weight"]
+    at = matrix.offset + matrix.n_bytes // 2 + 3
+    assert weights_start(before) + EDGE_BYTES < at < len(before.data) - EDGE_BYTES
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x40]))
+    after = open_model(path)
+    assert after.digest == before.digest and weights_edges(after) == weights_edges(before)
+    assert packed_identity(after, todo, offsets) != want

@@ -1,9 +1,13 @@
 """Packed weights kept on disk (store/packed_cache.py): a second load maps what the first
 packed, with the same logits; a copy of the file under another name, or the kernel
-installed again, maps it too, while a file whose weights differ gets its own; a damaged,
-torn or foreign entry is packed again; no room, or the cache off, packs into memory as
-before; at most KEEP entries stay, least recently used going first, and one a running
-model has mapped keeps working once deleted; llm states the bound."""
+installed again, maps it too, while a file whose weights differ gets its own, however
+small the difference and wherever it lies, the same file edited in place among them; the
+weights are hashed once per state of the file, remembered in an index that is hashed
+anew when damaged or full, and not remembered, nor an entry kept, for a file changed
+moments ago or while it was read; a damaged, torn or foreign entry is packed again; no
+room, or the cache off, packs into memory as before; at most KEEP entries stay, least
+recently used going first, and one a running model has mapped keeps working once
+deleted; llm states the bound."""
 
 from __future__ import annotations
 
@@ -28,7 +32,24 @@ from llm_smolq.store.catalog import format_size
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SMOLQ_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SMOLQ_PACK", "1")
+    # The files here are written just before they are loaded: take them as settled (the
+    # wait for that is tested on its own)
+    monkeypatch.setattr(packed_cache, "SETTLED_SECONDS", 0.0)
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def hashes(monkeypatch) -> list[str]:
+    """The model files whose weights were hashed whole (their digest not remembered), in order."""
+    done: list[str] = []
+    real = packed_cache.weights_digest
+
+    def spy(model, *args):
+        done.append(model.path)
+        return real(model, *args)
+
+    monkeypatch.setattr(packed_cache, "weights_digest", spy)
+    return done
 
 
 @pytest.fixture
@@ -72,7 +93,30 @@ def variant(model, i: int):
 
 def entries(cache) -> list[str]:
     folder = cache / "packed"
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(packed_cache.SUFFIX)) if folder.exists() else []
+
+
+def remembered(cache) -> list[list]:
+    """The file states the index holds a digest for, least recently used first."""
+    return [r["state"] for r in packed_cache._read_index(cache / "packed" / packed_cache.INDEX)]
+
+
+def edit_in_place(path, at: int, flip: int, mtime_ns: int | None = None) -> None:
+    """One byte of the file changed where it lies (the inode and size stay), as an editor
+    writing into it would: the write moves its mtime and ctime on (or, given mtime_ns, the
+    mtime is then set to that)."""
+    before = os.stat(path)
+    time.sleep(0.02)  # past the tick of the clock that stamped the file last
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ flip]))
+    if mtime_ns is not None:
+        os.utime(path, ns=(before.st_atime_ns, mtime_ns))
+    after = os.stat(path)
+    assert after.st_ino == before.st_ino and after.st_size == before.st_size
+    assert after.st_ctime_ns != before.st_ctime_ns and (mtime_ns is not None or after.st_mtime_ns != before.st_mtime_ns)
 
 
 def age(cache, name: str, seconds_ago: float) -> None:
@@ -124,7 +168,7 @@ def test_an_entry_that_does_not_check_out_is_packed_again(cache, model, damage, 
     assert packs == [str(model)] and logits(kept) == logits(want)
 
 
-def test_a_copy_of_the_file_under_another_name_maps_the_same_entry(cache, model, tmp_path, packs):
+def test_a_copy_of_the_file_under_another_name_maps_the_same_entry(cache, model, tmp_path, packs, hashes):
     first = llm_smolq.load(model, n_ctx=32, threads=1)
     (entry,) = entries(cache)
     elsewhere = tmp_path / "elsewhere"
@@ -137,6 +181,7 @@ def test_a_copy_of_the_file_under_another_name_maps_the_same_entry(cache, model,
     os.utime(model, ns=(touched.st_atime_ns, touched.st_mtime_ns + 5 * 10**9))
     loads = [llm_smolq.load(path, n_ctx=32, threads=1) for path in (copy, model)]
     assert packs == [str(model)] and entries(cache) == [entry]
+    assert hashes == [str(model), str(copy), str(model)]  # each a state not seen before: hashed, then found
     assert all(eng.model.packed_kept is None for eng in loads)  # mapped, nothing written
     assert {logits(eng) for eng in loads} == {logits(first)}
 
@@ -171,6 +216,198 @@ def test_a_matrix_changed_deep_inside_a_large_file_gets_its_own_entry(cache, smo
     at = first._packed["blk.15.attn_q.weight"]
     assert (second.model.packed_data[at:at + a.n_bytes].tobytes()
             != first.model.packed_data[at:at + a.n_bytes].tobytes())
+
+
+def test_a_file_edited_in_place_gets_a_new_entry_with_the_edited_weights(cache, smollm2_gguf, tmp_path,
+                                                                        monkeypatch, packs):
+    """One byte changed halfway along a matrix in the middle of SmolLM2, in the file itself
+    (the same path, inode, size and header), the mtime moved on as a write moves it: far
+    from the first and last MiB, and between the runs a sample along the matrix would
+    read. The next load packs the edited weights, and computes what they give."""
+    from llm_smolq.store.kernel_identity import EDGE_BYTES, weights_edges, weights_start
+
+    path = tmp_path / "SmolLM2.gguf"
+    shutil.copyfile(smollm2_gguf, path)
+    first = llm_smolq.load(path, n_ctx=32, threads=2)
+    want_before = logits(first)
+    (entry,) = entries(cache)
+    info = first.model.tensors["blk.15.attn_q.weight"]
+    at = info.offset + info.n_bytes // 2 // 20 * 20 + 10  # a Q4_1 block's codes (2+2 bytes of scales, then 16)
+    start = weights_start(first.model)
+    assert start + EDGE_BYTES < at < len(first.model.data) - EDGE_BYTES
+    span = info.n_bytes - 64
+    assert all(not info.offset + span * i // 7 <= at < info.offset + span * i // 7 + 64 for i in range(8))
+    edit_in_place(path, at, 0xFF)
+    packs.clear()
+    edited = llm_smolq.load(path, n_ctx=32, threads=2)
+    assert packs == [str(path)] and edited.model.packed_kept is not None  # packed again, and kept
+    assert sorted(entries(cache)) == sorted([entry, edited.model.packed_kept.name])
+    assert edited.model.digest == first.model.digest and weights_edges(edited.model) == weights_edges(first.model)
+    got = logits(edited)
+    assert got != want_before
+    monkeypatch.setenv("SMOLQ_PACK", "0")  # the edited file as it lies: what its weights give
+    assert got == logits(llm_smolq.load(path, n_ctx=32, threads=2))
+    monkeypatch.setenv("SMOLQ_PACK", "1")
+    packs.clear()
+    again = llm_smolq.load(path, n_ctx=32, threads=2)  # and the edited file's own entry from now on
+    assert packs == [] and logits(again) == got
+
+
+def test_an_edit_that_puts_the_mtime_back_is_seen_by_the_ctime(cache, model, monkeypatch, packs, hashes):
+    """A tool that writes into the file and then sets its mtime back to what it was
+    (touch -r, rsync --inplace -t) leaves path, inode, size and mtime alone; the ctime,
+    which no tool can set, moves on."""
+    first = llm_smolq.load(model, n_ctx=32, threads=1)
+    want_before = logits(first)
+    before = os.stat(model)
+    edit_in_place(model, first.model.tensors["blk.1.ffn_up.weight"].offset + 100, 0x5A, before.st_mtime_ns)
+    after = os.stat(model)
+    assert after.st_mtime_ns == before.st_mtime_ns and after.st_ctime_ns != before.st_ctime_ns
+    edited = llm_smolq.load(model, n_ctx=32, threads=1)
+    assert packs == [str(model)] * 2 and hashes == [str(model)] * 2 and len(entries(cache)) == 2
+    got = logits(edited)
+    monkeypatch.setenv("SMOLQ_PACK", "0")
+    assert got != want_before and got == logits(llm_smolq.load(model, n_ctx=32, threads=1))
+
+
+def test_a_second_load_of_the_same_file_does_not_hash_it_again(cache, model, packs, hashes):
+    first = llm_smolq.load(model, n_ctx=32, threads=2)
+    st = os.stat(model)
+    assert hashes == [str(model)]
+    assert remembered(cache) == [[str(model.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                                  st.st_dev]]
+    index = cache / "packed" / packed_cache.INDEX
+    written = index.stat().st_mtime_ns
+    for _ in range(2):
+        again = llm_smolq.load(model, n_ctx=32, threads=2)
+        assert again.model.packed_data is not first.model.packed_data and logits(again) == logits(first)
+    assert hashes == [str(model)] and packs == [str(model)]  # the digest remembered, the entry mapped
+    assert index.stat().st_mtime_ns == written  # nothing to write when the state is the most recent already
+
+
+def test_the_digest_is_of_every_byte_of_the_weights_on_any_number_of_threads(model, tmp_path, monkeypatch):
+    import hashlib
+
+    from llm_smolq.store import kernel_identity
+    from llm_smolq.store.kernel_identity import weights_digest, weights_start
+
+    monkeypatch.setattr(kernel_identity, "PIECE_BYTES", 100_000)  # pieces of the tiny model: 16 of them
+    one = open_model(model)
+    start, data = weights_start(one), model.read_bytes()
+    pieces = [hashlib.sha256(data[at:at + 100_000]).digest() for at in range(start, len(data), 100_000)]
+    want = hashlib.sha256(f"smolq weights: {len(data) - start} bytes in pieces of 100000\n".encode()
+                          + b"".join(pieces)).hexdigest()
+    assert {weights_digest(one, threads) for threads in (1, 2, 5)} == {want}
+    header = tmp_path / "header.gguf"  # a byte of the header (before the weights) is not the weights'
+    header.write_bytes(data[:start - 1] + bytes([data[start - 1] ^ 1]) + data[start:])
+    assert weights_digest(open_model(header)) == want
+    for at in (start, (start + len(data)) // 2, len(data) - 1):
+        changed = tmp_path / f"changed{at}.gguf"
+        changed.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+        assert weights_digest(open_model(changed)) != want, at
+
+
+@pytest.mark.parametrize("damage", ["garbage", "torn off", "a flipped byte", "another file's header",
+                                    "records of another form"])
+def test_a_damaged_index_is_not_trusted_but_hashed_again(cache, model, damage, packs, hashes):
+    import hashlib
+
+    want = logits(llm_smolq.load(model, n_ctx=32, threads=1))
+    index = cache / "packed" / packed_cache.INDEX
+    blob = index.read_bytes()
+    head = len(packed_cache.INDEX_MAGIC) + 16
+    (record,) = json.loads(blob[head:])
+
+    def sealed(payload) -> bytes:  # an index that checks out, holding `payload`
+        data = json.dumps(payload).encode()
+        return packed_cache.INDEX_MAGIC + hashlib.blake2b(data, digest_size=16).digest() + data
+
+    if damage == "garbage":
+        blob = os.urandom(len(blob))
+    elif damage == "torn off":
+        blob = blob[:len(blob) // 2]
+    elif damage == "a flipped byte":  # the digest remembered changed, the checksum not
+        at = blob.index(record["weights"].encode())
+        blob = blob[:at] + bytes([blob[at] ^ 1]) + blob[at + 1:]
+    elif damage == "another file's header":  # the state remembered with another header's digest and weights
+        blob = sealed([{**record, "header": "0" * 64, "weights": "1" * 64}])
+    else:
+        blob = sealed({"state": record["state"], "weights": "1" * 64})
+    replace(index, blob)
+    assert remembered(cache) == ([] if damage != "another file's header" else [record["state"]])
+    again = llm_smolq.load(model, n_ctx=32, threads=1)
+    assert hashes == [str(model)] * 2 and packs == [str(model)]  # hashed again; the entry found by its digest
+    assert logits(again) == want
+    assert remembered(cache) == [record["state"]] and packed_cache._read_index(index)[-1] == record
+    llm_smolq.load(model, n_ctx=32, threads=1)
+    assert hashes == [str(model)] * 2  # remembered again
+
+
+def test_the_index_keeps_the_last_states(cache, model, monkeypatch, hashes):
+    monkeypatch.setattr(packed_cache, "REMEMBERED", 3)
+    paths = [variant(model, i) for i in range(4)]
+    for path in paths:
+        llm_smolq.load(path, n_ctx=32, threads=1)
+    assert [state[0] for state in remembered(cache)] == [str(p.resolve()) for p in paths[1:]]
+    llm_smolq.load(paths[1], n_ctx=32, threads=1)  # remembered: used again, now the most recent
+    assert hashes == [str(p) for p in paths]
+    assert [state[0] for state in remembered(cache)] == [str(p.resolve()) for p in (paths[2], paths[3], paths[1])]
+    llm_smolq.load(paths[0], n_ctx=32, threads=1)  # forgotten: hashed again
+    assert hashes == [str(p) for p in (*paths, paths[0])]
+    assert [state[0] for state in remembered(cache)] == [str(p.resolve()) for p in (paths[3], paths[1], paths[0])]
+
+
+def test_a_file_changed_moments_ago_is_neither_remembered_nor_kept(cache, model, monkeypatch, packs, hashes):
+    """A change within the same tick of the clock would leave the file's timestamps as they
+    are: a file changed less than SETTLED_SECONDS ago is hashed and packed into memory
+    only. Once settled, it is remembered and kept."""
+    monkeypatch.setattr(packed_cache, "SETTLED_SECONDS", 3600.0)  # the copy was just made
+    first = llm_smolq.load(model, n_ctx=32, threads=1)
+    assert first._packed and first.model.packed_kept is None and entries(cache) == [] and remembered(cache) == []
+    monkeypatch.setattr(packed_cache, "SETTLED_SECONDS", 0.0)  # as if an hour had gone by
+    second = llm_smolq.load(model, n_ctx=32, threads=1)
+    assert second.model.packed_kept is not None and len(entries(cache)) == 1 and len(remembered(cache)) == 1
+    llm_smolq.load(model, n_ctx=32, threads=1)
+    assert hashes == [str(model)] * 2 and packs == [str(model)] * 2
+    assert logits(second) == logits(first)
+
+
+def test_a_file_changed_while_it_is_packed_is_not_kept(cache, model, monkeypatch, packs, hashes):
+    """What was packed may be the weights before or after the edit: nothing is kept under
+    the digest taken before it, and the next load packs the edited file."""
+    real = packing._pack_into
+    at = open_model(model).tensors["blk.1.ffn_up.weight"].offset + 100
+
+    def meanwhile(*args):
+        edit_in_place(model, at, 0x5A)
+        real(*args)
+
+    monkeypatch.setattr(packing, "_pack_into", meanwhile)
+    during = llm_smolq.load(model, n_ctx=32, threads=1)
+    monkeypatch.setattr(packing, "_pack_into", real)
+    assert during.model.packed_kept is None and entries(cache) == []
+    after = llm_smolq.load(model, n_ctx=32, threads=1)
+    assert after.model.packed_kept is not None and len(hashes) == 2
+    got = logits(after)
+    monkeypatch.setenv("SMOLQ_PACK", "0")
+    assert got == logits(llm_smolq.load(model, n_ctx=32, threads=1))
+
+
+def test_a_file_changed_after_it_was_mapped_is_hashed_from_the_mapping(cache, model, monkeypatch, packs, hashes):
+    """The file remembered and kept, then opened, then edited before the engine packs it:
+    the state it was mapped in is not the file's now, so the digest remembered for it is
+    not taken; the mapping's weights are hashed (the edited ones), and neither remembered
+    nor kept."""
+    llm_smolq.load(model, n_ctx=32, threads=1)
+    (entry,) = entries(cache)
+    (state,) = remembered(cache)
+    opened = open_model(model)
+    edit_in_place(model, opened.tensors["blk.1.ffn_up.weight"].offset + 100, 0x5A)
+    got = logits(llm_smolq.Engine(opened, n_ctx=32, threads=1))
+    assert hashes == [str(model)] * 2 and packs == [str(model)] * 2
+    assert remembered(cache) == [state] and entries(cache) == [entry]
+    monkeypatch.setenv("SMOLQ_PACK", "0")
+    assert got == logits(llm_smolq.load(model, n_ctx=32, threads=1))
 
 
 CHILD = """
@@ -219,16 +456,17 @@ def test_no_room_packs_into_memory(cache, model, monkeypatch, packs):
         m.setattr(os, "posix_fallocate", full)
         eng = llm_smolq.load(model, n_ctx=32, threads=1)
     assert eng._packed and packs == [str(model)]
-    assert [p.name for p in (cache / "packed").iterdir()] == []  # nothing kept, no temporary file left
+    assert [p.name for p in (cache / "packed").iterdir()] == [packed_cache.INDEX]  # no entry, no temporary file
     monkeypatch.setenv("SMOLQ_PACK", "0")
     assert logits(eng) == logits(llm_smolq.load(model, n_ctx=32, threads=1))
 
 
-def test_the_cache_off_packs_into_memory(cache, model, monkeypatch, packs):
+def test_the_cache_off_packs_into_memory(cache, model, monkeypatch, packs, hashes):
     monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")
     eng = llm_smolq.load(model, n_ctx=32, threads=1)
     llm_smolq.load(model, n_ctx=32, threads=1)
-    assert eng._packed and packs == [str(model)] * 2 and not cache.exists()
+    assert eng._packed and packs == [str(model)] * 2 and not cache.exists()  # no entry, no index
+    assert hashes == []  # nothing to name
 
 
 def test_at_most_keep_entries_stay_the_least_recently_used_going_first(cache, model, monkeypatch):
