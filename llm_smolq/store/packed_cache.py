@@ -29,9 +29,10 @@ mtime back), inode and device, as open_model mapped it, with its header's digest
 index keeps the REMEMBERED last used, is checksummed and replaced whole, and is as none
 when it does not check out. A digest is remembered, and names a new entry, only when the
 file is still the one mapped, unchanged while it was hashed and for SETTLED_SECONDS
-before (a change within one tick of its timestamps would leave them as they were); else
-it serves this load alone, to map an entry already kept, or the weights are packed into
-memory. A new entry is sealed only if its file is still unchanged once it is packed.
+before, by its ctime (a change within one tick of its timestamps would leave them as
+they were); else it serves this load alone, to map an entry already kept, or the weights
+are packed into memory. A new entry is sealed only if its file is still unchanged once
+it is packed.
 
 At most KEEP entries stay, the most recently used (a load that maps an entry marks it
 used): before a new one is reserved the others are cut to KEEP - 1, and after it is in
@@ -73,7 +74,7 @@ STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a process tha
 INDEX = "weights.index"
 INDEX_MAGIC = b"SMOLQWI1"  # bump the digit when the index's layout changes
 REMEMBERED = 64  # file states the index keeps, the most recently used
-SETTLED_SECONDS = 2.0  # a file changed more recently may change again within its timestamps' tick
+SETTLED_SECONDS = 2.0  # a file changed (its ctime) more recently may change again within the tick
 
 
 def folder() -> Path | None:
@@ -167,7 +168,9 @@ def weights(model: ModelFile, threads: int = 1) -> Weights:
         after = _state(model.path, os.stat(model.path))
     except OSError:
         after = None
-    settled = after == mapped and began - max(mapped[2], mapped[3]) / 1e9 >= SETTLED_SECONDS
+    # the ctime, not the mtime: every write sets it from this machine's clock, and no tool
+    # can set it (an mtime may lie in the future)
+    settled = after == mapped and began - mapped[3] / 1e9 >= SETTLED_SECONDS
     if settled:
         record = {"state": mapped, "header": model.digest, "weights": digest}
         _write_index(index, [*(r for r in _read_index(index) if r["state"] != mapped), record])

@@ -372,6 +372,17 @@ def test_a_file_changed_moments_ago_is_neither_remembered_nor_kept(cache, model,
     assert logits(second) == logits(first)
 
 
+def test_a_file_dated_in_the_future_is_remembered_all_the_same(cache, model, packs, hashes):
+    """An mtime is whatever a tool set (an archive's, a clock's elsewhere); whether the file
+    has settled goes by its ctime, which this machine's clock gave it."""
+    st = os.stat(model)
+    os.utime(model, ns=(st.st_atime_ns, time.time_ns() + 86400 * 10**9))
+    first = llm_smolq.load(model, n_ctx=32, threads=1)
+    again = llm_smolq.load(model, n_ctx=32, threads=1)
+    assert first.model.packed_kept is not None and len(remembered(cache)) == 1
+    assert hashes == [str(model)] and packs == [str(model)] and logits(again) == logits(first)
+
+
 def test_a_file_changed_while_it_is_packed_is_not_kept(cache, model, monkeypatch, packs, hashes):
     """What was packed may be the weights before or after the edit: nothing is kept under
     the digest taken before it, and the next load packs the edited file."""
