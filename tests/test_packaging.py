@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.run_once import once_per_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,10 +65,14 @@ class Installed:
 
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("sdist")
-    run([sys.executable, "-m", "build", "--sdist", "--outdir", out, ROOT], timeout=300, cwd=ROOT)
-    (path,) = out.glob("llm_smolq-*.tar.gz")
-    return path
+    """The sdist, built once per run: setuptools writes into the checkout while it builds,
+    so two workers building at once would trip over each other."""
+    def make(out: Path) -> dict:
+        run([sys.executable, "-m", "build", "--sdist", "--outdir", out, ROOT], timeout=300, cwd=ROOT)
+        (path,) = out.glob("llm_smolq-*.tar.gz")
+        return {"path": str(path)}
+
+    return Path(once_per_run(tmp_path_factory, "sdist", make)["path"])
 
 
 def sdist_members(path: Path) -> dict[str, tarfile.TarInfo]:
@@ -88,21 +93,26 @@ def runtime_requirements(path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def installed(sdist, tmp_path_factory) -> Installed:
-    work = tmp_path_factory.mktemp("fresh")
-    venv = work / "venv"
-    env = clean_env()
-    # This interpreter is a venv's: `-m venv` makes the new one from the base Python, and
-    # without --system-site-packages it sees neither this venv nor its editable install.
-    run([sys.executable, "-m", "venv", venv], timeout=120, cwd=work, env=env)
-    pip = [venv / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
-    requirements = runtime_requirements(sdist)
-    assert any(r.startswith("llm") for r in requirements), requirements
-    run([*pip, "install", "-q", *requirements], timeout=600, cwd=work, env=env)
-    # --no-cache-dir: never a wheel built on an earlier run; the kernel is compiled here.
-    built = run([*pip, "install", "--no-deps", "--no-cache-dir", sdist], timeout=600, cwd=work, env=env)
-    run([*pip, "check"], timeout=120, cwd=work, env=env)
-    probe = run([venv / "bin" / "python", "-c", PROBE], timeout=120, cwd=work, env=env)
-    return Installed(venv, built.stdout + built.stderr, json.loads(probe.stdout), env)
+    """A new venv with the sdist installed from PyPI's dependencies, made once per run."""
+    def make(work: Path) -> dict:
+        venv = work / "venv"
+        env = clean_env()
+        # This interpreter is a venv's: `-m venv` makes the new one from the base Python, and
+        # without --system-site-packages it sees neither this venv nor its editable install.
+        run([sys.executable, "-m", "venv", venv], timeout=120, cwd=work, env=env)
+        pip = [venv / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
+        requirements = runtime_requirements(sdist)
+        assert any(r.startswith("llm") for r in requirements), requirements
+        run([*pip, "install", "-q", *requirements], timeout=600, cwd=work, env=env)
+        # --no-cache-dir: never a wheel built on an earlier run; the kernel is compiled here.
+        built = run([*pip, "install", "--no-deps", "--no-cache-dir", sdist], timeout=600, cwd=work, env=env)
+        run([*pip, "check"], timeout=120, cwd=work, env=env)
+        probe = run([venv / "bin" / "python", "-c", PROBE], timeout=120, cwd=work, env=env)
+        return {"venv": str(venv), "pip_output": built.stdout + built.stderr, "probe": json.loads(probe.stdout),
+                "env": env}
+
+    made = once_per_run(tmp_path_factory, "installed", make)
+    return Installed(Path(made["venv"]), made["pip_output"], made["probe"], made["env"])
 
 
 def test_the_sdist_holds_the_kernel_sources_and_its_builder_but_no_tests(sdist):

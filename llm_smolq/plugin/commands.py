@@ -207,7 +207,7 @@ def register_cache_commands(smolq: click.Group) -> None:
             click.echo("Packed:    none kept (SMOLQ_CACHE_DIR=off)")
         else:
             size = catalog.format_size(sum(k.size for k in packed))
-            most = catalog.format_size(packed_cache.most_bytes_here())
+            most = catalog.format_size(packed_cache.most_bytes_here(catalog.present_sizes()))
             click.echo(f"Packed:    {size} in {len(packed)} file{'' if len(packed) == 1 else 's'} in {folder} "
                        f"(weights laid out for the SIMD kernels; the {packed_cache.KEEP} last used copies are kept, "
                        f"up to {most} with the models here; `llm smolq cache clear --packed` deletes them)")

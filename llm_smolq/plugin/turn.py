@@ -12,6 +12,7 @@ import llm
 from llm.parts import StreamEvent
 
 from llm_smolq.decode import generate as generation
+from llm_smolq.store import catalog
 from llm_smolq.store.catalog import format_size
 from llm_smolq.errors import ChatTemplateError, ConstraintError
 from llm_smolq.chat.reasoning import ReasoningSplitter
@@ -116,7 +117,7 @@ def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, 
         size = len(engine.model.packed_data)
         command.tell(f"kept this model's packed weights ({format_size(size)}) in {kept.parent} so its next load "
                      f"skips packing them; the {packed_cache.KEEP} last used copies are kept, up to "
-                     f"{format_size(packed_cache.most_bytes_here(size))} with the models here; "
+                     f"{format_size(packed_cache.most_bytes_here(catalog.present_sizes(), size))} with the models here; "
                      "`llm smolq cache clear --packed` deletes them, SMOLQ_CACHE_DIR=off keeps none")
 
 

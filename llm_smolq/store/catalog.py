@@ -319,6 +319,11 @@ def _size_if_file(path: Path) -> int | None:
         return None
 
 
+def present_sizes() -> list[int]:
+    """The sizes of the model files that are here (downloaded or registered)."""
+    return [r.size for r in list_models() if r.present and r.size]
+
+
 def list_models() -> list[ModelRecord]:
     """Every model llm-smolq can run: each quant of the known models (present or not) and
     the registered files. Cheap: a few stats."""

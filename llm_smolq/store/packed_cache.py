@@ -99,14 +99,11 @@ def most_bytes(sizes: Iterable[int]) -> int:
     return KEEP * max(sizes, default=0)
 
 
-def most_bytes_here(*more: int) -> int:
-    """most_bytes for the model files llm-smolq has here (downloaded or registered: a
-    model's packed weights are never larger than its file), the entries kept now, and
-    `more` (a copy just made)."""
-    from llm_smolq.store import catalog
-
-    files = [r.size for r in catalog.list_models() if r.present and r.size]
-    return most_bytes([*files, *(k.size for k in kept_entries()[1]), *more])
+def most_bytes_here(model_files: Iterable[int], *more: int) -> int:
+    """most_bytes for the sizes of the model files llm-smolq has here (`model_files`, from
+    the catalog: a model's packed weights are never larger than its file), the entries
+    kept now, and `more` (a copy just made)."""
+    return most_bytes([*model_files, *(k.size for k in kept_entries()[1]), *more])
 
 
 class Kept(NamedTuple):
