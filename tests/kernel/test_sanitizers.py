@@ -22,17 +22,19 @@ import pytest
 from helpers.kernel_copy import LOAD_KERNEL, ROOT, RUN_PYTEST, build, check_pytest_run
 from helpers.run_once import once_per_run
 
-# The selections each child runs: "default" with the SIMD code the CPU supports, "scalar"
-# with SMOLQ_SIMD=0. The long-context tests and the repeats at other thread counts are left
-# out (minutes each when sanitized). The scalar vec_dots also run in the default child
-# (test_quants switches to them), so the scalar child adds the engine's scalar paths on one
-# file per activation format.
+# The selections each child runs: with the SIMD code the CPU supports, in parts that a
+# run's workers can share, and "scalar" with SMOLQ_SIMD=0. The long-context tests and the
+# repeats at other thread counts are left out (minutes each when sanitized). The scalar
+# vec_dots also run with the SIMD code (test_quants switches to them), so the scalar child
+# adds the engine's scalar paths on one file per activation format.
+SKIP = ("not long_context and not 1threads and not 3threads and not 4threads and not thread_counts "
+        "and not (compact and (K_M or Q5 or Q4_1 or IQ4))")
 SELECTIONS = {
-    "default": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/kernel/test_swiglu.py",
-                "tests/engine/test_packing.py",
-                "tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py",
-                "tests/engine/test_engine_reference.py", "-k", "not long_context and not 1threads and not 3threads and "
-                "not 4threads and not thread_counts and not (compact and (K_M or Q5 or Q4_1 or IQ4))"],
+    "kernels": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/kernel/test_swiglu.py",
+                "tests/engine/test_packing.py", "tests/engine/test_buffer_gate.py", "-k", SKIP],
+    "kv_cache": ["tests/engine/test_kv_cache.py", "-k", SKIP],
+    "engine": ["tests/engine/test_engine_reference.py", "-k", f"{SKIP} and not smollm2_chat"],
+    "smollm2": ["tests/engine/test_engine_reference.py", "-k", "smollm2_chat"],
     "scalar": ["tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits",
                *(f"tests/engine/test_engine_reference.py::test_prefill_then_decode_gives_llama_cpps_logits[{kind}-2threads]"
                  for kind in ("F16", "Q4_0", "Q4_1", "Q4_K_M"))],
@@ -128,22 +130,23 @@ def test_sanitized_kernel_reports_a_bad_call(case, sanitized_kernel, runtime):
     )
 
 
-@pytest.mark.parametrize("simd", SELECTIONS)
-def test_kernel_and_engine_tests_pass_sanitized(simd, sanitized_kernel, runtime):
+@pytest.mark.parametrize("part", SELECTIONS)
+def test_kernel_and_engine_tests_pass_sanitized(part, sanitized_kernel, runtime):
     # --capture=sys leaves file descriptor 2 alone: a report still reaches us when it ends
     # the child in the middle of a test.
-    args = ["-q", "-p", "no:cacheprovider", "--capture=sys", *SELECTIONS[simd]]
+    simd = "scalar" if part == "scalar" else "default"
+    args = ["-q", "-p", "no:cacheprovider", "--capture=sys", *SELECTIONS[part]]
     run = subprocess.run([sys.executable, "-c", RUN_PYTEST, str(sanitized_kernel), *args], cwd=ROOT,
                          env=child_env(runtime, simd), capture_output=True, text=True, timeout=1200)
     out = run.stdout + run.stderr
     found = REPORT.search(out)
     assert not found, (
-        f"sanitized run ({simd}): a sanitizer report; fix the kernel where it points, "
+        f"sanitized run ({part}): a sanitizer report; fix the kernel where it points, "
         f"{reproduce(runtime, simd, args)}\n{out[-12000:]}"
     )
     assert run.returncode == 0, (
-        f"sanitized run ({simd}) exited with status {run.returncode} and no sanitizer report, so a test "
+        f"sanitized run ({part}) exited with status {run.returncode} and no sanitizer report, so a test "
         f"failed: check it on the normal build (python -m pytest {shlex.join(args)}), or "
         f"{reproduce(runtime, simd, args)}\n{out[-12000:]}"
     )
-    check_pytest_run(run, sanitized_kernel, f"sanitized run ({simd})")
+    check_pytest_run(run, sanitized_kernel, f"sanitized run ({part})")
