@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from llm_smolq.model import memory
+from llm_smolq.engine import memory
 from llm_smolq._kernel import ffi, lib
 from llm_smolq.engine.buffer_gate import Dims, check_buffer
 from llm_smolq.errors import GGUFError, LayoutError

@@ -18,11 +18,11 @@ copy-on-write mapping of the file instead, the 3B shape took 5.5 s to load, each
 copied on a fault of its own, where this takes about 1 s.) Every kernel path reads packed
 matrices with the same bits, so a later switch of path (sq_set_simd) stays correct.
 
-The packed copy is kept on disk as well (store/packed_cache.py): a later load of the same
+The packed copy is kept on disk as well (cache/packed_cache.py): a later load of the same
 weights maps it instead of packing again (the 3B shape: 0.8-1.3 s to load with packing,
 0.23 s from the kept copy). Where no copy can be kept, packing goes into memory. The copy
 is named by what its bytes depend on (packed_identity): the weights' content (a SHA-256
-of every byte of them, remembered per state of the file: store/packed_cache.py), which
+of every byte of them, remembered per state of the file: cache/packed_cache.py), which
 matrices were packed, from where in the weights and to where (the set differs between the
 kernel's paths), and what the kernel's packing does (packing_identity: its output on a
 probe matrix of every type it packs). Not the file's path or mtime, its metadata, nor
@@ -49,10 +49,10 @@ from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
 from llm_smolq._kernel import ffi, lib
-from llm_smolq.model import memory
+from llm_smolq.engine import memory
 from llm_smolq.model.model_file import ModelFile, TensorInfo
-from llm_smolq.store import packed_cache
-from llm_smolq.store.kernel_identity import weights_digest, weights_start
+from llm_smolq.cache import packed_cache
+from llm_smolq.cache.kernel_identity import weights_digest, weights_start
 
 GROUP = 16
 ALIGN = 64  # each packed matrix starts on a cache line

@@ -1,2 +1,2 @@
-"""The model a GGUF file holds: its header read, its description (config and tensor table),
-its tokenizer, and whether it fits in memory."""
+"""The model a GGUF file holds: its header read (from the header cache when unchanged), its
+description (config and tensor table), and its tokenizer."""

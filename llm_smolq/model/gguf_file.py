@@ -18,6 +18,7 @@ from typing import Any
 
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
+from llm_smolq.cache import header_cache
 from llm_smolq.errors import GGUFError, brief
 
 MAX_DIMS = 4  # ggml tensors have at most four dimensions
@@ -177,6 +178,43 @@ def _parse(buf: mmap.mmap, path: str) -> GGUFHeader:
         tensors.append(RawTensor(name, type_id, shape, data_offset + offset))
     digest = hashlib.blake2b(buf[:cur.pos], digest_size=20).hexdigest()
     return GGUFHeader(version, metadata, tensors, alignment, data_offset, len(buf), order == "<", cur.pos, digest)
+
+
+def read_header_cached(path: str) -> GGUFHeader:
+    """read_header(path), from the header cache when the file's header is unchanged: an
+    entry kept for the file's present state is used only if the file's size matches and
+    its header bytes still hash to the digest recorded when it was parsed."""
+    entry = header_cache.entry_for(path)
+    if entry is not None:
+        cached = header_cache.load(entry)
+        if cached is not None:
+            header = _header_from(cached)
+            if (
+                header is not None
+                and header.file_size == os.path.getsize(path)
+                and header_digest(path, header.header_bytes) == header.digest
+            ):
+                return header
+    header = read_header(path)
+    if entry is not None:
+        header_cache.store(entry, _header_to(header))
+    return header
+
+
+def _header_to(h: GGUFHeader) -> tuple:
+    """The header as plain values, which the header cache keeps (with marshal)."""
+    tensors = [(t.name, t.type_id, t.shape, t.offset) for t in h.tensors]
+    return (h.version, h.metadata, tensors, h.alignment, h.data_offset, h.file_size, h.little_endian,
+            h.header_bytes, h.digest)
+
+
+def _header_from(value) -> GGUFHeader | None:
+    try:
+        version, metadata, tensors, alignment, data_offset, file_size, little, n_bytes, digest = value
+        return GGUFHeader(version, metadata, [RawTensor(*t) for t in tensors], alignment, data_offset,
+                          file_size, little, n_bytes, digest)
+    except (TypeError, ValueError):
+        return None
 
 
 def header_digest(path: str, n_bytes: int) -> str | None:

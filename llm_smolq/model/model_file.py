@@ -20,9 +20,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
 from llm_smolq.errors import GGUFError, brief
-from llm_smolq.model.gguf_file import GGUFHeader, type_name
+from llm_smolq.model.gguf_file import GGUFHeader, read_header_cached, type_name
 from llm_smolq.model.tensor_types import weight_types
-from llm_smolq.store.header_cache import read_header_cached
 
 ARCHITECTURES = ("smollm3", "llama")
 C_INT_MAX = 2**31 - 1  # sizes reach the kernel as C int
@@ -133,7 +132,7 @@ class ModelFile:
     # packed_data, once decided.
     packed: dict[str, int] | None = field(default=None, repr=False)
     packed_data: np.ndarray | None = field(default=None, repr=False)
-    # The entry this process wrote to keep them on disk (store/packed_cache.py), until told.
+    # The entry this process wrote to keep them on disk (cache/packed_cache.py), until told.
     packed_kept: Path | None = field(default=None, repr=False)
     pack_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -306,7 +306,7 @@ def cached_bpe_files(digest: str, tokens: Any, merges: Any) -> tuple[Path, Path]
     tokens and merges came from: (vocabulary, merges), or None if the cache is off, the
     contents cannot be files, or the metadata is malformed (from_metadata then says how).
     The contents are worked out only when a file is missing or damaged."""
-    from llm_smolq.store.header_cache import cached_file
+    from llm_smolq.cache.header_cache import cached_file
 
     @functools.cache
     def contents() -> tuple[bytes, bytes]:

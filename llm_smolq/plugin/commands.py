@@ -10,7 +10,8 @@ import click
 
 from llm_smolq.errors import CatalogError, ModelNotFound, UnknownModel, UnknownQuant
 from llm_smolq.store import catalog
-from llm_smolq.store.paths import prompt_cache_dir
+from llm_smolq.store.download import fetch
+from llm_smolq.paths import prompt_cache_dir
 
 
 def register_commands(cli: click.Group) -> None:
@@ -49,7 +50,7 @@ def register_commands(cli: click.Group) -> None:
                 err=True,
             )
         try:
-            path = catalog.download(model, quant, progress=not no_progress)
+            path = fetch(model, quant, progress=not no_progress)
         except CatalogError as exc:
             raise click.ClickException(str(exc))
         click.echo(path)
@@ -200,7 +201,7 @@ def register_cache_commands(smolq: click.Group) -> None:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(used))
             click.echo(f"  {name}: {n_blocks} block{'' if n_blocks == 1 else 's'}, {positions} positions, "
                        f"{catalog.format_size(size)}, last used {when}")
-        from llm_smolq.store import packed_cache
+        from llm_smolq.cache import packed_cache
 
         folder, packed = packed_cache.kept_entries()
         if folder is None:
@@ -221,7 +222,8 @@ def register_cache_commands(smolq: click.Group) -> None:
         "Delete every saved state (--packed: the kept packed weights instead)"
         from filelock import Timeout
 
-        from llm_smolq.store import packed_cache, prompt_cache
+        from llm_smolq.cache import packed_cache
+        from llm_smolq.store import prompt_cache
 
         if packed:
             folder, entries = packed_cache.kept_entries()

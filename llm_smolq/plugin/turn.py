@@ -23,7 +23,7 @@ from llm_smolq.plugin.command import Command
 from llm_smolq.plugin.loaded import Loaded
 from llm_smolq.plugin.options import pick, sampling_params, stop_strings
 from llm_smolq.plugin.progress import PrefillProgress
-from llm_smolq.store import packed_cache
+from llm_smolq.cache import packed_cache
 from llm_smolq.store.prompt_cache import CacheActivity, PromptCache
 from llm_smolq.chat.tool_calls import ToolCallGuard, ToolCallParser, message_content, result_messages, template_tools, to_llm
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from llm_smolq.engine.kv_types import KV_TYPES
 from llm_smolq.errors import BadBlock
-from llm_smolq.store.atomic_file import replaced_atomically
-from llm_smolq.store.kernel_identity import kernel_fingerprint, weights_edges
+from llm_smolq.cache.atomic_file import replaced_atomically
+from llm_smolq.cache.kernel_identity import kernel_fingerprint, weights_edges
 
 if TYPE_CHECKING:
     from llm_smolq.engine.engine import Engine

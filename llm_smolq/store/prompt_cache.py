@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 from filelock import FileLock, Timeout
 
-from llm_smolq.store.atomic_file import TEMP_PREFIX
+from llm_smolq.cache.atomic_file import TEMP_PREFIX
 from llm_smolq.store.kv_blocks import (
     HEADER_ESTIMATE,
     NAME,
@@ -51,7 +51,7 @@ from llm_smolq.store.kv_blocks import (
     read_head,
     write_block,
 )
-from llm_smolq.store.paths import prompt_cache_dir
+from llm_smolq.paths import prompt_cache_dir
 from llm_smolq.errors import BadBlock
 
 if TYPE_CHECKING:

@@ -99,7 +99,7 @@ def test_packing_on_several_threads_gives_the_same_bytes(reference_dir, monkeypa
 
 
 def test_no_packing_without_room_for_the_copy(reference_dir, monkeypatch):
-    from llm_smolq.model import memory
+    from llm_smolq.engine import memory
 
     monkeypatch.setenv("SMOLQ_PACK", "1")
     from llm_smolq.model.model_file import open_model
@@ -157,7 +157,7 @@ def test_the_packed_copy_is_named_by_content_not_by_place(reference_dir, tmp_pat
 
     from llm_smolq.engine.packing import packable, packed_identity
     from llm_smolq.model.model_file import open_model
-    from llm_smolq.store.kernel_identity import weights_start
+    from llm_smolq.cache.kernel_identity import weights_start
 
     monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")
     source = reference_dir / "tiny-smollm3-Q4_K_M.gguf"
@@ -216,7 +216,7 @@ def test_a_byte_halfway_along_a_matrix_of_a_large_file_names_another_packed_copy
 
     from llm_smolq.engine.packing import packable, packed_identity
     from llm_smolq.model.model_file import open_model
-    from llm_smolq.store.kernel_identity import EDGE_BYTES, weights_edges, weights_start
+    from llm_smolq.cache.kernel_identity import EDGE_BYTES, weights_edges, weights_start
 
     monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")
     path = tmp_path / "SmolLM2.gguf"

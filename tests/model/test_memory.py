@@ -11,7 +11,7 @@ from gguf import GGUFReader
 
 import llm_smolq
 from llm_smolq import GGUFError, ResourceError
-from llm_smolq.model import memory
+from llm_smolq.engine import memory
 from llm_smolq.engine.engine import MAX_BATCH
 from llm_smolq.engine.kv_types import KV_TYPES
 

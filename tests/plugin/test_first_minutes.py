@@ -14,7 +14,8 @@ from llm.cli import cli
 
 import llm_smolq.plugin.loaded as loaded_models
 from llm_smolq.store import catalog
-from llm_smolq.store import paths, prompt_cache
+from llm_smolq import paths
+from llm_smolq.store import prompt_cache
 from llm_smolq.decode.generate import RepetitionGuard
 from llm_smolq.plugin.options import SmolQOptions
 

@@ -274,7 +274,7 @@ def test_ctrl_c_during_prefill_logs_an_empty_answer_and_the_engine_usable(user_d
 
 
 def test_a_context_too_large_for_memory_is_refused_with_the_n_ctx_that_fits(user_dir, monkeypatch):
-    from llm_smolq.model import memory
+    from llm_smolq.engine import memory
 
     # SmolLM2's 8,192 positions take 189 MB as halves, 100 MB as Q8_0 blocks
     monkeypatch.setattr(memory, "available_memory", lambda: (150 * 2**20, "a test figure"))

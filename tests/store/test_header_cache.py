@@ -6,7 +6,8 @@ import struct
 
 import pytest
 
-from llm_smolq.store import header_cache
+from llm_smolq.cache import header_cache
+from llm_smolq.model import gguf_file
 from llm_smolq.model import tokenizer as tokenizer_module
 from llm_smolq.engine.engine import Engine
 from llm_smolq.model.gguf_file import read_header
@@ -38,7 +39,7 @@ def model(tmp_path, reference_dir):
 def no_parsing(monkeypatch):
     def refuse(path):
         raise AssertionError("the header was parsed although the cache holds it")
-    monkeypatch.setattr(header_cache, "read_header", refuse)
+    monkeypatch.setattr(gguf_file, "read_header", refuse)
 
 
 def test_a_second_open_reads_the_cache_and_gets_the_same_header(cache, model, monkeypatch):
@@ -84,7 +85,7 @@ def test_a_damaged_entry_is_ignored_and_replaced(cache, model, damage):
         blob[:8] = b"SMOLQIX0"
     entry.write_bytes(bytes(blob))
     assert open_model(model).metadata == expected
-    assert header_cache._load(entry) is not None  # written again, whole
+    assert header_cache.load(entry) is not None  # written again, whole
 
 
 def test_the_tokenizer_from_cached_files_encodes_as_a_freshly_built_one(cache, smollm2_gguf, monkeypatch):
@@ -150,7 +151,7 @@ def test_the_least_recently_used_entries_go_past_the_limit(cache, model, tmp_pat
     open_model(copies[2])
     entries = sorted(cache.glob("*.header"))
     assert len(entries) == 2
-    assert header_cache._header_entry(cache, str(copies[0])) not in entries
+    assert header_cache.entry_for(str(copies[0])) not in entries
 
 
 def test_tokenizer_files_gone_before_they_are_read_mean_building_instead(tmp_path, model):

@@ -1,4 +1,4 @@
-"""Packed weights kept on disk (store/packed_cache.py): a second load maps what the first
+"""Packed weights kept on disk (cache/packed_cache.py): a second load maps what the first
 packed, with the same logits; a copy of the file under another name, or the kernel
 installed again, maps it too, while a file whose weights differ gets its own, however
 small the difference and wherever it lies, the same file edited in place among them; the
@@ -24,7 +24,7 @@ import pytest
 import llm_smolq
 from llm_smolq.engine import packing
 from llm_smolq.model.model_file import open_model
-from llm_smolq.store import packed_cache
+from llm_smolq.cache import packed_cache
 from llm_smolq.store import catalog
 from llm_smolq.store.catalog import format_size
 
@@ -199,7 +199,7 @@ def test_a_file_that_differs_in_its_weights_gets_its_own_entry(cache, model, pac
 def test_a_matrix_changed_deep_inside_a_large_file_gets_its_own_entry(cache, smollm2_gguf, tmp_path, packs):
     """A fine-tune merged into one matrix in the middle of the file, far from the first and
     last MiB and with the same header: the runs sampled along every packed matrix see it."""
-    from llm_smolq.store.kernel_identity import weights_edges
+    from llm_smolq.cache.kernel_identity import weights_edges
 
     data = bytearray(smollm2_gguf.read_bytes())
     tensors = open_model(smollm2_gguf).tensors
@@ -225,7 +225,7 @@ def test_a_file_edited_in_place_gets_a_new_entry_with_the_edited_weights(cache, 
     (the same path, inode, size and header), the mtime moved on as a write moves it: far
     from the first and last MiB, and between the runs a sample along the matrix would
     read. The next load packs the edited weights, and computes what they give."""
-    from llm_smolq.store.kernel_identity import EDGE_BYTES, weights_edges, weights_start
+    from llm_smolq.cache.kernel_identity import EDGE_BYTES, weights_edges, weights_start
 
     path = tmp_path / "SmolLM2.gguf"
     shutil.copyfile(smollm2_gguf, path)
@@ -289,8 +289,8 @@ def test_a_second_load_of_the_same_file_does_not_hash_it_again(cache, model, pac
 def test_the_digest_is_of_every_byte_of_the_weights_on_any_number_of_threads(model, tmp_path, monkeypatch):
     import hashlib
 
-    from llm_smolq.store import kernel_identity
-    from llm_smolq.store.kernel_identity import weights_digest, weights_start
+    from llm_smolq.cache import kernel_identity
+    from llm_smolq.cache.kernel_identity import weights_digest, weights_start
 
     monkeypatch.setattr(kernel_identity, "PIECE_BYTES", 100_000)  # pieces of the tiny model: 16 of them
     one = open_model(model)
@@ -429,7 +429,7 @@ spec = importlib.util.spec_from_file_location("llm_smolq._kernel", sys.argv[1])
 kernel = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(kernel)
 sys.modules["llm_smolq._kernel"] = llm_smolq._kernel = kernel
-from llm_smolq.store.kernel_identity import kernel_fingerprint
+from llm_smolq.cache.kernel_identity import kernel_fingerprint
 eng = llm_smolq.load(sys.argv[2], n_ctx=32, threads=1)
 eng.reset()
 print(json.dumps({"kernel": kernel_fingerprint()["sha256"], "file": llm_smolq._kernel.__file__,
@@ -442,7 +442,7 @@ def test_the_kernel_installed_again_maps_the_same_entry(cache, model, tmp_path):
     """The same kernel built and installed elsewhere: other bytes in the module file (paths,
     build ids), so another sha256, the same packing. Its process maps the entry kept."""
     from llm_smolq._kernel import __file__ as kernel_file
-    from llm_smolq.store.kernel_identity import kernel_fingerprint
+    from llm_smolq.cache.kernel_identity import kernel_fingerprint
 
     eng = llm_smolq.load(model, n_ctx=32, threads=1)
     eng.reset()

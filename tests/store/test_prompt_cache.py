@@ -15,7 +15,8 @@ import pytest
 
 import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
-from llm_smolq.store import paths, prompt_cache
+from llm_smolq import paths
+from llm_smolq.store import prompt_cache
 from llm_smolq.engine.kv_types import KV_TYPES
 from llm_smolq.store.kv_blocks import FORMAT_VERSION, KVLayout, block_bytes, read_block, read_head
 from llm_smolq.store.prompt_cache import PromptCache, parse_size

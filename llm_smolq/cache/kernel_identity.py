@@ -6,7 +6,7 @@ never read by another. The weights are named by their content, read from the eng
 mapping of the file, never by the file's path, inode or mtime: a copy of a file is the
 same weights. The prompt cache takes the first and last MiB of them (weights_edges) and
 adds the file's size and mtime; the packed weights take a digest of every byte of them
-(weights_digest), which store/packed_cache.py remembers per state of the file, as it takes
+(weights_digest), which cache/packed_cache.py remembers per state of the file, as it takes
 a second or two on the largest models.
 """
 
@@ -14,16 +14,39 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 if TYPE_CHECKING:
-    from llm_smolq.model.model_file import ModelFile
+    import numpy as np
 
 EDGE_BYTES = 1 << 20  # of the model's weights hashed at each end
 PIECE_BYTES = 16 << 20  # weights_digest hashes the weights in pieces this long, several at once
 
 _fingerprint: dict | None = None
+
+
+class PlacedTensor(Protocol):
+    @property
+    def offset(self) -> int: ...  # absolute byte offset in the file
+
+
+class MappedModel(Protocol):
+    """What the caches read of an opened model file (model/model_file.py's ModelFile, which
+    this layer, below the model, does not import): where it is, the state of the file as
+    it was mapped, its header's digest, the mapping itself, and where its tensors begin."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def stat(self) -> os.stat_result | None: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def data(self) -> np.memmap: ...
+    @property
+    def tensors(self) -> Mapping[str, PlacedTensor]: ...
 
 
 def kernel_fingerprint() -> dict:
@@ -39,13 +62,13 @@ def kernel_fingerprint() -> dict:
     return _fingerprint
 
 
-def weights_start(model: ModelFile) -> int:
+def weights_start(model: MappedModel) -> int:
     """Where the model's weights begin in its file: the first tensor's offset (the header,
     metadata and tensor table lie before it)."""
     return min((t.offset for t in model.tensors.values()), default=len(model.data))
 
 
-def weights_edges(model: ModelFile) -> str:
+def weights_edges(model: MappedModel) -> str:
     """A SHA-256 of the first and last MiB of the model's weights (where a file that is
     another model's differs: the embedding, the last layers), read from the engine's own
     mapping, so it describes the weights the engine runs."""
@@ -57,7 +80,7 @@ def weights_edges(model: ModelFile) -> str:
     return h.hexdigest()
 
 
-def weights_digest(model: ModelFile, threads: int = 1) -> str:
+def weights_digest(model: MappedModel, threads: int = 1) -> str:
     """A SHA-256 of every byte of the model's weights, from weights_start to the end of the
     file, read from the engine's own mapping: each PIECE_BYTES piece is hashed on its own,
     `threads` at a time (hashlib lets go of the GIL), then the length and the pieces'
@@ -83,7 +106,7 @@ def weights_digest(model: ModelFile, threads: int = 1) -> str:
     return h.hexdigest()
 
 
-def _let_go(model: ModelFile, start: int, end: int) -> None:
+def _let_go(model: MappedModel, start: int, end: int) -> None:
     """Drop the process's hold on the file's pages wholly inside [start, end) (they stay in
     the page cache, and come back if read)."""
     page = mmap.PAGESIZE

@@ -6,7 +6,7 @@
   budget, 0 turns it off);
 - header cache (parsed GGUF headers, tokenizer files): $SMOLQ_CACHE_DIR, else
   $XDG_CACHE_HOME/llm-smolq, else ~/.cache/llm-smolq; SMOLQ_CACHE_DIR=off turns it off;
-- packed weights: ``packed/`` of the header cache's directory (store/packed_cache.py), with
+- packed weights: ``packed/`` of the header cache's directory (cache/packed_cache.py), with
   ``weights.index``, the digest of the weights of the model file states last loaded;
 - llm's own aliases file, read to tell a user alias from ours: ``llm.user_dir() / "aliases.json"``.
 """

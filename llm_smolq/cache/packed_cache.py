@@ -53,16 +53,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from llm_smolq.store.atomic_file import TEMP_PREFIX, replaced_atomically
-from llm_smolq.store.kernel_identity import weights_digest
-from llm_smolq.store.paths import header_cache_dir
-
-if TYPE_CHECKING:
-    from llm_smolq.model.model_file import ModelFile
+from llm_smolq.cache.atomic_file import TEMP_PREFIX, replaced_atomically
+from llm_smolq.cache.kernel_identity import MappedModel, weights_digest
+from llm_smolq.paths import header_cache_dir
 
 MAGIC = b"SMOLQPK1"  # bump the digit when the trailer's layout changes
 TRAILER = struct.Struct("<8s16sQQ")  # magic, key, data bytes, sum of the data's uint64 words
@@ -139,7 +136,7 @@ class Weights(NamedTuple):
     settled: bool
 
 
-def weights(model: ModelFile, threads: int = 1) -> Weights:
+def weights(model: MappedModel, threads: int = 1) -> Weights:
     """The digest of the model's weights: remembered in the index when this state of the
     file (its resolved path, size, mtime, ctime, inode and device, and its header's
     digest) was hashed before, else hashed, `threads` at a time, and remembered if the
@@ -174,7 +171,7 @@ def weights(model: ModelFile, threads: int = 1) -> Weights:
     return Weights(digest, settled)
 
 
-def unchanged(model: ModelFile) -> bool:
+def unchanged(model: MappedModel) -> bool:
     """Whether the file at the model's path is still the one mapped, in the state it was
     mapped in."""
     try:

@@ -10,6 +10,10 @@ memory than building from Python objects), named by that digest. Every entry car
 checksum. Anything else (a changed file, a damaged or foreign entry, an unwritable
 directory) means parsing or building again, never an error.
 
+What an entry holds is its reader's: model/gguf_file.py keeps its parsed header here
+(read_header_cached) and checks it against the file, model/tokenizer.py its vocabulary
+and merges (cached_file); this module only keeps, checks and evicts the entries.
+
 Location: $SMOLQ_CACHE_DIR, else $XDG_CACHE_HOME/llm-smolq, else ~/.cache/llm-smolq.
 SMOLQ_CACHE_DIR=off turns the cache off.
 """
@@ -22,33 +26,27 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from llm_smolq.store.atomic_file import replaced_atomically
-from llm_smolq.store.paths import header_cache_dir
-from llm_smolq.model.gguf_file import GGUFHeader, RawTensor, header_digest, read_header
+from llm_smolq.cache.atomic_file import replaced_atomically
+from llm_smolq.paths import header_cache_dir
 
 MAGIC = b"SMOLQIX1"  # bump the digit when the stored layout changes
 _CHECK = 16  # bytes of blake2b over the payload, after the magic
 MAX_ENTRIES = 64  # beyond this the least recently used entries go
 
 
-def read_header_cached(path: str) -> GGUFHeader:
-    """read_header(path), from the cache when the file's header is unchanged."""
+def entry_for(path: str) -> Path | None:
+    """Where the entry for the file at path, as it is now, is kept: named by its real path,
+    size, mtime, inode and device. None when the cache is off or the file cannot be stat'ed."""
     root = header_cache_dir()
-    entry = _header_entry(root, path) if root else None
-    if entry is not None:
-        cached = _load(entry)
-        if cached is not None:
-            header = _header_from(cached)
-            if (
-                header is not None
-                and header.file_size == os.path.getsize(path)
-                and header_digest(path, header.header_bytes) == header.digest
-            ):
-                return header
-    header = read_header(path)
-    if entry is not None:
-        _store(entry, _header_to(header))
-    return header
+    if root is None:
+        return None
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    key = f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}".encode("utf-8", "surrogateescape")
+    return root / f"{hashlib.blake2b(key, digest_size=16).hexdigest()}.header"
 
 
 def cached_file(digest: str, name: str, produce: Callable[[], bytes]) -> Path | None:
@@ -76,32 +74,7 @@ def cached_file(digest: str, name: str, produce: Callable[[], bytes]) -> Path | 
     return path
 
 
-def _header_entry(root: Path, path: str) -> Path | None:
-    try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-    except OSError:
-        return None
-    key = f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}".encode("utf-8", "surrogateescape")
-    return root / f"{hashlib.blake2b(key, digest_size=16).hexdigest()}.header"
-
-
-def _header_to(h: GGUFHeader) -> tuple:
-    tensors = [(t.name, t.type_id, t.shape, t.offset) for t in h.tensors]
-    return (h.version, h.metadata, tensors, h.alignment, h.data_offset, h.file_size, h.little_endian,
-            h.header_bytes, h.digest)
-
-
-def _header_from(value) -> GGUFHeader | None:
-    try:
-        version, metadata, tensors, alignment, data_offset, file_size, little, n_bytes, digest = value
-        return GGUFHeader(version, metadata, [RawTensor(*t) for t in tensors], alignment, data_offset,
-                          file_size, little, n_bytes, digest)
-    except (TypeError, ValueError):
-        return None
-
-
-def _load(entry: Path):
+def load(entry: Path):
     """The value stored at entry, or None if it is missing or does not check out."""
     try:
         blob = entry.read_bytes()
@@ -122,7 +95,7 @@ def _load(entry: Path):
     return value
 
 
-def _store(entry: Path, value) -> None:
+def store(entry: Path, value) -> None:
     """Write atomically (a reader sees the old entry or the new one); a cache that cannot
     be written is no cache, not an error."""
     payload = marshal.dumps(value)
