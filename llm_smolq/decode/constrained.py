@@ -165,7 +165,12 @@ def _tag(text: str, tokenizer: GGUFTokenizer) -> str:
 class Constraint:
     """One answer's grammar state. Not reusable: make one per generation."""
 
-    def __init__(self, tokenizer: GGUFTokenizer, grammar: str):
+    def __init__(self, tokenizer: GGUFTokenizer, grammar: str, schema: Mapping[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        # The JSON schema the grammar was made from (objects closed), when it was one.
+        self.schema = schema
+        # Every token consumed so far, in order.
+        self.tokens: list[int] = []
         llg_tok = llg_tokenizer(tokenizer)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, llg_tok)
         if failed:
@@ -180,7 +185,18 @@ class Constraint:
 
     @classmethod
     def for_json_schema(cls, tokenizer: GGUFTokenizer, schema: Mapping[str, Any]) -> "Constraint":
-        return cls(tokenizer, json_schema_grammar(schema))
+        grammar = json_schema_grammar(schema)
+        return cls(tokenizer, grammar, schema=close_objects(schema))
+
+    def fork(self) -> "Constraint":
+        """An independent copy in the same state: what is consumed by one does not
+        reach the other."""
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.tokens = list(self.tokens)
+        twin._matcher = self._matcher.deep_copy()
+        twin._bits = np.zeros_like(self._bits)
+        return twin
 
     def allowed(self) -> np.ndarray:
         """Boolean [vocab]: the tokens that may come next."""
@@ -200,6 +216,7 @@ class Constraint:
     def consume(self, token: int) -> None:
         if not self._matcher.consume_token(int(token)):
             raise ConstraintError(f"token {token} is not allowed here: {self._matcher.get_error()}")
+        self.tokens.append(int(token))
 
     def consume_all(self, tokens: Iterable[int]) -> None:
         for token in tokens:
