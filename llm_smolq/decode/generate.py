@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from llm_smolq.decode.lookup import DraftPolicy, NgramDrafter
+from llm_smolq.decode.lookup import Draft, DraftPolicy, NgramDrafter
 from llm_smolq.decode.sampling import Sampler, SamplingParams
 from llm_smolq.defaults import REPEAT_WINDOW
 from llm_smolq.model.tokenizer import end_of_turn_ids
@@ -155,80 +155,171 @@ def generate(
 
     `lookup` > 0: lookup decoding (decode/lookup.py), drafts of up to that many tokens
     checked in one batch; the output is the same as without it."""
-    done = completion if completion is not None else Completion()
-    done.prompt_tokens = len(prompt_ids)
-    sampler, enders, stream = Sampler(params), end_of_turn_ids(engine.tokenizer), TextStream(stops)
-    started = time.perf_counter()
-    logits, done.cached_tokens = prefill(engine, prompt_ids, progress)
-    done.prefill_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    recent = list(prompt_ids[-REPEAT_WINDOW:])
-    drafter, policy = (NgramDrafter(prompt_ids), DraftPolicy(lookup)) if lookup > 0 else (None, None)
-    check: list = []  # the draft being checked: [tokens drafted, kept so far, seconds its batch took, n-gram length]
-    # Drafted tokens in the KV cache past the answer, each with the logits after it, and the
-    # positions plain decoding's cache would hold: every exit trims the cache back to those.
-    ahead: list[tuple[int, np.ndarray]] = []
-    kept = engine.n_past
+    run = Generation.start(engine, prompt_ids, params, completion, progress,
+                           max_tokens=max_tokens, stops=stops, constraint=constraint, guard=guard, lookup=lookup)
     try:
         while True:
-            if constraint is not None:
-                logits = constraint.mask(logits)
-            token = sampler(logits, recent)
-            if token in enders:
-                done.finish_reason = "stop"
+            token = run.sample()
+            if token in run.enders:  # the model ends its turn
+                run.done.finish_reason = "stop"
                 break
-            if constraint is not None:
-                constraint.consume(token)
-            done.output_ids.append(token)
-            recent.append(token)
-            text = stream.push(engine.tokenizer.token_to_bytes(token))
+            run.constrain(token)
+            text = run.record(token)
             if text:
                 yield text
-            if stream.stopped or (constraint is not None and constraint.finished):
-                done.finish_reason = "stop"
+            reason = run.stop_reason(token)
+            if reason is not None:
+                run.done.finish_reason = reason
                 break
-            if guard is not None and (repeated := guard.push(token)):
-                done.finish_reason, done.repeated_tokens = "repetition", repeated
-                break
-            if len(done.output_ids) >= max_tokens:
-                done.finish_reason = "length"
-                break
-            if kept >= engine.n_ctx:
-                done.finish_reason = "context"
-                break
-            if drafter is not None:
-                drafter.append(token)
-            if ahead:  # the draft holds while the samples agree with it
-                if token == ahead[0][0]:
-                    done.accepted_tokens += 1
-                    check[1] += 1
-                    logits, kept = ahead.pop(0)[1], kept + 1
-                    if not ahead:
-                        policy.checked(*check)
-                    continue
-                ahead.clear()
-                engine.truncate(kept)
-                policy.checked(*check)
-            room = min(max_tokens - len(done.output_ids) - 1, engine.n_ctx - kept - 1)
-            order = drafter.order() if drafter is not None else 0  # 0: nothing to draft from
-            draft = drafter.draft(policy.length(room, order)) if order else []
-            step = time.perf_counter()
-            if not draft:
-                logits, kept = engine.eval([token]), kept + 1
-                if drafter is not None:
-                    policy.stepped(time.perf_counter() - step)
-                continue
-            rows = engine.eval([token, *draft], all_logits=True, step_order=True)
-            done.drafted_tokens += len(draft)
-            check = [len(draft), 0, time.perf_counter() - step, order]
-            logits, ahead, kept = rows[0], list(zip(draft, rows[1:])), kept + 1
-        tail = stream.flush()
+            run.step(token)
+        tail = run.stream.flush()
         if tail:
             yield tail
     finally:
-        if engine.n_past > kept:
-            engine.truncate(kept)
-        done.decode_seconds = time.perf_counter() - started
+        run.close()
+
+
+@dataclass
+class Generation:
+    """One answer as it is produced: everything the loop in `generate` reads and changes.
+
+    `kept` counts the KV cache positions that plain decoding would hold: the prompt and
+    the answer but its newest token (which `step` evaluates). While a lookup draft is
+    checked the cache holds the draft's unchecked rest past them; every way out of the
+    loop trims it back (`close`)."""
+
+    engine: Engine
+    done: Completion  # the output so far, why it ended, the counts callers read
+    sampler: Sampler
+    stream: TextStream  # the text so far, held back while it may begin a stop string
+    enders: set[int]  # end-of-turn tokens
+    max_tokens: int
+    constraint: Constraint | None
+    guard: RepetitionGuard | None
+    drafter: NgramDrafter | None  # lookup decoding: where drafts come from,
+    policy: DraftPolicy | None  # and how long they are worth making
+    logits: np.ndarray  # the next token's
+    kept: int
+    recent: list[int]  # what the repeat penalty looks back on: the prompt's end, then the answer
+    draft: Draft | None = None  # a lookup draft being checked
+    started: float = 0.0  # when decoding began (perf_counter)
+
+    @classmethod
+    def start(cls, engine: Engine, prompt_ids: Sequence[int], params: SamplingParams, completion: Completion | None,
+              progress: Callable[[int, int], None] | None, *, max_tokens: int, stops: Sequence[str],
+              constraint: Constraint | None, guard: RepetitionGuard | None, lookup: int) -> Generation:
+        """The prompt evaluated (the cache's common prefix reused) and the answer's state set."""
+        done = completion if completion is not None else Completion()
+        done.prompt_tokens = len(prompt_ids)
+        sampler, enders, stream = Sampler(params), end_of_turn_ids(engine.tokenizer), TextStream(stops)
+        started = time.perf_counter()
+        logits, done.cached_tokens = prefill(engine, prompt_ids, progress)
+        done.prefill_seconds = time.perf_counter() - started
+        drafter, policy = (NgramDrafter(prompt_ids), DraftPolicy(lookup)) if lookup > 0 else (None, None)
+        return cls(engine=engine, done=done, sampler=sampler, stream=stream, enders=enders, max_tokens=max_tokens,
+                   constraint=constraint, guard=guard, drafter=drafter, policy=policy, logits=logits,
+                   kept=engine.n_past, recent=list(prompt_ids[-REPEAT_WINDOW:]), started=time.perf_counter())
+
+    @property
+    def budget(self) -> int:
+        """Tokens the answer may still take under max_tokens. (A step that must end the
+        answer in time, such as closing a constrained value before max_tokens cuts it,
+        compares this with what the closing needs, before `sample`.)"""
+        return self.max_tokens - len(self.done.output_ids)
+
+    # -- one token: drawn, taken by the grammar, added to the answer --------------------------
+
+    def sample(self) -> int:
+        """The next token, drawn from the logits under the constraint's mask."""
+        logits = self.logits if self.constraint is None else self.constraint.mask(self.logits)
+        return self.sampler(logits, self.recent)
+
+    def constrain(self, token: int) -> None:
+        """The grammar moves past `token` (one its mask allowed)."""
+        if self.constraint is not None:
+            self.constraint.consume(token)
+
+    def record(self, token: int) -> str:
+        """`token` joins the answer; returns the text that can be released now."""
+        self.done.output_ids.append(token)
+        self.recent.append(token)
+        return self.stream.push(self.engine.tokenizer.token_to_bytes(token))
+
+    # -- the stop rules --------------------------------------------------------------------------
+
+    def stop_reason(self, token: int) -> str | None:
+        """Why the answer ends with `token` just recorded, or None to go on: a stop string
+        or a complete grammar ("stop"), a loop of repeated text ("repetition", with a
+        guard), no budget left ("length"), no room in the context for `token` ("context").
+        An end-of-turn token ends the answer before it is recorded (the loop checks it)."""
+        if self.stream.stopped or (self.constraint is not None and self.constraint.finished):
+            return "stop"
+        if self.repeating(token):
+            return "repetition"
+        if self.budget <= 0:
+            return "length"
+        if self.kept >= self.engine.n_ctx:
+            return "context"
+        return None
+
+    def repeating(self, token: int) -> bool:
+        """The repetition guard, given the answer's newest token: True once the answer is a
+        loop, its length in done.repeated_tokens."""
+        repeated = self.guard.push(token) if self.guard is not None else 0
+        if repeated:
+            self.done.repeated_tokens = repeated
+        return repeated > 0
+
+    # -- into the KV cache: a kept draft token, one step, or a batch with a new draft ----------
+
+    def step(self, token: int) -> None:
+        """Put `token` in the KV cache and take the logits after it: from the draft being
+        checked when `token` is what it drafted next, else by evaluating it (with a new
+        draft after it when lookup finds one worth making)."""
+        if self.drafter is not None:
+            self.drafter.append(token)
+        if self.draft is not None and self.check_draft(token):
+            return
+        self.evaluate(token)
+
+    def check_draft(self, token: int) -> bool:
+        """Compare `token` with the draft's next token. The same: it is kept (already in the
+        cache, its row the next logits). Different: the draft's rest leaves the cache. The
+        policy learns how the draft did once it is decided either way."""
+        draft = self.draft
+        kept = token == draft.expected
+        if kept:
+            self.logits, self.kept = draft.accept(), self.kept + 1
+            self.done.accepted_tokens += 1
+        else:
+            self.engine.truncate(self.kept)
+        if not kept or draft.all_kept:
+            self.policy.judged(draft)
+            self.draft = None
+        return kept
+
+    def evaluate(self, token: int) -> None:
+        """Evaluate `token`: one step, or one batch with a draft of what follows it when the
+        text's ending occurred before and the policy finds a draft worth its check."""
+        room = min(self.budget, self.engine.n_ctx - self.kept) - 1  # for drafted tokens after `token`
+        order = self.drafter.order() if self.drafter is not None else 0  # 0: nothing to draft from
+        tokens = self.drafter.draft(self.policy.length(room, order)) if order else []
+        started = time.perf_counter()
+        if not tokens:
+            self.logits, self.kept = self.engine.eval([token]), self.kept + 1
+            if self.policy is not None:
+                self.policy.stepped(time.perf_counter() - started)
+            return
+        rows = self.engine.eval([token, *tokens], all_logits=True, step_order=True)
+        self.done.drafted_tokens += len(tokens)
+        self.draft = Draft(tokens, rows[1:], order, time.perf_counter() - started)
+        self.logits, self.kept = rows[0], self.kept + 1
+
+    def close(self) -> None:
+        """The cache trimmed back to `kept` (a draft's unchecked rest), the decode time recorded."""
+        if self.engine.n_past > self.kept:
+            self.engine.truncate(self.kept)
+        self.done.decode_seconds = time.perf_counter() - self.started
 
 
 def partial_suffix(text: str, marker: str) -> int:

@@ -18,7 +18,10 @@ greedy or seeded.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
+
+import numpy as np
 
 
 class NgramDrafter:
@@ -90,6 +93,35 @@ class NgramDrafter:
         return draft
 
 
+@dataclass
+class Draft:
+    """A draft in the KV cache past the answer, being checked: the tokens drafted, each
+    with the logits after it (the rows of the batch that evaluated it), kept one by one
+    while the sampled tokens equal them."""
+
+    tokens: list[int]
+    rows: Sequence[np.ndarray]  # rows[i]: the logits after tokens[i]
+    order: int  # the length of the n-gram match it came from
+    seconds: float  # what the batch that checked it took
+    accepted: int = 0  # kept so far: the answer's tokens equal its first `accepted`
+
+    @property
+    def expected(self) -> int:
+        """The drafted token the next sampled one is compared with."""
+        return self.tokens[self.accepted]
+
+    @property
+    def all_kept(self) -> bool:
+        """Every drafted token was kept."""
+        return self.accepted == len(self.tokens)
+
+    def accept(self) -> np.ndarray:
+        """The next drafted token is kept: the logits after it."""
+        row = self.rows[self.accepted]
+        self.accepted += 1
+        return row
+
+
 class DraftPolicy:
     """How long a draft is worth making. A drafted token costs `cost` of a one-token step
     to check (measured as the answer runs: checking is compute, and the batch reads the
@@ -137,3 +169,7 @@ class DraftPolicy:
         if self.step_seconds:
             each = max(seconds - self.step_seconds, 0.0) / drafted / self.step_seconds
             self.cost += 0.25 * (min(each, 2.0) - self.cost)
+
+    def judged(self, draft: Draft) -> None:
+        """A draft's check is over: all of it kept, or up to its first miss."""
+        self.checked(len(draft.tokens), draft.accepted, draft.seconds, draft.order)

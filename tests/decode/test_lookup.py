@@ -10,7 +10,7 @@ from scipy.stats import chi2_contingency
 import llm_smolq
 from llm_smolq.decode.constrained import Constraint
 from llm_smolq.decode.generate import Completion, generate
-from llm_smolq.decode.lookup import DraftPolicy, NgramDrafter
+from llm_smolq.decode.lookup import Draft, DraftPolicy, NgramDrafter
 from llm_smolq.decode.sampling import SamplingParams
 from helpers.llm_cli import last_logs, run
 
@@ -77,6 +77,21 @@ def test_the_policy_keeps_a_rate_for_each_length_of_match():
     assert policy.length(100, 4) == 8
     assert policy.length(100, 2) == 0
     assert policy.length(100, 3) == 2  # no drafts of its own yet: the starting rate, 0.36 > 0.25
+
+
+def test_a_draft_is_kept_token_by_token_and_judged_as_far_as_it_was_kept():
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    draft = Draft([7, 8, 9], rows, order=4, seconds=0.03)
+    assert draft.expected == 7 and not draft.all_kept
+    assert np.array_equal(draft.accept(), rows[0]) and draft.expected == 8
+    assert np.array_equal(draft.accept(), rows[1]) and draft.accepted == 2 and not draft.all_kept
+    judged, checked = DraftPolicy(8), DraftPolicy(8)
+    for policy in (judged, checked):
+        policy.stepped(0.010)
+    judged.judged(draft)  # missed at its third token
+    checked.checked(3, 2, 0.03, order=4)
+    assert judged.rates == checked.rates and judged.cost == checked.cost
+    assert np.array_equal(draft.accept(), rows[2]) and draft.all_kept
 
 
 def test_the_drafter_says_how_long_its_match_is():
