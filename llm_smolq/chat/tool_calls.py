@@ -185,6 +185,7 @@ class ToolCallParser:
         self._scan = _JsonScan()
         self.calls: list[ParsedCall] = []
         self.errors: list[str] = []
+        self.cut = False  # the answer ended inside a call's block: that call was not made
 
     def push(self, text: str) -> list[Piece]:
         self._buf += text
@@ -241,6 +242,7 @@ class ToolCallParser:
             return False
         if end is None:  # the answer ended inside the block
             body, rest = self._buf, ""
+            self.cut = True
             json_text = scan.json_text(body) if scan.state == "tail" else None
             problem = "the answer ended before </tool_call>"
         else:

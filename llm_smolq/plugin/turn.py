@@ -90,14 +90,16 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
                 disk.save(engine, disk_activity)
     finally:
         record(response, done, path, disk_activity if disk else None, calls)
-    tell_how_it_ended(command, done, engine, opts, disk_activity if disk else None)
+    tell_how_it_ended(command, done, engine, opts, disk_activity if disk else None, calls)
 
 
-def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, disk: CacheActivity | None) -> None:
-    """One line on stderr for an answer that did not end by itself, the first time the
-    prompt cache writes (where it is, how big it may grow, how to turn it off), and when
-    the model's packed weights were kept on disk (where, how big, how many copies stay and
-    how big they may grow, how to delete them)."""
+def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, disk: CacheActivity | None,
+                      calls: ToolCallParser | None = None) -> None:
+    """One line on stderr for an answer that did not end by itself (and one more when it
+    ended inside a tool call, which was then not made), the first time the prompt cache
+    writes (where it is, how big it may grow, how to turn it off), and when the model's
+    packed weights were kept on disk (where, how big, how many copies stay and how big they
+    may grow, how to delete them)."""
     if done.finish_reason == "length":
         command.tell(f"the answer reached max_tokens ({len(done.output_ids)}): -o max_tokens N lets it go further")
     elif done.finish_reason == "context":
@@ -108,6 +110,9 @@ def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, 
     elif done.finish_reason == "repetition":
         command.tell(f"the answer was ended after repeating itself for {done.repeated_tokens} tokens "
                      "(-o repeat_guard false lets it run)")
+    if calls is not None and calls.cut:
+        command.tell("the answer ended inside a tool call, so that call was not made: its text stays in the "
+                     "answer and `llm logs --json` shows it under tool_call_errors")
     if disk is not None and disk.first_write:
         command.tell(f"saving prompt states in {disk.directory} so `llm -c` is fast (up to "
                      f"{format_size(disk.budget)} for this model; -o prompt_cache false or SMOLQ_PROMPT_CACHE_SIZE=0 "

@@ -125,7 +125,8 @@ def test_the_end_of_the_answer_inside_a_block():
     # Cut inside the JSON: the text, and why.
     pieces, parser = parse('Hm <tool_call>{"name": "add", "argu', 2)
     assert pieces == [("text", 'Hm <tool_call>{"name": "add", "argu')]
-    assert "ended before </tool_call>" in parser.errors[0]
+    assert "ended before </tool_call>" in parser.errors[0] and parser.cut
+    assert not parse('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')[1].cut
 
 
 # ───── tools in, history back ─────
@@ -281,6 +282,20 @@ def test_the_cli_chain_with_tools_debug(tiny3, script, user_dir):
     assert [entry["response"] for entry in logged] == ["Checking.", f"It is {version}."]
     assert [c["name"] for c in logged[0]["tool_calls"]] == ["llm_version"]
     assert [r["output"] for r in logged[1]["tool_results"]] == [version]
+
+
+def test_a_call_cut_by_max_tokens_is_not_made_and_the_cli_says_so(tiny3, script, user_dir):
+    script += ["Checking.\n" + CALL_VERSION]
+    result = run("-m", "tiny3", "-o", "thinking", "false", "-o", "max_tokens", "24", "-T", "llm_version",
+                 "Which llm version?", "--td")
+    assert result.exit_code == 0, result.output
+    assert "Tool call:" not in result.stderr
+    assert "llm-smolq: the answer reached max_tokens (24)" in result.stderr
+    assert ("llm-smolq: the answer ended inside a tool call, so that call was not made: its text stays in the "
+            "answer and `llm logs --json` shows it under tool_call_errors") in result.stderr
+    (logged,) = json.loads(run("logs", "-n", "1", "--json").output)
+    assert logged["tool_calls"] == [] and logged["response"].startswith("Checking.\n<tool_call>")
+    assert "ended before </tool_call>" in logged["response_json"]["tool_call_errors"][0]
 
 
 def test_with_thinking_on_only_the_answers_call_counts(tiny3, script):
