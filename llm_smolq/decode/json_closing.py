@@ -101,7 +101,36 @@ _INF = float("inf")
 # that can change a string's state (everything else inside a string is plain content).
 # --------------------------------------------------------------------------------------
 
-_LEAF = -1  # trie key under which a node keeps the id of the token ending there
+class _Trie:
+    """Token bytes as a trie kept in flat containers (one dict of ints, two lists): a
+    49k-token vocabulary as nested dicts is some 300k objects for Python's garbage
+    collector to walk through, a pause of ~0.1 s at every full collection."""
+
+    def __init__(self):
+        self.edges: dict[int, int] = {}  # node * 256 + byte -> child node
+        self.token: list[int] = [-1]  # per node: the token ending there, or -1
+        self.kids: list[bytes] = [b""]  # per node: the bytes of its children
+        self._kids: dict[int, bytearray] = {}
+
+    def add(self, data: bytes, token: int) -> None:
+        node = 0
+        for c in data:
+            key = node * 256 + c
+            child = self.edges.get(key)
+            if child is None:
+                child = self.edges[key] = len(self.token)
+                self.token.append(-1)
+                self.kids.append(b"")
+                self._kids.setdefault(node, bytearray()).append(c)
+            node = child
+        if self.token[node] < 0:
+            self.token[node] = token
+
+    def seal(self) -> None:
+        for node, kids in self._kids.items():
+            self.kids[node] = bytes(kids)
+        self._kids = {}
+
 
 
 def _plain_text(data: bytes) -> str | None:
@@ -120,8 +149,8 @@ class _Vocabulary:
     def __init__(self, tokenizer: Any):
         self.size = tokenizer.vocab_size
         self.token_bytes: list[bytes] = []
-        self.trie: dict = {}
-        self.special_trie: dict = {}  # tokens that are not plain string content
+        self.trie = _Trie()
+        self.special_trie = _Trie()  # tokens that are not plain string content
         plain_counts: set[int] = set()
         self.single_byte: dict[int, int] = {}
         for i in range(self.size):
@@ -129,20 +158,16 @@ class _Vocabulary:
             self.token_bytes.append(data)
             if not data:
                 continue
-            node = self.trie
-            for c in data:
-                node = node.setdefault(c, {})
-            node.setdefault(_LEAF, i)
+            self.trie.add(data, i)
             if len(data) == 1:
                 self.single_byte.setdefault(data[0], i)
             text = _plain_text(data)
             if text is None:
-                node = self.special_trie
-                for c in data:
-                    node = node.setdefault(c, {})
-                node.setdefault(_LEAF, i)
+                self.special_trie.add(data, i)
             else:
                 plain_counts.add(len(text))
+        self.trie.seal()
+        self.special_trie.seal()
         self.plain_char_counts = tuple(sorted(plain_counts))
         # Tokens of nothing but UTF-8 continuation bytes, by length: what finishes a
         # character whose first bytes came at the end of a token.
@@ -173,18 +198,18 @@ class _Vocabulary:
         best = [0.0] * (n + 1)
         pick = [0] * (n + 1)
         nxt = [0] * (n + 1)
-        trie = self.trie
+        edges, token = self.trie.edges, self.trie.token
         for i in range(n - 1, -1, -1):
-            node = trie
+            node = 0
             j = i
             b = _INF
             while j < n:
-                node = node.get(text[j])
+                node = edges.get(node * 256 + text[j])
                 if node is None:
                     break
                 j += 1
-                tok = node.get(_LEAF)
-                if tok is not None and best[j] + 1 < b:
+                tok = token[node]
+                if tok >= 0 and best[j] + 1 < b:
                     b = best[j] + 1
                     pick[i] = tok
                     nxt[i] = j
@@ -612,6 +637,13 @@ class _StringSpec:
             raise _Unsupported("a pattern no string of the allowed length matches")
         self._dist = dist
         self.worst_chars = max(d for d, _, _ in dist.values())
+
+    def unbounded(self) -> "_StringSpec":
+        """The same without its maxLength (no pattern)."""
+        spec = getattr(self, "_unbounded", None)
+        if spec is None:
+            spec = self._unbounded = _StringSpec(self.min_len, None, None)
+        return spec
 
     def viable(self, state: tuple) -> bool:
         if self.regex is None:
@@ -1215,9 +1247,10 @@ class _Plan:
         self.options: dict[_Node, list[bytes]] = {}
         self._sid: dict[frozenset, int] = {}
         self._states: list[frozenset] = []
-        self._next: dict[tuple[int, int], int] = {}
+        self._next: dict[int, int] = {}  # state * 256 + byte -> state
         self._closing: dict[int, tuple[float, bytes] | None] = {}
         self._reserve: dict[int, float] = {}
+        self._reserve_cfgs: dict[tuple, float] = {}
         self._rest: dict[tuple, bytes | None] = {}
         self._fillers: dict[int, str] = {}
         self._minimal_values()
@@ -1464,7 +1497,7 @@ class _Plan:
         return sid
 
     def step(self, sid: int, byte: int) -> int:
-        key = (sid, byte)
+        key = sid * 256 + byte
         hit = self._next.get(key)
         if hit is None:
             out: set = set()
@@ -1829,11 +1862,27 @@ class _Plan:
         now = self.closing(sid)
         worst = now[0] if now is not None else _INF
         for cfg in self._states[sid]:
-            worst = max(worst, self._reserve_cfg(cfg))
+            cfg = self._loosen(cfg)
+            bound = self._reserve_cfgs.get(cfg)
+            if bound is None:
+                bound = self._reserve_cfgs[cfg] = self._reserve_cfg(cfg)
+            worst = max(worst, bound)
             if worst == _INF:
                 break
         self._reserve[sid] = worst
         return worst
+
+    @staticmethod
+    def _loosen(cfg: tuple) -> tuple:
+        """For the reserve, a string with a maxLength is taken at the start of its
+        content, with no maximum: every token allowed later is allowed there, and after
+        it the closing is the same (a string's closing does not depend on how long it
+        is, past minLength). So the bound holds, and is worked out once per string."""
+        top = cfg[-1]
+        if top[0] != "S" or top[1].regex is not None or top[1].max_len is None:
+            return cfg
+        spec, st = top[1], top[2]
+        return cfg[:-1] + (("S", spec.unbounded(), (None, min(st[1], spec.min_len))) + top[3:],)
 
     def _reserve_cfg(self, cfg: tuple) -> float:
         single = self._intern(frozenset({cfg}))
@@ -1889,26 +1938,26 @@ class _Plan:
             return _INF
         return self.vocab.cost(b'": ' + value + rest + suffix)
 
-    def _walk(self, sid: int, trie: dict) -> float:
+    def _walk(self, sid: int, trie: _Trie) -> float:
         """The largest closing after a token of `trie` the automaton accepts from sid."""
         worst = 0.0
-        stack = [(trie, sid)]
+        stack = [(0, sid)]
         dead = self.dead
+        edges, token, kids = trie.edges, trie.token, trie.kids
         while stack:
             node, s = stack.pop()
-            for b, child in node.items():
-                if b == _LEAF:
-                    continue
+            for b in kids[node]:
                 nxt = self.step(s, b)
                 if nxt == dead:
                     continue
-                if _LEAF in child:
+                child = edges[node * 256 + b]
+                if token[child] >= 0:
                     after = self.closing(nxt)
                     if after is None:
                         return _INF
                     if after[0] > worst:
                         worst = after[0]
-                if len(child) > (1 if _LEAF in child else 0):
+                if kids[child]:
                     stack.append((child, nxt))
         return worst
 
@@ -2019,6 +2068,9 @@ class JsonCloser:
         self._read = 0
         self._sid = self._plan.start
         self._checked: tuple[int, int, list[int]] | None = None  # (state, tokens read, closing)
+        # How many closings came from the search (the automaton's proposal refused or
+        # missing): 0 wherever this module models the schema as llguidance does.
+        self.searched = 0
 
     # -- following -------------------------------------------------------------------------
 
@@ -2068,6 +2120,7 @@ class JsonCloser:
                 closing = proposal
             else:
                 closing = _search(self._constraint, self._vocab, proposal or [])
+                self.searched += 1
         self._checked = (self._sid, self._read, closing)
         return list(closing)
 
@@ -2092,7 +2145,7 @@ class JsonCloser:
         max_tokens - len(output) > reserve(); then append tokens()."""
         now = self.length()
         if self.lost:
-            return now  # no bound beyond the closing found now
+            return now + _LOST_MARGIN  # a margin, not a bound
         plan = self._plan
         with plan.lock:
             bound = plan.reserve(self._sid)
@@ -2110,28 +2163,30 @@ class JsonCloser:
 
 
 _FALLBACK_RESERVE = 64
+_LOST_MARGIN = 8
 
 
-def _search(constraint: Constraint, vocab: _Vocabulary, hint: list[int], budget: int = 3000,
+def _search(constraint: Constraint, vocab: _Vocabulary, hint: list[int], budget: int = 600,
             max_depth: int = 256) -> list[int]:
     """A closing found by the grammar alone: breadth-first over tokens of one byte, the
-    JSON punctuation tokens and `hint`, merging states the matcher's next-token masks
-    cannot tell apart. For what the automaton above does not model."""
+    JSON punctuation tokens and `hint`, merging states that took as many bytes and that
+    the matcher's next-token masks cannot tell apart. For what the automaton above does
+    not model."""
     root = constraint.fork()._matcher
     if root.is_stopped() or root.is_accepting():
         return []
     pool = np.array(sorted(set(vocab.single_byte.values()) | set(vocab.structural) | set(hint)), dtype=np.int64)
     ends = constraint.end_ids
-    frontier = [(root, [])]
-    seen: set[bytes] = set()
+    frontier = [(root, [], 0)]
+    seen: set[tuple[bytes, int]] = set()
     expanded = 0
     for _ in range(max_depth):
         nxt = []
-        for matcher, toks in frontier:
+        for matcher, toks, size in frontier:
             mask = matcher.compute_bitmask()
-            if mask in seen:
+            if (mask, size) in seen:
                 continue
-            seen.add(mask)
+            seen.add((mask, size))
             expanded += 1
             if expanded > budget:
                 break
@@ -2145,10 +2200,10 @@ def _search(constraint: Constraint, vocab: _Vocabulary, hint: list[int], budget:
                     continue
                 if child.is_stopped() or child.is_accepting():
                     return toks + [t]
-                nxt.append((child, toks + [t]))
+                nxt.append((child, toks + [t], size + len(vocab.token_bytes[t])))
         if not nxt or expanded > budget:
             break
-        frontier = nxt
+        frontier = nxt[:4096]
     raise ConstraintError("no way to close this JSON answer was found within the search's limits")
 
 
