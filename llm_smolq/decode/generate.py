@@ -18,6 +18,7 @@ from llm_smolq.model.tokenizer import end_of_turn_ids
 
 if TYPE_CHECKING:
     from llm_smolq.decode.constrained import Constraint
+    from llm_smolq.decode.json_closing import JsonCloser
     from llm_smolq.engine.engine import Engine
 
 
@@ -34,6 +35,7 @@ class Completion:
     repeated_tokens: int = 0  # with finish_reason "repetition": how long the loop ran
     drafted_tokens: int = 0  # lookup decoding: tokens drafted and checked
     accepted_tokens: int = 0  # and of those, the ones the answer kept
+    closed_early: bool = False  # a JSON answer that max_tokens, the context or the guard cut, closed validly
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -149,8 +151,12 @@ def generate(
     `completion` records which, and the counts.
 
     With a `constraint`, only tokens its grammar allows are sampled, and the answer ends
-    ("stop") once the grammar is complete and nothing but end-of-turn may follow. Cut
-    short by max_tokens, a stop string or the context, the text is an incomplete value.
+    ("stop") once the grammar is complete and nothing but end-of-turn may follow. A JSON
+    schema's answer is valid whenever it ends: enough of max_tokens and of the context is
+    kept in hand to close it, and when either would be used up, or the guard finds a loop,
+    the shortest ending the schema allows is written instead of samples
+    (decode/json_closing.py); finish_reason then says why and `closed_early` is set. Stop
+    strings do not apply to it (the grammar says where it ends).
     `progress` follows the prefill of what the cache does not hold (see Engine.eval).
 
     `lookup` > 0: lookup decoding (decode/lookup.py), drafts of up to that many tokens
@@ -159,9 +165,9 @@ def generate(
                            max_tokens=max_tokens, stops=stops, constraint=constraint, guard=guard, lookup=lookup)
     try:
         while True:
-            token = run.sample()
-            if token in run.enders:  # the model ends its turn
-                run.done.finish_reason = "stop"
+            token = run.next_token()
+            if token in run.enders:  # the model ends its turn (or a closed answer ends)
+                run.done.finish_reason = run.closing_for or "stop"
                 break
             run.constrain(token)
             text = run.record(token)
@@ -203,6 +209,9 @@ class Generation:
     recent: list[int]  # what the repeat penalty looks back on: the prompt's end, then the answer
     draft: Draft | None = None  # a lookup draft being checked
     started: float = 0.0  # when decoding began (perf_counter)
+    closer: JsonCloser | None = None  # a JSON schema's answer: how to close it from here
+    closing: list[int] = field(default_factory=list)  # the closing's tokens still to write
+    closing_for: str | None = None  # why the answer is being closed: "length", "context" or "repetition"
 
     @classmethod
     def start(cls, engine: Engine, prompt_ids: Sequence[int], params: SamplingParams, completion: Completion | None,
@@ -211,6 +220,15 @@ class Generation:
         """The prompt evaluated (the cache's common prefix reused) and the answer's state set."""
         done = completion if completion is not None else Completion()
         done.prompt_tokens = len(prompt_ids)
+        closer = None
+        if getattr(constraint, "schema", None) is not None:
+            from llm_smolq.decode.json_closing import JsonCloser
+            from llm_smolq.errors import ConstraintError
+
+            closer, stops = JsonCloser(constraint), ()
+            if max_tokens < closer.length():
+                raise ConstraintError(f"max_tokens={max_tokens} is too few for this schema: its shortest valid "
+                                      f"answer takes {closer.length()} tokens")
         sampler, enders, stream = Sampler(params), end_of_turn_ids(engine.tokenizer), TextStream(stops)
         started = time.perf_counter()
         logits, done.cached_tokens = prefill(engine, prompt_ids, progress)
@@ -218,16 +236,34 @@ class Generation:
         drafter, policy = (NgramDrafter(prompt_ids), DraftPolicy(lookup)) if lookup > 0 else (None, None)
         return cls(engine=engine, done=done, sampler=sampler, stream=stream, enders=enders, max_tokens=max_tokens,
                    constraint=constraint, guard=guard, drafter=drafter, policy=policy, logits=logits,
-                   kept=engine.n_past, recent=list(prompt_ids[-REPEAT_WINDOW:]), started=time.perf_counter())
+                   kept=engine.n_past, recent=list(prompt_ids[-REPEAT_WINDOW:]), started=time.perf_counter(),
+                   closer=closer)
 
     @property
     def budget(self) -> int:
-        """Tokens the answer may still take under max_tokens. (A step that must end the
-        answer in time, such as closing a constrained value before max_tokens cuts it,
-        compares this with what the closing needs, before `sample`.)"""
+        """Tokens the answer may still take under max_tokens."""
         return self.max_tokens - len(self.done.output_ids)
 
-    # -- one token: drawn, taken by the grammar, added to the answer --------------------------
+    # -- one token: drawn (or the closing's next), taken by the grammar, added to the answer --
+
+    def next_token(self) -> int:
+        """The closing's next token while a JSON answer is being closed; else a sample,
+        unless what is left of max_tokens or of the context is no more than the closing
+        may need after one more token: then the closing starts."""
+        if self.closer is not None and not self.closing and self.closing_for is None:
+            room = self.engine.n_ctx - self.kept
+            if min(self.budget, room) <= self.closer.reserve():
+                self.close_json("length" if self.budget <= room else "context")
+        if self.closing:
+            return self.closing.pop(0)
+        if self.closing_for is not None:  # complete as it stands: nothing to write
+            return min(self.enders)
+        return self.sample()
+
+    def close_json(self, reason: str) -> None:
+        """Write the shortest ending the schema allows from here on, for `reason`."""
+        self.closing, self.closing_for = self.closer.tokens(), reason
+        self.done.closed_early = True
 
     def sample(self) -> int:
         """The next token, drawn from the logits under the constraint's mask."""
@@ -252,10 +288,15 @@ class Generation:
         or a complete grammar ("stop"), a loop of repeated text ("repetition", with a
         guard), no budget left ("length"), no room in the context for `token` ("context").
         An end-of-turn token ends the answer before it is recorded (the loop checks it)."""
+        if self.closing_for is not None:  # a JSON answer being closed ends with its closing
+            return None if self.closing else self.closing_for
         if self.stream.stopped or (self.constraint is not None and self.constraint.finished):
             return "stop"
         if self.repeating(token):
-            return "repetition"
+            if self.closer is None:
+                return "repetition"
+            self.close_json("repetition")
+            return None if self.closing else "repetition"
         if self.budget <= 0:
             return "length"
         if self.kept >= self.engine.n_ctx:

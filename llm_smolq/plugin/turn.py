@@ -42,7 +42,8 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
     asked_thinking = getattr(opts, "thinking", None)
     if asked_thinking is not None and not smollm3:
         raise llm.ModelError(no_thinking_mode(model_id))
-    constraint = schema_constraint(engine, schema) if schema is not None else None
+    max_tokens = opts.max_tokens or defaults.MAX_TOKENS
+    constraint = schema_constraint(engine, schema, max_tokens) if schema is not None else None
     # With a schema the answer is the JSON alone: no <think> part before it.
     thinking = (pick(asked_thinking, defaults.THINKING) and schema is None) if smollm3 else None
     ids = conversation_ids(loaded, prompt, model_id, tools, thinking)
@@ -70,7 +71,7 @@ def answer(loaded: Loaded, prompt: llm.Prompt, response, model_id: str, path: Pa
             try:
                 guard = RepetitionGuard() if pick(opts.repeat_guard, defaults.REPEAT_GUARD) else None
                 for chunk in generation.generate(engine, ids, sampling_params(opts, engine.config.arch),
-                                                 opts.max_tokens or defaults.MAX_TOKENS, stop_strings(opts), done,
+                                                 max_tokens, stop_strings(opts), done,
                                                  constraint, progress=PrefillProgress.for_terminal(sys.stderr),
                                                  guard=guard, lookup=pick(opts.lookup, defaults.LOOKUP)):
                     yield from events(splitter.push(chunk) if splitter else [("text", chunk)])
@@ -100,16 +101,19 @@ def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, 
     writes (where it is, how big it may grow, how to turn it off), and when the model's
     packed weights were kept on disk (where, how big, how many copies stay and how big they
     may grow, how to delete them)."""
+    cut = ("its JSON was closed early with the shortest ending the schema allows" if done.closed_early
+           else "the answer was cut there")
     if done.finish_reason == "length":
-        command.tell(f"the answer reached max_tokens ({len(done.output_ids)}): -o max_tokens N lets it go further")
+        closed = f": {cut};" if done.closed_early else ":"
+        command.tell(f"the answer reached max_tokens ({opts.max_tokens or defaults.MAX_TOKENS}){closed} -o max_tokens N lets it go further")
     elif done.finish_reason == "context":
         window = engine.config.window
         more = (f"-o n_ctx {min(engine.n_ctx * 2, window)} to go further" if engine.n_ctx < window
                 else f"the model reads at most {window} tokens")
-        command.tell(f"the context is full ({engine.n_ctx} tokens): the answer was cut there; {more}")
+        command.tell(f"the context is full ({engine.n_ctx} tokens): {cut}; {more}")
     elif done.finish_reason == "repetition":
-        command.tell(f"the answer was ended after repeating itself for {done.repeated_tokens} tokens "
-                     "(-o repeat_guard false lets it run)")
+        command.tell(f"the answer was ended after repeating itself for {done.repeated_tokens} tokens"
+                     f"{', and ' + cut if done.closed_early else ''} (-o repeat_guard false lets it run)")
     if calls is not None and calls.cut:
         command.tell("the answer ended inside a tool call, so that call was not made: its text stays in the "
                      "answer and `llm logs --json` shows it under tool_call_errors")
@@ -171,13 +175,21 @@ def template_messages(prompt: llm.Prompt) -> list[dict[str, str]]:
     return out
 
 
-def schema_constraint(engine: Engine, schema: dict) -> Constraint:
+def schema_constraint(engine: Engine, schema: dict, max_tokens: int) -> Constraint:
+    """The schema's constraint, refused before any work when the schema cannot be used or
+    its shortest valid answer does not fit in max_tokens."""
     from llm_smolq.decode.constrained import Constraint
+    from llm_smolq.decode.json_closing import minimal_document_tokens
 
     try:
-        return Constraint.for_json_schema(engine.tokenizer, schema)
+        constraint = Constraint.for_json_schema(engine.tokenizer, schema)
+        least = len(minimal_document_tokens(engine.tokenizer, schema))
     except ConstraintError as exc:
         raise llm.ModelError(f"the schema cannot be used: {exc}; fix it and try again") from None
+    if max_tokens < least:
+        raise llm.ModelError(f"max_tokens {max_tokens} is too few for this schema: its shortest valid answer takes "
+                             f"{least} tokens; use -o max_tokens {least} or more")
+    return constraint
 
 
 def with_schema_instruction(messages: list[dict[str, str]], schema: dict) -> list[dict[str, str]]:
@@ -212,6 +224,7 @@ def record(response, done: Completion, path: Path, disk: CacheActivity | None, c
         "prefill_seconds": round(done.prefill_seconds, 3),
         "model_file": str(path),
         **({"prompt_cache": disk.as_json()} if disk else {}),
+        **({"closed_early": True} if done.closed_early else {}),
     }
     if calls and calls.errors:  # blocks that were kept as text, and why
         response.response_json["tool_call_errors"] = calls.errors

@@ -196,12 +196,67 @@ def test_mask_allows_what_the_grammar_allows(tiny_engine):
         Constraint.for_json_schema(tok, {"type": "integer"}).consume(tok.encode("x")[0])
 
 
-def test_max_tokens_cuts_the_value_short_and_says_length(tiny_engine):
-    text, done = constrained_answer(tiny_engine, SCHEMAS["nested objects"], seed=0, max_tokens=6)
-    assert done.finish_reason == "length" and len(done.output_ids) == 6
-    assert text.startswith('{"address"')
-    with pytest.raises(ValueError):
-        json.loads(text)
+@pytest.mark.parametrize("name", ["nested objects", "array with min/max items", "strings with escapes and unicode"])
+def test_max_tokens_closes_the_value_with_the_shortest_ending(tiny_engine, name):
+    """Cut by max_tokens anywhere from the shortest answer up, the value is closed: valid,
+    within max_tokens, finish_reason "length" and closed_early."""
+    from llm_smolq.decode.json_closing import minimal_document_tokens
+
+    schema = SCHEMAS[name]
+    least = len(minimal_document_tokens(tiny_engine.tokenizer, schema))
+    closed = 0
+    for max_tokens in range(least, least + 40, 3):
+        text, done = constrained_answer(tiny_engine, schema, seed=max_tokens, max_tokens=max_tokens)
+        assert_valid(text, schema)
+        assert len(done.output_ids) <= max_tokens
+        assert (done.finish_reason, done.closed_early) in (("stop", False), ("length", True)), done.finish_reason
+        closed += done.closed_early
+    assert closed  # random weights run long: most of these were closed early
+
+
+def test_max_tokens_below_the_shortest_answer_is_refused_before_generating(tiny_engine):
+    from llm_smolq.decode.json_closing import minimal_document_tokens
+
+    schema = SCHEMAS["nested objects"]
+    least = len(minimal_document_tokens(tiny_engine.tokenizer, schema))
+    before = tiny_engine.n_past
+    with pytest.raises(ConstraintError, match=f"max_tokens={least - 1} is too few for this schema: its shortest "
+                                              f"valid answer takes {least} tokens"):
+        constrained_answer(tiny_engine, schema, seed=0, max_tokens=least - 1)
+    assert tiny_engine.n_past == before  # refused before the prompt was evaluated
+    text, done = constrained_answer(tiny_engine, schema, seed=0, max_tokens=least)
+    assert_valid(text, schema)
+    assert len(done.output_ids) <= least
+
+
+def test_a_loop_inside_a_schema_answer_is_closed_when_the_guard_ends_it(tiny_engine, monkeypatch):
+    """The repetition guard ends a loop inside a string ("aaaa..."): the answer is
+    closed (the string ended, the required keys given) rather than cut mid-string."""
+    from llm_smolq.decode import generate as generation
+    from llm_smolq.decode.generate import RepetitionGuard
+
+    tok = tiny_engine.tokenizer
+    lead = tok.encode('{"name": "')
+    (a,) = tok.encode("a")
+
+    class Looping:
+        def __init__(self, params):
+            self.lead = iter(lead)
+
+        def __call__(self, logits, recent):
+            return next(self.lead, a)
+
+    monkeypatch.setattr(generation, "Sampler", Looping)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    done = Completion()
+    text = "".join(generate(tiny_engine, chat_ids(tiny_engine, "Answer in JSON."), SamplingParams(temperature=0),
+                            1000, [], done, constraint=Constraint.for_json_schema(tok, schema),
+                            guard=RepetitionGuard(tokens=64, longest_span=8)))
+    value = assert_valid(text, schema)
+    assert done.finish_reason == "repetition" and done.closed_early and done.repeated_tokens >= 64
+    assert value["name"].startswith("a" * 64) and value["age"] == 0
+    assert len(done.output_ids) < 200
 
 
 def test_close_objects_leaves_open_what_the_schema_opens():
@@ -276,6 +331,29 @@ def test_cli_schema_dsl(user_dir):
     row = last_logs(user_dir)[0]
     assert json.loads(row["response_json"])["finish_reason"] == "stop"
     assert row["schema_id"]  # llm logged the schema with the response
+
+
+def test_cli_schema_cut_by_max_tokens_is_closed_and_says_so(user_dir):
+    result = run("-m", "smollm2-q", "--schema", "name, age int, hobbies", "-o", "seed", "3", "-o", "max_tokens", "22",
+                 "Invent a person who has many hobbies.")
+    assert result.exit_code == 0, result.output
+    value = json.loads(result.stdout)
+    assert set(value) == {"name", "age", "hobbies"} and type(value["age"]) is int
+    assert ("llm-smolq: the answer reached max_tokens (22): its JSON was closed early with the shortest ending the "
+            "schema allows; -o max_tokens N lets it go further") in result.stderr
+    logged = json.loads(last_logs(user_dir)[0]["response_json"])
+    assert logged["finish_reason"] == "length" and logged["closed_early"] is True
+
+
+def test_cli_schema_with_too_few_max_tokens_names_the_minimum(user_dir):
+    result = run("-m", "smollm2-q", "--schema", "name, age int, hobbies", "-o", "max_tokens", "3", "Invent a person.")
+    assert result.exit_code == 1 and not result.stdout
+    least = int(result.stderr.split("takes ")[1].split(" ")[0])
+    assert least > 3
+    assert (f"max_tokens 3 is too few for this schema: its shortest valid answer takes {least} tokens; "
+            f"use -o max_tokens {least} or more") in result.stderr
+    ok = run("-m", "smollm2-q", "--schema", "name, age int, hobbies", "-o", "max_tokens", str(least), "Invent a person.")
+    assert ok.exit_code == 0 and json.loads(ok.stdout)
 
 
 def test_smollm3_with_a_schema_answers_without_thinking(user_dir, reference_dir):
