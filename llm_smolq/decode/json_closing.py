@@ -1,64 +1,79 @@
-"""The end of a JSON answer: the shortest way, in tokens, to finish what a schema
+r"""The end of a JSON answer: the shortest way, in tokens, to finish what a schema
 constraint has taken so far, so that an answer cut short is still a valid document.
 
-    closer = JsonCloser(constraint)       # follows constraint.tokens as they grow
-    closer.length()                       # tokens the closing takes now
-    closer.reserve()                      # tokens to keep in hand before sampling one more
-    closer.tokens()                       # the closing itself, checked by the grammar
-    minimal_document_tokens(tokenizer, schema)   # the shortest whole answer
+    closer = JsonCloser(constraint)        # follows constraint.tokens as they grow
+    closer.length()                        # tokens the closing takes now
+    closer.reserve()                       # tokens to keep in hand before sampling one more
+    closer.tokens()                        # the closing itself, checked by the grammar
+    minimal_document_tokens(tokenizer, schema)      # the shortest whole answer
+    check_max_tokens(tokenizer, schema, max_tokens) # refuses a budget below it
 
-How. The schema (objects closed as `json_schema_grammar` closes them) is compiled into
-nodes, and a small nondeterministic pushdown automaton follows the answer's bytes the
-way llguidance's grammar reads them: compact layout (", " and ": "), properties in the
-schema's order with additional ones after, strings as llguidance quotes them, numbers
-with their bounds, patterns and formats as character automata. Its state is a set of
-stacks (one per reading still possible, e.g. per anyOf branch); states are interned and
-every transition and result is memoised, so a step costs a dictionary lookup once a
-state has been seen.
+The decode loop: before each sampled token, if max_tokens - len(output) <= reserve(),
+stop sampling and append tokens() instead (then the constraint is finished). Sampling
+stops at end-of-turn as usual. closing_tokens/closing_length/closing_reserve(constraint)
+do the same through one JsonCloser kept per constraint.
 
-From a state, the closing is built frame by frame, innermost first: the current
-lexeme finished (escape, UTF-8 sequence, minLength, pattern, number within its bounds,
-rest of a literal or key), then every open container completed with only what it
-requires: required properties and minItems items at their minimal values, minProperties
-filled with additional keys, then the bracket. A minimal value is the one whose text has
-the fewest tokens among the schema's alternatives (types, enum/const, anyOf branches),
-found by a fixpoint over the nodes (recursive schemas included). Where a choice remains
-(which key a partial key becomes, which optional property follows a ", "), each option's
-whole closing is tokenized and the shortest kept. The text is then tokenized with the
-fewest tokens the vocabulary allows (dynamic programming over a trie of every token;
-llguidance accepts any tokenization of the right bytes).
+How. The schema (objects closed as json_schema_grammar closes them) is compiled into
+nodes (anyOf/oneOf as alternatives, allOf and $ref merged), and a nondeterministic
+pushdown automaton follows the answer's bytes the way llguidance's grammar reads them:
+the compact layout (", " and ": "), listed properties in the schema's order and
+additional ones after them, strings quoted as llguidance quotes them (\" \\ \b \f \n \r
+\t, \u00XX for control characters only), patterns and formats as automata over code
+points (with JSON Schema's search semantics; formats are llguidance's own regexes),
+bounded numbers and multipleOf asked of a byte-level llguidance matcher for the number
+alone (its range regexes have rules of their own: no "-0" below zero, no trailing zero
+after a negative "0."). Its state is a set of stacks, one per reading still possible;
+states are interned, item and property counts clipped where the schema stops caring, and
+every transition and result is memoised, so a step inside a seen state is a dictionary
+lookup.
 
-What is guaranteed:
-- `tokens()` is always accepted by the constraint: the proposal is consumed on a fork
-  of the matcher (`Constraint.fork`), and if it is refused (a schema feature this module
-  reads differently from llguidance) a breadth-first search over the matcher's own masks
-  finds a closing instead. Afterwards the constraint is finished or accepting, and the
-  text parses and validates against the schema. The constraint itself is never changed.
-- The closing is the shortest in tokens among completions that add nothing optional and
-  take, value by value, the alternative with the fewest tokens; for that text the
-  tokenization is exactly minimal. It can be beaten only by an optional member or a
-  non-minimal alternative whose tokens happen to merge better with what follows
-  (not seen on the schemas tested).
-- `reserve()` bounds the closing after any one more token the automaton accepts (it is
-  at least `length()`): a loop that samples only while `max_tokens - len(output) >
-  reserve()` and otherwise appends `tokens()` never exceeds max_tokens, since one token
-  can open more than it closes (a ", " that starts another array item of a big object).
-  It is exact over the tokens that change the structure (all tokens containing a quote,
-  backslash, control byte or partial UTF-8 character, and every token outside string
-  content) and uses per-character counts for plain content: minLength/maxLength
-  exactly, patterns by the longest shortest-completion over the pattern's states.
-  `length_after(token)` gives the closing after one particular token, for loops that
-  prefer to resample a token that would not fit.
+From a state, the closing is built frame by frame, innermost first: the current lexeme
+finished (escape, UTF-8 character, minLength, pattern, number within its bounds, rest of
+a literal or key), then every open container completed with only what it requires:
+required properties and minItems items at their minimal values, minProperties filled
+with additional keys not yet used, the bracket. A node's minimal value is its
+alternative (type, enum/const value, anyOf branch) with the fewest tokens, found by a
+fixpoint over the nodes (so recursive schemas work); alternatives within a token of it
+are kept, and each choice (a value, which listed key a partial key becomes, which
+property follows a ", ", which filler brings a string to its minLength) is made by the
+tokens of the closing text around it. That text is tokenized with the fewest tokens the
+vocabulary allows (dynamic programming over a trie of every token: llguidance accepts
+any tokenization of the right bytes).
 
-Costs (SmolLM2's 49k vocabulary): indexing the vocabulary ~0.5 s once per tokenizer;
-a step inside a seen state is a few microseconds; a new state costs its closing (tens of
-microseconds) and, when reserve() is asked, one walk of the tokens that can change the
-structure (about a millisecond). tests/decode/test_json_closing.py measures it.
+Guarantees.
+- tokens() is accepted by the constraint: the proposal is consumed on a fork of the
+  matcher (Constraint.fork); if it were refused (a schema feature read differently from
+  llguidance) a breadth-first search over the matcher's own masks finds a closing
+  instead. After it the constraint is finished (or, for a top-level number, accepting)
+  and the text is JSON valid for the schema. The constraint itself is never changed.
+- Shortest: among completions that add nothing optional, with each value's alternative
+  chosen as above, the closing has the fewest tokens, and its tokenization is exactly
+  minimal. A shorter one would need an optional member, or a combination of choices
+  whose tokens merge better than each choice made in its own context. The tests check,
+  at random points of random answers, that no single allowed token validly ends what
+  the closing ends in more, and that a breadth-first search over one-byte and
+  punctuation tokens finds nothing shorter.
+- reserve() >= length(), and reserve() >= the closing after any one token the automaton
+  accepts here, so the loop above never exceeds max_tokens (one token can open more than
+  it closes: a ", " that starts another array item whose minimal object is long). It is
+  exact over every token that changes the structure (outside string content, and in it
+  every token with a quote, backslash, control byte or partial UTF-8 character), and per
+  character count for plain content (minLength/maxLength exactly; under a pattern, the
+  longest shortest-completion over the pattern's states). Where the automaton is lost
+  (below), reserve() is the closing found now plus 8, a margin and not a bound.
 
-Not modelled (the search over the matcher closes these, with no bound promised for
-reserve()): patterns with look-around, back-references or case-insensitive flags,
-patterns combined with a format, allOf parts that conflict beyond simple keywords, and
-not/if/then/else/dependent*/contains (which llguidance mostly refuses anyway).
+Cost (SmolLM2's 49k vocabulary, one core): indexing the vocabulary ~0.25 s once per
+tokenizer; compiling a schema a few ms; then reserve() averages 0.1-0.6 ms a token over
+an answer to a schema seen for the first time (new states cost a walk over the ~700
+tokens that can change a string's state, or over the trie outside strings: 1-5 ms,
+once per state), and a few microseconds once its states are known.
+
+Not modelled (closed by the search, with no reserve bound): patterns with look-around,
+back-references or flags, a pattern together with a format, several patterns or
+different multipleOf on one value, allOf parts that conflict beyond simple keywords, and
+not/if/then/else/dependent*/contains/uniqueItems (which llguidance mostly refuses).
+Duplicate additional keys: llguidance counts {"a": 1, "a": 2} as two properties; the
+closing counts keys of one character as JSON reads them, longer ones as written.
 """
 
 from __future__ import annotations
@@ -2028,6 +2043,7 @@ def _utf8_range(part: bytes) -> tuple[int, int]:
 _plans: "weakref.WeakKeyDictionary[Any, dict[str, _Plan]]" = weakref.WeakKeyDictionary()
 _plans_lock = threading.Lock()
 _PLANS_KEPT = 16
+_PLAN_STATES_KEPT = 200_000
 
 
 def _plan(tokenizer: Any, schema: Any) -> _Plan:
@@ -2038,8 +2054,8 @@ def _plan(tokenizer: Any, schema: Any) -> _Plan:
     with _plans_lock:
         per = _plans.setdefault(tokenizer, {})
         plan = per.pop(key, None)
-        if plan is None:
-            plan = _Plan(vocab, schema)
+        if plan is None or len(plan._states) > _PLAN_STATES_KEPT:
+            plan = _Plan(vocab, schema)  # answers still using a grown one keep it
         per[key] = plan  # most recently used last
         while len(per) > _PLANS_KEPT:
             per.pop(next(iter(per)))
@@ -2166,44 +2182,49 @@ _FALLBACK_RESERVE = 64
 _LOST_MARGIN = 8
 
 
-def _search(constraint: Constraint, vocab: _Vocabulary, hint: list[int], budget: int = 600,
-            max_depth: int = 256) -> list[int]:
-    """A closing found by the grammar alone: breadth-first over tokens of one byte, the
-    JSON punctuation tokens and `hint`, merging states that took as many bytes and that
-    the matcher's next-token masks cannot tell apart. For what the automaton above does
-    not model."""
+def _search(constraint: Constraint, vocab: _Vocabulary, hint: list[int], budget: int = 400,
+            max_depth: int = 256, width: int = 512) -> list[int]:
+    """A closing found by the grammar alone: breadth-first over `hint`'s tokens, the JSON
+    punctuation tokens and tokens of one byte (tried in that order), merging paths that
+    wrote the same bytes, and states that took as many bytes and that the matcher's
+    next-token masks cannot tell apart; at most `budget` masks and `width` states a
+    level. For what the automaton above does not model."""
     root = constraint.fork()._matcher
     if root.is_stopped() or root.is_accepting():
         return []
-    pool = np.array(sorted(set(vocab.single_byte.values()) | set(vocab.structural) | set(hint)), dtype=np.int64)
+    order = list(dict.fromkeys(list(hint) + vocab.structural + sorted(vocab.single_byte.values())))
+    pool = np.array(order, dtype=np.int64)
     ends = constraint.end_ids
-    frontier = [(root, [], 0)]
+    frontier = [(root, [], b"")]
+    written: set[bytes] = {b""}
     seen: set[tuple[bytes, int]] = set()
-    expanded = 0
+    masks = 0
     for _ in range(max_depth):
         nxt = []
-        for matcher, toks, size in frontier:
-            mask = matcher.compute_bitmask()
-            if (mask, size) in seen:
-                continue
-            seen.add((mask, size))
-            expanded += 1
-            if expanded > budget:
+        for matcher, toks, data in frontier:
+            if masks >= budget:
                 break
+            mask = matcher.compute_bitmask()
+            masks += 1
+            if (mask, len(data)) in seen:
+                continue
+            seen.add((mask, len(data)))
             words = np.frombuffer(mask, dtype=np.uint32)
             allowed = pool[((words[pool >> 5] >> (pool & 31).astype(np.uint32)) & 1).astype(bool)]
             for t in allowed.tolist():
-                if t in ends:
+                more = data + vocab.token_bytes[t]
+                if t in ends or more in written:
                     continue
+                written.add(more)
                 child = matcher.deep_copy()
                 if not child.consume_token(t):
                     continue
                 if child.is_stopped() or child.is_accepting():
                     return toks + [t]
-                nxt.append((child, toks + [t], size + len(vocab.token_bytes[t])))
-        if not nxt or expanded > budget:
+                nxt.append((child, toks + [t], more))
+        if not nxt or masks >= budget:
             break
-        frontier = nxt[:4096]
+        frontier = nxt[:width]
     raise ConstraintError("no way to close this JSON answer was found within the search's limits")
 
 

@@ -231,6 +231,24 @@ def test_no_single_token_closes_what_the_closing_does_in_several(tokenizer, stru
                 jsonschema.validate(json.loads(text_of(tokenizer, after.tokens)), schema)
 
 
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(schema=any_schema, seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 40))
+def test_a_search_over_the_grammar_finds_no_shorter_closing(tokenizer, structural, schema, seed, steps):
+    """The grammar's own breadth-first search (one-byte and punctuation tokens, plus the
+    closing's own) finds nothing shorter than the closing."""
+    from llm_smolq.decode.json_closing import _search, _vocabulary
+
+    constraint = constraint_for(tokenizer, schema)
+    walk(constraint, random.Random(seed), structural, steps)
+    closing = closing_tokens(constraint)
+    try:
+        found = _search(constraint, _vocabulary(tokenizer), closing, budget=200)
+    except ConstraintError:  # nothing within its limits (a long closing: uuid, email...)
+        return
+    assert len(found) >= len(closing), (text_of(tokenizer, constraint.tokens), text_of(tokenizer, closing),
+                                         text_of(tokenizer, found))
+
+
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(schema=any_schema, extra=st.integers(0, 40), seed=st.integers(0, 2**32 - 1))
 def test_a_budgeted_generation_always_ends_valid_within_max_tokens(tokenizer, structural, schema, extra, seed):
