@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llm_smolq.store.pypi_models import sha256_of as sha256
+
 STORED = Path(__file__).resolve().parents[1] / "data" / "reference"
 MANIFEST = STORED / "generated.json"
 HEADERS = STORED / "headers"
@@ -41,14 +43,6 @@ VOCABULARY_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.g
                    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token")
 TOKENIZER_FILES = ("tok-smaug-bpe.gguf", "tok-llama-bpe.gguf")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def vocabulary_digest(gguf_path: Path) -> str:
