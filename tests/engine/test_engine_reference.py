@@ -256,26 +256,31 @@ def test_long_context_with_a_compact_cache_stays_within_llama_cpps_spread(kind, 
 
 # -- real weights: SmolLM2-135M-Instruct Q4_1 ---------------------------------------------
 
-def test_smollm2_chat_references_bit_for_bit(smollm2_chat_cases, smollm2_gguf):
-    """Teacher-force llama.cpp's greedy continuation of each conversation (F32 KV cache):
-    at every step the top-10 logits it reported are ours exactly, and our argmax is its
-    next id."""
-    eng = llm_smolq.load(smollm2_gguf, n_ctx=1024, threads=2, kv_dtype="f32")
+@pytest.fixture(scope="module")
+def smollm2_f32(smollm2_gguf):
+    return llm_smolq.load(smollm2_gguf, n_ctx=1024, threads=2, kv_dtype="f32")
+
+
+@pytest.mark.parametrize("index", range(6))  # the six conversations of smollm2-chat-A
+def test_smollm2_chat_references_bit_for_bit(smollm2_chat_cases, smollm2_f32, index):
+    """Teacher-force llama.cpp's greedy continuation of a conversation (F32 KV cache): at
+    every step the top-10 logits it reported are ours exactly, and our argmax is its next id."""
+    assert len(smollm2_chat_cases) == 6
+    case, eng = smollm2_chat_cases[index], smollm2_f32
+    eng.reset()
+    logits = eng.eval(case["prompt_ids"])
     steps = 0
-    for case in smollm2_chat_cases:
-        eng.reset()
-        logits = eng.eval(case["prompt_ids"])
-        for step, top10 in enumerate(case["top10_per_step"]):
-            ids = [i for i, _ in top10]
-            ref = np.array([v for _, v in top10], np.float32)
-            where = f"{case['messages'][-1]['content'][:30]!r} step {step}"
-            assert np.array_equal(logits[ids].view(np.uint32), ref.view(np.uint32)), (
-                where, np.abs(logits[ids] - ref).max())
-            assert int(logits.argmax()) == case["greedy_ids"][step], where
-            steps += 1
-            if step + 1 < len(case["top10_per_step"]):
-                logits = eng.eval([case["greedy_ids"][step]])
-    assert steps == sum(len(c["greedy_ids"]) for c in smollm2_chat_cases)
+    for step, top10 in enumerate(case["top10_per_step"]):
+        ids = [i for i, _ in top10]
+        ref = np.array([v for _, v in top10], np.float32)
+        where = f"{case['messages'][-1]['content'][:30]!r} step {step}"
+        assert np.array_equal(logits[ids].view(np.uint32), ref.view(np.uint32)), (
+            where, np.abs(logits[ids] - ref).max())
+        assert int(logits.argmax()) == case["greedy_ids"][step], where
+        steps += 1
+        if step + 1 < len(case["top10_per_step"]):
+            logits = eng.eval([case["greedy_ids"][step]])
+    assert steps == len(case["greedy_ids"])
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])
