@@ -1406,7 +1406,11 @@ class _Plan:
                     if c1 + c2 <= count and (c1 + c2 < count or start or end):
                         found.add(start + (run * (count - c1 - c2)).encode() + end)
             opening = b'": "' if fresh else b""
-            hit = sorted(found, key=lambda t: (self.vocab.cost(opening + t + b'"}'), len(t)))[:6]
+            # The bytes break ties, so that the choice never follows a set's order (the
+            # hash seed); the few best in an object's context, the best anywhere kept too.
+            ranked = sorted(found, key=lambda t: (self.vocab.cost(opening + t + b'"}'), len(t), t))
+            alone = sorted(found, key=lambda t: (self.vocab.cost(b'"' + t + b'"'), len(t), t))
+            hit = list(dict.fromkeys(ranked[:6] + alone[:2]))
             self._fillers[key] = hit
         return hit
 

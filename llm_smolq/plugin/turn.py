@@ -105,7 +105,8 @@ def tell_how_it_ended(command: Command, done: Completion, engine: Engine, opts, 
            else "the answer was cut there")
     if done.finish_reason == "length":
         closed = f": {cut};" if done.closed_early else ":"
-        command.tell(f"the answer reached max_tokens ({opts.max_tokens or defaults.MAX_TOKENS}){closed} -o max_tokens N lets it go further")
+        asked = opts.max_tokens or defaults.MAX_TOKENS
+        command.tell(f"the answer reached max_tokens ({asked}){closed} -o max_tokens N lets it go further")
     elif done.finish_reason == "context":
         window = engine.config.window
         more = (f"-o n_ctx {min(engine.n_ctx * 2, window)} to go further" if engine.n_ctx < window
