@@ -10,8 +10,7 @@ constraint has taken so far, so that an answer cut short is still a valid docume
 
 The decode loop: before each sampled token, if max_tokens - len(output) <= reserve(),
 stop sampling and append tokens() instead (then the constraint is finished). Sampling
-stops at end-of-turn as usual. closing_tokens/closing_length/closing_reserve(constraint)
-do the same through one JsonCloser kept per constraint.
+stops at end-of-turn as usual (decode/generate.py, Generation.next_token).
 
 How. The schema (objects closed as json_schema_grammar closes them) is compiled into
 nodes (anyOf/oneOf as alternatives, allOf and $ref merged), and a nondeterministic
@@ -101,9 +100,6 @@ from llm_smolq.errors import ConstraintError
 
 __all__ = [
     "JsonCloser",
-    "closing_tokens",
-    "closing_length",
-    "closing_reserve",
     "minimal_document_tokens",
     "check_max_tokens",
 ]
@@ -2235,32 +2231,6 @@ def _search(constraint: Constraint, vocab: _Vocabulary, hint: list[int], budget:
 # --------------------------------------------------------------------------------------
 # Functions for the decode loop.
 # --------------------------------------------------------------------------------------
-
-_closers: "weakref.WeakKeyDictionary[Constraint, JsonCloser]" = weakref.WeakKeyDictionary()
-_closers_lock = threading.Lock()
-
-
-def _closer(constraint: Constraint) -> JsonCloser:
-    with _closers_lock:
-        closer = _closers.get(constraint)
-        if closer is None:
-            closer = _closers[constraint] = JsonCloser(constraint)
-        return closer
-
-
-def closing_tokens(constraint: Constraint) -> list[int]:
-    """The shortest closing of the answer so far (see JsonCloser.tokens). The constraint
-    is not changed; consume the tokens to finish the answer."""
-    return _closer(constraint).tokens()
-
-
-def closing_length(constraint: Constraint) -> int:
-    return _closer(constraint).length()
-
-
-def closing_reserve(constraint: Constraint) -> int:
-    return _closer(constraint).reserve()
-
 
 def minimal_document_tokens(tokenizer: Any, schema: Mapping[str, Any]) -> list[int]:
     """The shortest whole answer the schema allows, in tokens."""

@@ -21,9 +21,6 @@ from llm_smolq.decode.constrained import Constraint, ConstraintError, close_obje
 from llm_smolq.decode.json_closing import (
     JsonCloser,
     check_max_tokens,
-    closing_length,
-    closing_reserve,
-    closing_tokens,
     minimal_document_tokens,
 )
 from llm_smolq.model.tokenizer import GGUFTokenizer
@@ -218,7 +215,7 @@ def test_no_single_token_closes_what_the_closing_does_in_several(tokenizer, stru
     does not.)"""
     constraint = constraint_for(tokenizer, schema)
     walk(constraint, random.Random(seed), structural, steps)
-    closing = closing_tokens(constraint)
+    closing = JsonCloser(constraint).tokens()
     if len(closing) < 2:
         return
     allowed = constraint.allowed()
@@ -240,7 +237,7 @@ def test_a_search_over_the_grammar_finds_no_shorter_closing(tokenizer, structura
 
     constraint = constraint_for(tokenizer, schema)
     walk(constraint, random.Random(seed), structural, steps)
-    closing = closing_tokens(constraint)
+    closing = JsonCloser(constraint).tokens()
     try:
         found = _search(constraint, _vocabulary(tokenizer), closing, budget=200)
     except ConstraintError:  # nothing within its limits (a long closing: uuid, email...)
@@ -321,13 +318,14 @@ def test_closing_leaves_the_constraint_as_it_was(tokenizer):
     constraint = Constraint.for_json_schema(tokenizer, schema)
     constraint.consume_all(tokenizer.encode('{"tags": ["red", "gre'))
     before = list(constraint.tokens)
-    closing = closing_tokens(constraint)
+    closer = JsonCloser(constraint)
+    closing = closer.tokens()
     assert text_of(tokenizer, closing) == '"]}'
-    assert closing_length(constraint) == len(closing) <= closing_reserve(constraint)
+    assert closer.length() == len(closing) <= closer.reserve()
     assert constraint.tokens == before and not constraint.accepting
     constraint.consume_all(tokenizer.encode('en", "blue"]}'))  # the answer goes on as if nothing happened
     assert constraint.finished
-    assert closing_tokens(constraint) == []
+    assert closer.tokens() == []
 
 
 def test_an_answer_caught_in_a_repetition_still_ends_valid(tokenizer):
