@@ -2,13 +2,14 @@
 its NEON code paths can be tested on an x86 machine.
 
 build_kernel() compiles native/**/*.c with zig's C cross compiler (the `ziglang` package) into
-a static aarch64-linux-musl executable; Aarch64Kernel loads that ELF file into a unicorn
+a static aarch64 executable; Aarch64Kernel loads that ELF file into a unicorn
 (`unicorn` package) AArch64 CPU and calls its C functions directly, by the AAPCS64 calling
 convention: integer and pointer arguments in X0..X7, then on the stack; integer results in
-X0, float results in S0. The program's own start-up code never runs, so only functions that
-need no more than that can be called: no malloc, no threads, no system calls (an SVC
-instruction stops the emulation with an error). The few pieces of C library state the
-kernel's entry points touch (getenv's environment) are set up here.
+X0, float results in S0. No C library is linked: aarch64_runtime.c gives memcpy, memset and
+getenv, and a trap for the rest of what the kernel names (the allocator, libm, pthreads), so
+only functions that need no more than that can be called: no malloc, no threads, no system
+calls (a trap or an SVC instruction stops the emulation with an error). The environment
+getenv reads is set up here.
 
 Test buffers live in one data region, handed out by a bump allocator (Aarch64Kernel.put
 and .alloc) and reclaimed all at once with .reset().
@@ -25,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "native"
+RUNTIME = Path(__file__).with_name("aarch64_runtime.c")
 
 INSTALL_HINT = "install the test extra: pip install -e '.[test]' (ziglang, unicorn and pyelftools from PyPI)"
 
@@ -60,24 +62,22 @@ class Build:
 
 
 def build_kernel(out_dir: Path, cpu: str = CPU_BASELINE) -> Build:
-    """Compile native/**/*.c for aarch64-linux-musl and the target CPU cpu into out_dir/kernel.elf
-    (CalledProcessError on failure). The program's main is a stub: the tests call the kernel's
-    functions, never the program. The link is always against zig's baseline C library, which
-    zig builds on its first use for the target (a minute or two) and caches."""
+    """Compile native/**/*.c for aarch64 and the target CPU cpu, with aarch64_runtime.c in place
+    of a C library, into the static executable out_dir/kernel.elf (CalledProcessError on
+    failure). The tests call the kernel's functions, never the program."""
     require_tools()
     out_dir.mkdir(parents=True, exist_ok=True)
-    stub = out_dir / "main.c"
-    stub.write_text("int main(void) { return 0; }\n")
-    sources = [*sorted(NATIVE.rglob("*.c")), stub]
     zig = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-musl"]
     compile_flags = [f"-mcpu={cpu}", *CFLAGS, "-I", str(NATIVE)]
+    sources = [(src, compile_flags) for src in sorted(NATIVE.rglob("*.c"))]
+    sources.append((RUNTIME, [*compile_flags, "-ffreestanding"]))
     # Numbered, so that sources of one name in two folders never share an object file.
-    objects = [out_dir / f"{i:02d}-{src.stem}.o" for i, src in enumerate(sources)]
-    # --no-gc-sections keeps every function of the kernel, whether or not main reaches it.
+    objects = [out_dir / f"{i:02d}-{src.stem}.o" for i, (src, _) in enumerate(sources)]
+    # --no-gc-sections keeps every function of the kernel, though nothing calls it.
     elf = out_dir / "kernel.elf"
-    commands = [[*zig, *compile_flags, "-c", str(src), "-o", str(obj)] for src, obj in zip(sources, objects)]
-    commands.append([*zig, f"-mcpu={CPU_BASELINE}", "-static", *map(str, objects), "-Wl,--no-gc-sections",
-                     "-o", str(elf)])
+    commands = [[*zig, *flags, "-c", str(src), "-o", str(obj)] for (src, flags), obj in zip(sources, objects)]
+    commands.append([*zig, f"-mcpu={CPU_BASELINE}", "-nostdlib", "-static", *map(str, objects),
+                     "-Wl,--no-gc-sections", "-o", str(elf)])
     output = ""
     for cmd in commands:
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -141,13 +141,11 @@ class Aarch64Kernel:
     # --- memory -------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Free every buffer, and lay out the environment (musl's __environ) again."""
+        """Free every buffer, and lay out the environment (aarch64_runtime.c's environ) again."""
         self._next = DATA_BASE
         strings = [self.put(f"{k}={v}".encode() + b"\0") for k, v in self._env.items()]
         environ = self.put(struct.pack(f"<{len(strings) + 1}Q", *strings, 0))
-        for name in ("__environ", "environ"):
-            if name in self.symbols:
-                self.uc.mem_write(self.symbols[name], struct.pack("<Q", environ))
+        self.uc.mem_write(self.symbols["environ"], struct.pack("<Q", environ))
 
     def alloc(self, nbytes: int, align: int = 16) -> int:
         """nbytes of zeroed memory (unless reused since the last reset: contents undefined)."""

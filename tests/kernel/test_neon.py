@@ -28,7 +28,7 @@ FILLS = (0x00, 0xFF, 0x80, 0x7F)
 
 @pytest.fixture(scope="session", params=[CPU_BASELINE, CPU_DOTPROD], ids=["armv8", "dotprod"])
 def aarch64_build(request, tmp_path_factory):
-    """The kernel built once per run for aarch64-linux-musl, warnings as errors: for
+    """The kernel built once per run for aarch64, warnings as errors: for
     baseline ARMv8-A, and with the dot-product extension (SDOT in quants/arm/neon.c's integer sums)."""
     try:
         require_tools()
