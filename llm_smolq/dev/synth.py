@@ -389,6 +389,9 @@ def _add_metadata(w: GGUFWriter, p: Preset, name: str, ftype: LlamaFileType) -> 
     w.add_layer_norm_rms_eps(p.rms_eps)
     w.add_vocab_size(p.vocab)
     w.add_rope_dimension_count(p.head_dim)
+    if p.n_heads * p.head_dim != p.dim:  # otherwise readers take the head size from dim / n_heads
+        w.add_key_length(p.head_dim)
+        w.add_value_length(p.head_dim)
     tokens, types, merges = make_vocab(p.vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
