@@ -24,20 +24,23 @@ from helpers.run_once import once_per_run
 
 # The selections each child runs: with the SIMD code the CPU supports, in parts that a
 # run's workers can share, and "scalar" with SMOLQ_SIMD=0. The long-context tests and the
-# repeats at other thread counts are left out (minutes each when sanitized). The scalar
+# repeats at other thread counts are left out (minutes each when sanitized), and so are the
+# tests that compute again what another selected test computes (the AVX-512 build's
+# references and the moved references take the same prefill and decode). The scalar
 # vec_dots also run with the SIMD code (test_quants switches to them), so the scalar child
 # adds the engine's scalar paths on one file per activation format. Of the real SmolLM2
-# conversations, the F32 and Q8_0 caches' (the F16 cache's rows are sanitized in the
-# kv_cache part).
+# conversations, two on the F32 cache (the same kernels on every step) and all on the Q8_0
+# cache (the F16 cache's rows are sanitized in the kv_cache part).
 SKIP = ("not long_context and not 1threads and not 3threads and not 4threads and not thread_counts "
-        "and not (compact and (K_M or Q5 or Q4_1 or IQ4))")
+        "and not avx512_build and not moved_by_a_little and not (compact and (K_M or Q5 or Q4_1 or IQ4))")
 SELECTIONS = {
     "kernels": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/kernel/test_swiglu.py",
                 "tests/engine/test_packing.py", "tests/engine/test_buffer_gate.py", "-k", SKIP],
     "kv_cache": ["tests/engine/test_kv_cache.py", "-k", SKIP],
     "engine": ["tests/engine/test_engine_reference.py", "-k", f"{SKIP} and not smollm2_chat"],
-    "smollm2": ["tests/engine/test_engine_reference.py", "-k", "smollm2_chat and not f16"],
-    "scalar": ["tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits",
+    "smollm2": [*(f"tests/engine/test_engine_reference.py::test_smollm2_chat_references_bit_for_bit[{i}]" for i in (0, 3)),
+                "tests/engine/test_engine_reference.py::test_smollm2_chat_references_with_a_compact_cache[q8_0]"],
+    "scalar": ["tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits[f32]",
                *(f"tests/engine/test_engine_reference.py::test_prefill_then_decode_gives_llama_cpps_logits[{kind}-2threads]"
                  for kind in ("F16", "Q4_0", "Q4_1", "Q4_K_M"))],
 }
