@@ -43,6 +43,26 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"llama.cpp's reference files are not at {where}: {hint}")
 
 
+# Files whose tests share a build made once per run (a kernel under sanitizers or SIMDe, a
+# venv with the sdist installed): under pytest-xdist one worker runs each such file, so that
+# no worker sits waiting for another's build while it could be testing.
+SHARED_BUILD_FILES = {"tests/kernel/test_sanitizers.py", "tests/kernel/test_avx512vnni.py", "tests/test_packaging.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Every test a work unit of its own, but each of SHARED_BUILD_FILES one unit; xdist hands
+    out the units with the most tests first, so those long files start at once."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedBuildsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in SHARED_BUILD_FILES else nodeid
+
+    return SharedBuildsTogether(config, log)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI a skipped test is a failed one, unless it is marked `may_skip_in_ci` (it needs
