@@ -68,8 +68,10 @@ def test_an_answer_is_logged_under_the_lock_beside_logs_db(user_dir):
     with lock.acquire(timeout=10):
         run = subprocess.Popen([*LLM, "-m", "smollm2-q", "-o", "max_tokens", "2", "Hello"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=os.environ.copy())
+        # The first bytes that reach the pipe: llm flushes the answer's text as it streams,
+        # but not the newline after it, which waits in the buffer until the process ends.
         answer = []
-        reading = threading.Thread(target=lambda: answer.append(run.stdout.readline()), daemon=True)
+        reading = threading.Thread(target=lambda: answer.append(os.read(run.stdout.fileno(), 4096)), daemon=True)
         reading.start()
         reading.join(timeout=300)
         assert answer and answer[0].strip()  # answered: logs.db was migrated already, so no wait before
