@@ -20,6 +20,9 @@ FLOATS = ["F32", "F16", "BF16"]
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
 TYPES = FLOATS + QUANTIZED
 THREADS = [1, 2, 3, 4]  # 3 and 4 are more threads than this machine kind's 2 cores
+# The 3,000-token prompt at two of them, the machine's and an odd split (test_kv_cache's
+# thread-count test holds counts 1 to 4 to the same bits on a 520-token prompt).
+LONG_THREADS = [2, 3]
 
 # Worst per-row relative L2 error against the AVX2 build for the float types: about twice
 # the maxima measured (F32 9.7e-7, F16 7.9e-4, BF16 6.2e-3, in both feedings; the long F32
@@ -144,7 +147,7 @@ def long_run(eng, ref):
     return rows[int(ref["tail_start"]):], steps
 
 
-@pytest.mark.parametrize("threads", THREADS, ids=lambda n: f"{n}threads")
+@pytest.mark.parametrize("threads", LONG_THREADS, ids=lambda n: f"{n}threads")
 @pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_K_M"])
 def test_long_context_gives_llama_cpps_logits(kind, threads, reference_dir, engines):
     ref = np.load(reference_dir / f"long-tiny-smollm3-{kind}.avx2.npz")
