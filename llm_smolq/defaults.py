@@ -27,4 +27,4 @@ REPEAT_GUARD = True    # -o repeat_guard: end an answer caught in a loop
 THINKING = True        # -o thinking: SmolLM3 reasons in <think> first
 
 # n_ctx: the model's whole window, as far as memory holds its cache (engine.default_n_ctx);
-# threads: every core this process may run on (engine.default_threads).
+# threads: $SMOLQ_THREADS, else every core this process may run on (engine.default_threads).

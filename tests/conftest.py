@@ -21,6 +21,16 @@ def header_cache_dir(tmp_path_factory) -> Path:
         os.environ["SMOLQ_CACHE_DIR"] = old
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, an engine given no thread count takes its share of the cores:
+    with every worker's engines on all cores, the threads outnumber the cores and each
+    matrix product waits for a descheduled one (a third of the run's time on two cores).
+    The tests of thread counts name theirs; the bits are the same at any count."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "SMOLQ_THREADS" not in os.environ:
+        os.environ["SMOLQ_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 def reference_path() -> Path | None:
     """Where SMOLQ_REFERENCE points (a complete copy of llama.cpp's reference folder), or
     None for the repository's own tests/data/reference."""

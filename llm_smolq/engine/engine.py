@@ -32,6 +32,14 @@ _FORWARD_ERRORS = {
 
 
 def default_threads() -> int:
+    """$SMOLQ_THREADS when set (for a shared machine, or processes side by side), else every
+    CPU this process may run on."""
+    chosen = os.environ.get("SMOLQ_THREADS", "").strip()
+    if chosen:
+        if not (chosen.isascii() and chosen.isdigit() and 1 <= int(chosen) <= 256):
+            raise ValueError(f"SMOLQ_THREADS={chosen!r} is not a thread count: set it to a whole number "
+                             "from 1 to 256, or unset it to use every core")
+        return int(chosen)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

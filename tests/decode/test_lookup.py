@@ -123,7 +123,7 @@ def test_a_step_order_batch_gives_each_tokens_one_step_logits(reference_dir, kin
 def test_the_batched_order_differs_from_step_order_where_llama_cpp_batches_differently(reference_dir):
     """The control: without step_order a Q4_K batch takes llama.cpp's batched order."""
     ids = [int(i) for i in np.random.default_rng(7).integers(3, 1000, 80)]
-    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_K_M.gguf", n_ctx=256, threads=2)
+    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q4_K_M.gguf", n_ctx=256)
     eng.eval(ids[:64])
     batch = eng.eval(ids[64:], all_logits=True)
     eng.truncate(64)
@@ -135,7 +135,7 @@ def test_the_batched_order_differs_from_step_order_where_llama_cpp_batches_diffe
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_gguf):
-    return llm_smolq.load(smollm2_gguf, n_ctx=2048, threads=2)
+    return llm_smolq.load(smollm2_gguf, n_ctx=2048)
 
 
 def chat(engine, question: str) -> list[int]:
@@ -198,7 +198,7 @@ def test_lookup_sampling_keeps_the_distribution(reference_dir):
 
 
 def test_a_constrained_answer_is_the_same_with_lookup(reference_dir):
-    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=1024, threads=2, kv_dtype="f32")
+    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=1024, kv_dtype="f32")
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                                "tags": {"type": "array", "items": {"enum": ["a", "b"]}}},
               "required": ["name", "tags"]}

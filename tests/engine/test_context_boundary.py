@@ -20,7 +20,7 @@ GREEDY = SamplingParams(temperature=0)
 
 @pytest.fixture
 def engine(reference_dir):
-    return llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=N_CTX, threads=2)
+    return llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=N_CTX)
 
 
 def ids(n, seed=0):
@@ -57,7 +57,7 @@ def test_an_eval_past_the_end_is_refused_and_the_cache_unchanged(engine, filled,
 
 def test_a_refused_eval_longer_than_a_batch_writes_no_batch(reference_dir):
     """Refused before the first of its batches runs, not after some were written."""
-    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=MAX_BATCH + 44, threads=2)
+    eng = llm_smolq.load(reference_dir / "tiny-smollm3-Q8_0.gguf", n_ctx=MAX_BATCH + 44)
     eng.eval(ids(40))
     before = state(eng)
     with pytest.raises(ValueError, match="do not fit"):

@@ -97,7 +97,7 @@ def engines(reference_dir):
     """One engine per (type, threads, KV dtype, n_ctx), loaded once for the module."""
     made = {}
 
-    def get(kind, threads=2, kv_dtype="f32", n_ctx=256):
+    def get(kind, threads=None, kv_dtype="f32", n_ctx=256):
         key = (kind, threads, kv_dtype, n_ctx)
         if key not in made:
             made[key] = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=n_ctx, threads=threads,
@@ -261,7 +261,7 @@ def test_long_context_with_a_compact_cache_stays_within_llama_cpps_spread(kind, 
 
 @pytest.fixture(scope="module")
 def smollm2_f32(smollm2_gguf):
-    return llm_smolq.load(smollm2_gguf, n_ctx=1024, threads=2, kv_dtype="f32")
+    return llm_smolq.load(smollm2_gguf, n_ctx=1024, kv_dtype="f32")
 
 
 @pytest.mark.parametrize("index", range(6))  # the six conversations of smollm2-chat-A
@@ -290,7 +290,7 @@ def test_smollm2_chat_references_bit_for_bit(smollm2_chat_cases, smollm2_f32, in
 def test_smollm2_chat_references_with_a_compact_cache(kv_dtype, smollm2_chat_cases, smollm2_gguf):
     """The compact caches, teacher-forced on llama.cpp's greedy continuations: its top-10
     logits within 2.5 of ours at every step and within 0.3 at the median."""
-    eng = llm_smolq.load(smollm2_gguf, n_ctx=1024, threads=2, kv_dtype=kv_dtype)
+    eng = llm_smolq.load(smollm2_gguf, n_ctx=1024, kv_dtype=kv_dtype)
     diffs = []
     for case in smollm2_chat_cases:
         eng.reset()

@@ -105,7 +105,7 @@ def ids(n, seed=0):
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])
 def test_a_tokens_logits_do_not_depend_on_its_batch(q8_model, kv_dtype):
     """Prompt in one batch, in pieces, or one token at a time: the same bits."""
-    eng = llm_smolq.load(q8_model, n_ctx=1024, threads=2, kv_dtype=kv_dtype)
+    eng = llm_smolq.load(q8_model, n_ctx=1024, kv_dtype=kv_dtype)
     prompt = ids(600)
     whole = eng.eval(prompt, all_logits=True)
     eng.reset()
@@ -151,7 +151,7 @@ def test_an_unknown_cache_type_is_refused_with_the_choices(q8_model):
 
 @pytest.mark.parametrize("kv_dtype", KV)
 def test_truncate_and_reset_recompute_the_same_logits(q8_model, kv_dtype):
-    eng = llm_smolq.load(q8_model, n_ctx=128, threads=2, kv_dtype=kv_dtype)
+    eng = llm_smolq.load(q8_model, n_ctx=128, kv_dtype=kv_dtype)
     prompt = ids(90)
     first = eng.eval(prompt, all_logits=True)
     eng.truncate(50)
@@ -163,7 +163,7 @@ def test_truncate_and_reset_recompute_the_same_logits(q8_model, kv_dtype):
 
 @pytest.mark.parametrize("kv_dtype", KV)
 def test_a_full_context_refuses_one_more_token_and_keeps_its_cache(q8_model, kv_dtype):
-    eng = llm_smolq.load(q8_model, n_ctx=64, threads=2, kv_dtype=kv_dtype)
+    eng = llm_smolq.load(q8_model, n_ctx=64, kv_dtype=kv_dtype)
     eng.eval(ids(64))
     before = eng.tokens, eng.k_cache.tobytes(), eng.v_cache.tobytes()
     with pytest.raises(ValueError, match="1 more tokens do not fit: 64 of the context's 64 positions are used"):

@@ -242,3 +242,23 @@ def test_real_sigint_during_a_long_eval(model_path, prompt_logits, monkeypatch):
     assert eng.n_past in (0, MAX_BATCH) and eng.tokens == PROMPT[:eng.n_past]
     monkeypatch.undo()
     np.testing.assert_array_equal(eng.eval(PROMPT[eng.n_past:]), prompt_logits)
+
+
+def test_smolq_threads_sets_the_default_thread_count(model_path, monkeypatch):
+    monkeypatch.setenv("SMOLQ_THREADS", "3")
+    assert fresh_default(model_path).threads == 3
+    assert llm_smolq.load(model_path, n_ctx=64, threads=1).threads == 1  # a count given wins
+    monkeypatch.delenv("SMOLQ_THREADS")
+    assert fresh_default(model_path).threads == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1", "257", "1.5", "٣"])
+def test_a_smolq_threads_that_is_not_a_count_is_refused_with_the_fix(model_path, monkeypatch, value):
+    monkeypatch.setenv("SMOLQ_THREADS", value)
+    with pytest.raises(ValueError, match=f"SMOLQ_THREADS='{value}' is not a thread count: set it to a whole number "
+                                         "from 1 to 256, or unset it"):
+        fresh_default(model_path)
+
+
+def fresh_default(path) -> Engine:
+    return llm_smolq.load(path, n_ctx=64)

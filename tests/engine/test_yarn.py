@@ -39,7 +39,7 @@ def run(eng, ref, case):
 @pytest.mark.parametrize("case", ["declared", "asked"])
 def test_yarn_gives_llama_cpps_logits_past_the_trained_context(case, files, reference):
     extra = {} if case == "declared" else {"rope_scaling": "yarn"}
-    eng = llm_smolq.load(files[case], n_ctx=N_CTX, threads=2, kv_dtype="f32", **extra)
+    eng = llm_smolq.load(files[case], n_ctx=N_CTX, kv_dtype="f32", **extra)
     assert eng.config.rope_scaling.factor == FACTOR and eng.config.rope_scaling.original_context == CONTEXT
     rows, steps = run(eng, reference, case)
     assert eng.n_past > CONTEXT
@@ -59,7 +59,7 @@ def test_without_yarn_the_same_positions_are_far_off(files, reference):
 
 
 def test_the_default_cache_with_yarn_stays_within_llama_cpps_f16_spread(files, reference):
-    eng = llm_smolq.load(files["declared"], n_ctx=N_CTX, threads=2)
+    eng = llm_smolq.load(files["declared"], n_ctx=N_CTX)
     rows, steps = run(eng, reference, "declared")
     ours = np.concatenate([rows[reference["row_index"]], np.stack(steps)])
     theirs = np.concatenate([reference["declared_rows"], reference["declared_greedy_logits"]])

@@ -304,6 +304,13 @@ def test_a_broken_vocabulary_is_refused_at_load(user_dir, reference_dir, tmp_pat
     assert str(bad.resolve()) not in loaded_models.in_memory  # not kept for the next prompt to fail on
 
 
+def test_a_bad_smolq_threads_is_a_model_error_that_says_the_fix(user_dir, monkeypatch):
+    monkeypatch.setattr(loaded_models, "in_memory", {})  # as in a new process: the engine is made now
+    monkeypatch.setenv("SMOLQ_THREADS", "all")
+    with pytest.raises(llm.ModelError, match="SMOLQ_THREADS='all' is not a thread count: set it to a whole number"):
+        llm.get_model("smollm2-q").prompt("hi", max_tokens=1).text()
+
+
 def test_llm_start_and_a_plain_prompt_import_only_what_they_use(user_dir):
     """`llm` loads the plugin on every start: that must not load the kernel, the GGUF
     reader, the tokenizer or jinja2; a prompt without a schema or tools must not load

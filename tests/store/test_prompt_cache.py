@@ -31,7 +31,7 @@ def tiny(reference_dir):
 
 
 def load(path, **kwargs):
-    return llm_smolq.load(path, n_ctx=kwargs.pop("n_ctx", 512), threads=kwargs.pop("threads", 2), **kwargs)
+    return llm_smolq.load(path, n_ctx=kwargs.pop("n_ctx", 512), **kwargs)
 
 
 def random_ids(engine, n, seed):
