@@ -11,9 +11,12 @@ instructions from SIMDe and are chosen on any AVX2 CPU (tests/test_avx512vnni.py
 
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cffi import FFI
+from setuptools import Distribution
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "native"
@@ -83,11 +86,41 @@ def make_builder(absolute_sources: bool = False, sanitize: bool | None = None,
     return builder
 
 
+class BuildExtInParallel(build_ext):
+    """setuptools compiles an extension's C files one after another; with gcc or clang this
+    compiles them a CPU each (the kernel's take a minute on one slow core). setup.py and
+    compile_kernel() both build with it."""
+
+    def build_extension(self, ext):
+        if self.compiler.compiler_type != "unix" or len(ext.sources) < 2:
+            return super().build_extension(ext)
+        one_by_one = self.compiler.compile
+
+        def each_at_once(sources, *args, **kwargs):
+            jobs = min(len(sources), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                       else os.cpu_count() or 1)
+            with ThreadPoolExecutor(jobs) as pool:
+                objects = list(pool.map(lambda source: one_by_one([source], *args, **kwargs), sources))
+            return [o for some in objects for o in some]
+
+        self.compiler.compile = each_at_once
+        try:
+            return super().build_extension(ext)
+        finally:
+            del self.compiler.compile
+
+
 def compile_kernel(tmpdir: Path, sanitize: bool | None = None, verbose: bool = False,
                    vnni_via_simde: str | None = None) -> Path:
     """Build the extension under tmpdir and return the path of the module file."""
     builder = make_builder(absolute_sources=True, sanitize=sanitize, vnni_via_simde=vnni_via_simde)
-    built = builder.compile(tmpdir=str(tmpdir), verbose=verbose)
+    ext = builder.distutils_extension(str(tmpdir), verbose=verbose)  # writes the C wrapper there
+    dist = Distribution({"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtInParallel}})
+    command = dist.get_command_obj("build_ext")
+    command.build_lib = command.build_temp = str(tmpdir)
+    command.force = True
+    dist.run_command("build_ext")
+    [built] = command.get_outputs()
     return Path(built)
 
 
