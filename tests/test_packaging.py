@@ -118,7 +118,7 @@ def installed(sdist, tmp_path_factory) -> Installed:
 
 def test_the_sdist_holds_the_kernel_sources_and_its_builder_but_no_tests(sdist):
     names = set(sdist_members(sdist))
-    needed = {"native/smolq.h", "cffi_build/build_kernel.py", "setup.py", "pyproject.toml", "MANIFEST.in",
+    needed = {"native/smolq.h", "cffi_build/build_kernel.py", "cffi_build/check_wheel.py", "setup.py", "pyproject.toml", "MANIFEST.in",
               "README.md", "LICENSE", "PKG-INFO", "docs/design.md", "docs/development.md"}
     assert needed <= names, needed - names
     native = {p.relative_to(ROOT).as_posix() for p in (ROOT / "native").rglob("*") if p.suffix in (".c", ".h")}
@@ -176,3 +176,22 @@ def test_the_new_venvs_llm_gives_llama_cpps_greedy_answer_on_the_real_model(inst
     assert logged["model"] == "smollm2-q" and logged["prompt"] == question and logged["response"] == answer
     assert logged["output_tokens"] == 8 and logged["response_json"]["finish_reason"] == "length"
     assert Path(logged["response_json"]["model_file"]) == home / "smolq" / smollm2_gguf.name
+
+
+def test_the_wheel_settings_cover_each_platform_and_their_check_runs_on_the_installed_package(tmp_path):
+    """cibuildwheel builds for Linux, macOS and Windows, and its test command, run outside
+    the checkout as cibuildwheel runs it, passes on the package installed here."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pip carries the same parser
+        from pip._vendor import tomli as tomllib
+
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+    builds = set(settings["build"].split())
+    assert {"cp3*-manylinux_x86_64", "cp3*-manylinux_aarch64", "cp3*-macosx_arm64", "cp3*-macosx_x86_64",
+            "cp3*-win_amd64"} <= builds, builds
+    assert settings["macos"]["archs"] == ["arm64", "x86_64"] and settings["windows"]["archs"] == ["AMD64"]
+    command = settings["test-command"].replace("{project}", str(ROOT)).split()
+    assert command[0] == "python"
+    check = run([sys.executable, *command[1:]], timeout=120, cwd=tmp_path, env=clean_env())
+    assert check.stdout.count("llm-smolq kernel ok:") == 2, check.stdout
