@@ -47,14 +47,24 @@ ENGINES = ("llm-smolq", "llama.cpp", "llama.cpp-fa")  # -fa: llama.cpp with flas
 _LLAMA_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml's type numbers
 
 
-def _peak_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _peak_rss_mb() -> float | None:
+    """The process's peak resident memory in MiB: VmHWM on Linux, else getrusage's
+    ru_maxrss (bytes on macOS, KiB elsewhere); None on Windows, which has no getrusage
+    (the report then leaves the figure out)."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024
+        except (OSError, ValueError, IndexError):
+            pass
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 def _token_ids(vocab: int, n: int, seed: int = 0) -> list[int]:
@@ -127,8 +137,10 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
         "load_s": load_s,
         "prefill_tok_s": n_prefill / prefill_s,
         "decode_tok_s": n_decode / decode_s,
-        "peak_rss_mb": _peak_rss_mb(),
     }
+    peak = _peak_rss_mb()
+    if peak is not None:
+        result["peak_rss_mb"] = peak
     if bandwidth and eng is not None:
         result["file_read_gb_s"] = len(eng.model.data) / eng.weight_read_seconds() / 1e9
         decode_gb_s = weight_bytes_per_token(path) * result["decode_tok_s"] / 1e9
@@ -330,6 +342,8 @@ def ratios(runs: dict[str, list[dict]]) -> dict:
     theirs = [e for e in ENGINES[1:] if e in runs]
     out = {}
     for key, pick in better.items():
+        if any(key not in r for rs in runs.values() for r in rs):
+            continue  # a figure this system does not give (peak RSS on Windows)
         anchor = [pick(runs[e][i][key] for e in theirs) for i in range(len(runs["llm-smolq"]))]
         out[key] = summarize([{key: a[key] / b} for a, b in zip(runs["llm-smolq"], anchor)])[key]
         if len(theirs) > 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 from datetime import date
 from pathlib import Path
 
@@ -27,23 +28,36 @@ THEIRS = ("llama.cpp", "llama.cpp-fa")
 
 
 def cpu_name() -> str:
-    """The first processor's model name, with its family and model where /proc/cpuinfo gives them."""
+    """The first processor's model name, with its family and model where /proc/cpuinfo gives
+    them (Linux); on macOS the brand sysctl names; elsewhere what the platform module says."""
     fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if not sep:
-                    if fields:
-                        break  # a blank line ends the first processor's block
-                    continue
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    key, sep, value = line.partition(":")
+                    if not sep:
+                        if fields:
+                            break  # a blank line ends the first processor's block
+                        continue
+                    fields.setdefault(key.strip(), value.strip())
+        except OSError:
+            pass
+    elif sys.platform == "darwin":
+        fields["model name"] = _sysctl("machdep.cpu.brand_string")  # "Apple M2", "Intel(R) Core(TM) i7-..."
     name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']}, model {fields['model']})"
     return name
+
+
+def _sysctl(name: str) -> str:
+    """A macOS sysctl value as text, "" when there is none."""
+    try:
+        done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def simd_path() -> str:
@@ -123,7 +137,8 @@ def _speed_rows(r: dict, with_load: bool) -> list[list[str]]:
                      " / ".join(f"{100 * engines[e]['decode_gb_s'] / read:.0f}%" for e in theirs), ""])
     if with_load:
         rows.append(row("load, s", "load_s"))
-    rows.append(row(f"peak RSS{at}, MB", "peak_rss_mb"))
+    if "peak_rss_mb" in ours:  # not measured on Windows
+        rows.append(row(f"peak RSS{at}, MB", "peak_rss_mb"))
     return rows
 
 

@@ -193,15 +193,27 @@ def run_one(seed: int, index: int, fixtures: Sequence[Layout], path: str,
     return name, outcome, None
 
 
+def _cap_memory() -> None:
+    """A runaway allocation becomes a MemoryError (a failure) instead of a swapping machine:
+    the address space is capped where the system has RLIMIT_AS (not on Windows, where
+    there is no resource module; macOS may refuse the cap)."""
+    try:
+        import resource
+    except ImportError:
+        return
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, hard))
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
 def _worker(args: argparse.Namespace) -> int:
     import faulthandler
-    import resource
 
     faulthandler.enable()  # a crash prints the Python stack to stderr, which the parent keeps
-    # A runaway allocation becomes a MemoryError (a failure) instead of a swapping machine.
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if soft == resource.RLIM_INFINITY:
-        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, hard))
+    _cap_memory()
     report = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything else printed goes to stderr, never into the report stream
     fixtures = [parse(Path(p).read_bytes()) for p in args.fixture]
@@ -291,6 +303,24 @@ class _Job:
         self.log.close()
 
 
+def _check_platform() -> None:
+    """The run watches its workers' pipes with select(), which Windows offers for sockets
+    only."""
+    if sys.platform == "win32":
+        raise RuntimeError("a fuzz run is not available on Windows: it watches its worker processes' pipes "
+                           "with select(), which Windows offers for sockets only. Run it on Linux or macOS "
+                           "(WSL works), or replay one case in this process with --case N")
+
+
+def _died_of(rc: int) -> str:
+    if rc >= 0:
+        return f"exit status {rc}"
+    try:
+        return f"signal {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"signal {-rc}"
+
+
 def _fast_tmp() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
@@ -302,6 +332,7 @@ def run(seed: int, cases: int, fixture_paths: Sequence[str | os.PathLike[str]], 
     """Run cases [start, start + cases) in `jobs` worker processes and report what happened.
     A worker that dies, or takes longer than `timeout` seconds on a case, is recorded as a
     crash or a hang of that case, and a new worker carries on after it."""
+    _check_platform()
     work = Path(workdir or tempfile.mkdtemp(prefix="gguf-fuzz-", dir=_fast_tmp()))
     work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "llm_smolq.dev.fuzz_gguf", "--worker", "--seed", str(seed), "--target", target]
@@ -340,8 +371,8 @@ def run(seed: int, cases: int, fixture_paths: Sequence[str | os.PathLike[str]], 
                     if not chunk:  # the worker has exited
                         rc = job.proc.wait()
                         if job.current is not None:
-                            why = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
-                            lost(job, "crash", f"the worker died ({why}); its stderr ends:\n{job.stderr_tail()}")
+                            lost(job, "crash", f"the worker died ({_died_of(rc)}); its stderr ends:\n"
+                                               f"{job.stderr_tail()}")
                         elif rc != 0:
                             raise RuntimeError(f"a fuzz worker failed outside any case:\n{job.stderr_tail()}")
                         running.remove(job)
@@ -395,6 +426,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return _worker(args)
+    if args.case is None:
+        try:
+            _check_platform()
+        except RuntimeError as exc:
+            ap.error(str(exc))
 
     scratch = args.workdir or tempfile.mkdtemp(prefix="gguf-fuzz-", dir=_fast_tmp())
     try:
