@@ -18,7 +18,8 @@ PACKAGE = Path(llm_smolq.__file__).parent
 # alone ("llm_smolq" is the package's __init__: the Python API, load and Engine). The
 # compiled kernel, llm_smolq._kernel, lies below them all.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["llm_smolq.errors", "llm_smolq.defaults", "llm_smolq.paths"]),  # the one tables
+    ("base", ["llm_smolq.errors", "llm_smolq.defaults", "llm_smolq.paths",  # the one tables
+              "llm_smolq.pages"]),  # and the system's memory pages
     ("cache", ["llm_smolq.cache.*"]),  # header cache, packed weights, kernel identity, atomic writes
     ("model", ["llm_smolq.model.*"]),  # the GGUF header, the model description, the tokenizer
     ("engine", ["llm_smolq.engine.*", "llm_smolq.kernel", "llm_smolq"]),  # eval, KV cache, kernel calls

@@ -1,5 +1,7 @@
 """Files replaced whole: written under a temporary name beside the final one, then
 renamed over it, so a reader sees the old file or the complete new one, never a part.
+On Windows the rename waits a moment for readers of the old file to close it
+(cache/in_use.py).
 
 No fsync: every file written this way is either checked when read (a digest or
 checksum) or small enough to write again, so a file torn by a power cut costs a
@@ -14,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from llm_smolq.cache import in_use
+
 TEMP_PREFIX = ".tmp-"  # what a directory's cleaner may delete once it is old
 
 
@@ -26,7 +30,7 @@ def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
-        os.replace(temp, path)
+        in_use.replace(temp, path)
     except BaseException:
         try:
             os.unlink(temp)

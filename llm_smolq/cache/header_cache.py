@@ -14,8 +14,10 @@ What an entry holds is its reader's: model/gguf_file.py keeps its parsed header 
 (read_header_cached) and checks it against the file, model/tokenizer.py its vocabulary
 and merges (cached_file); this module only keeps, checks and evicts the entries.
 
-Location: $SMOLQ_CACHE_DIR, else $XDG_CACHE_HOME/llm-smolq, else ~/.cache/llm-smolq.
-SMOLQ_CACHE_DIR=off turns the cache off.
+Location: $SMOLQ_CACHE_DIR, else the platform's user cache directory (paths.py:
+~/.cache/llm-smolq on Linux, ~/Library/Caches/llm-smolq on macOS, %LOCALAPPDATA%'s
+llm-smolq/Cache on Windows). SMOLQ_CACHE_DIR=off turns the cache off. Eviction skips an
+entry Windows says is in use; the next eviction deletes it.
 """
 
 from __future__ import annotations
@@ -124,5 +126,5 @@ def _evict(root: Path) -> None:
     for _, p in entries[: max(0, len(entries) - MAX_ENTRIES)]:
         try:
             p.unlink()
-        except OSError:
+        except OSError:  # gone already, or (Windows) open in a reader: the next eviction retries
             pass

@@ -13,10 +13,11 @@ a second or two on the largest models.
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Mapping, Protocol
+
+from llm_smolq import pages
 
 if TYPE_CHECKING:
     import numpy as np
@@ -109,10 +110,4 @@ def weights_digest(model: MappedModel, threads: int = 1) -> str:
 def _let_go(model: MappedModel, start: int, end: int) -> None:
     """Drop the process's hold on the file's pages wholly inside [start, end) (they stay in
     the page cache, and come back if read)."""
-    page = mmap.PAGESIZE
-    start, end = -(-start // page) * page, end // page * page
-    if end > start and hasattr(mmap, "MADV_DONTNEED"):
-        try:
-            model.data._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, AttributeError, ValueError):  # only memory held a little longer
-            pass
+    pages.let_go(model.data, start, end)

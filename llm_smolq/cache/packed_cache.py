@@ -17,7 +17,9 @@ data and the 64-bit sum of its words, and it is only used when all of them check
 a torn or damaged entry means packing again, never wrong weights. A new entry's disk space is reserved
 before anything is written into its mapping: a write to a mapped page the disk has no
 room for would end the process. Anything else (the cache off, no room, an unwritable
-directory) leaves packing into memory, as without the cache.
+directory) leaves packing into memory, as without the cache. So does a system without
+posix_fallocate (macOS, Windows; Linux and FreeBSD have it): with no way to reserve the
+space, no entry is made there, and the weights are not even hashed for one.
 
 The digest is hashed once per state of the file and remembered in packed/weights.index:
 hashing the 3B shape's 1.9 GB of weights takes 1.25 s on one thread, 0.62 s on two, and
@@ -38,7 +40,8 @@ At most KEEP entries stay, the most recently used (a load that maps an entry mar
 used): before a new one is reserved the others are cut to KEEP - 1, and after it is in
 place to KEEP, least recently used first. Deleting an entry another process has mapped
 does not harm that process: the file's name goes, its pages stay until the last mapping
-of it is gone (and so does its space on disk, until then).
+of it is gone (and so does its space on disk, until then). Where the system refuses to
+delete a file in use (Windows), the entry stays, and a later eviction deletes it.
 """
 
 from __future__ import annotations
@@ -78,6 +81,12 @@ def folder() -> Path | None:
     """packed/ of the cache directory; None when the cache is off."""
     root = header_cache_dir()
     return None if root is None else root / "packed"
+
+
+def reserves_space() -> bool:
+    """Whether this system can reserve a new entry's disk space before its mapping is
+    written (os.posix_fallocate): where it cannot, no entry is made."""
+    return hasattr(os, "posix_fallocate")
 
 
 def entry_path(identity: str) -> Path | None:
@@ -299,6 +308,8 @@ def _reserve(path: Path, n_bytes: int) -> tuple[mmap.mmap | None, Path | None]:
     """A new temporary file beside path with n_bytes of disk reserved, mapped for writing;
     (None, None) where there is none to be had (an unwritable directory, no room, no
     posix_fallocate on this system)."""
+    if not reserves_space():
+        return None, None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
@@ -342,5 +353,5 @@ def _evict(root: Path, keep: int, newest: Path | None = None) -> None:
 def _remove(path: Path) -> None:
     try:
         path.unlink()
-    except OSError:
+    except OSError:  # gone already, or (Windows) mapped by a process: a later eviction retries
         pass

@@ -10,7 +10,9 @@ memory map, which the kernel can page out and back in.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from dataclasses import dataclass
 
 from llm_smolq.errors import GGUFError, ResourceError
@@ -45,8 +47,24 @@ def engine_memory(c: ModelConfig, n_ctx: int, kv: KVType, max_batch: int, thread
 
 def available_memory() -> tuple[int, str] | None:
     """(bytes this process may still allocate, where that figure comes from), or None when
-    the system does not say: the smaller of MemAvailable and a cgroup's memory limit.
-    (A cgroup's usage is not subtracted: it counts page cache the kernel can reclaim.)"""
+    the system does not say. Linux: the smaller of MemAvailable and a cgroup's memory
+    limit. Windows: the available physical memory (GlobalMemoryStatusEx). macOS, and a
+    Linux without /proc: the physical memory, as sysconf gives it (macOS says no more
+    without the Mach API, and compresses and swaps before it refuses an allocation)."""
+    if sys.platform == "win32":
+        return _windows_available()
+    found = _linux_available() if sys.platform.startswith("linux") else []
+    if not found:
+        physical = _physical_memory()
+        if physical is None:
+            return None
+        found.append(physical)
+    return min(found)
+
+
+def _linux_available() -> list[tuple[int, str]]:
+    """MemAvailable and the cgroup memory limit, those the system gives. (A cgroup's usage
+    is not subtracted: it counts page cache the kernel can reclaim.)"""
     found: list[tuple[int, str]] = []
     try:
         with open("/proc/meminfo") as f:
@@ -61,12 +79,38 @@ def available_memory() -> tuple[int, str] | None:
                 found.append((int(f.read()), f"the cgroup memory limit in {limit}"))
         except (OSError, ValueError):  # no such cgroup file, or "max" (no limit)
             pass
-    if not found:
-        try:
-            found.append((os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "physical memory"))
-        except (OSError, ValueError, AttributeError):
-            return None
-    return min(found)
+    return found
+
+
+def _physical_memory() -> tuple[int, str] | None:
+    """The machine's physical memory, where sysconf names it (Linux, macOS, the BSDs)."""
+    names = getattr(os, "sysconf_names", {})
+    if "SC_PHYS_PAGES" not in names or "SC_PAGE_SIZE" not in names:
+        return None
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "physical memory"
+    except (OSError, ValueError):
+        return None
+
+
+class _MemoryStatusEx(ctypes.Structure):
+    """Windows' MEMORYSTATUSEX, 64 bytes."""
+
+    _fields_ = [("dwLength", ctypes.c_uint32), ("dwMemoryLoad", ctypes.c_uint32)] + [
+        (name, ctypes.c_uint64) for name in ("ullTotalPhys", "ullAvailPhys", "ullTotalPageFile", "ullAvailPageFile",
+                                             "ullTotalVirtual", "ullAvailVirtual", "ullAvailExtendedVirtual")]
+
+
+def _windows_available() -> tuple[int, str] | None:
+    status = _MemoryStatusEx()
+    status.dwLength = ctypes.sizeof(status)  # the call fails unless the caller says which struct it passes
+    try:
+        ok = ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
+    except (AttributeError, OSError):  # no windll: not Windows after all
+        return None
+    if not ok:
+        return None
+    return int(status.ullAvailPhys), "available physical memory (GlobalMemoryStatusEx)"
 
 
 def check_engine_memory(path: str, c: ModelConfig, n_ctx: int, kv: KVType, max_batch: int, threads: int) -> None:

@@ -20,7 +20,8 @@ matrices with the same bits, so a later switch of path (sq_set_simd) stays corre
 
 The packed copy is kept on disk as well (cache/packed_cache.py): a later load of the same
 weights maps it instead of packing again (the 3B shape: 0.8-1.3 s to load with packing,
-0.23 s from the kept copy). Where no copy can be kept, packing goes into memory. The copy
+0.23 s from the kept copy). Where no copy can be kept (the cache off, or a system that
+cannot reserve its disk space: macOS, Windows), packing goes into memory. The copy
 is named by what its bytes depend on (packed_identity): the weights' content (a SHA-256
 of every byte of them, remembered per state of the file: cache/packed_cache.py), which
 matrices were packed, from where in the weights and to where (the set differs between the
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -48,6 +48,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
+from llm_smolq import pages
 from llm_smolq._kernel import ffi, lib
 from llm_smolq.engine import memory
 from llm_smolq.model.model_file import ModelFile, TensorInfo
@@ -116,25 +117,13 @@ def packed_identity(model: ModelFile, todo: list[TensorInfo], offsets: dict[str,
 
 
 def _anonymous(nbytes: int) -> np.ndarray:
-    buf = mmap.mmap(-1, max(nbytes, 1))
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            buf.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # not offered here: 4 KiB pages do
-            pass
-    return np.frombuffer(buf, np.uint8, count=nbytes)
+    return np.frombuffer(pages.anonymous(nbytes), np.uint8, count=nbytes)
 
 
 def _let_go(model: ModelFile, info: TensorInfo) -> None:
     """Drop the process's hold on the file's pages that lie wholly inside the tensor (they
     stay in the page cache, and come back if read)."""
-    page = mmap.PAGESIZE
-    start, end = -(-info.offset // page) * page, (info.offset + info.n_bytes) // page * page
-    if end > start and hasattr(mmap, "MADV_DONTNEED"):
-        try:
-            model.data._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, AttributeError, ValueError):  # only memory held a little longer
-            pass
+    pages.let_go(model.data, info.offset, info.offset + info.n_bytes)
 
 
 def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
@@ -153,7 +142,8 @@ def pack_weights(model: ModelFile, threads: int = 1) -> dict[str, int]:
         for info in todo:
             offsets[info.name] = size
             size += -(-info.n_bytes // ALIGN) * ALIGN
-        weights = packed_cache.weights(model, threads) if todo and packed_cache.folder() is not None else None
+        keepable = todo and packed_cache.folder() is not None and packed_cache.reserves_space()
+        weights = packed_cache.weights(model, threads) if keepable else None
         entry = packed_cache.entry_path(packed_identity(model, todo, offsets, weights.digest)) if weights else None
         kept = packed_cache.open_entry(entry, size, threads) if entry else None
         if kept is not None:

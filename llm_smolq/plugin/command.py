@@ -4,11 +4,13 @@ wrapping of llm's `prompt` and `chat` commands that makes that possible."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import os
 import re
 import signal
+import stat
 import sys
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -70,7 +72,9 @@ def _prompt_callback(original):
             if better is None:
                 raise
             raise click.ClickException(better) from None
-        except BrokenPipeError:  # from the flush above, or from llm as it is under pytest
+        except OSError as exc:  # from the flush above, or from llm as it is under pytest
+            if not _stdout_closed(exc):
+                raise
             _end_quietly(ctx)
         return result
 
@@ -78,19 +82,31 @@ def _prompt_callback(original):
 
 
 #: The status a shell reports for `seq 1000000 | head -1` and every program that SIGPIPE
-#: ends when its reader goes away: 128 + SIGPIPE (13 wherever there is one).
+#: ends when its reader goes away: 128 + SIGPIPE (13 wherever there is one). Windows has
+#: no SIGPIPE, and no convention of its own: the same status there.
 EXIT_STDOUT_CLOSED = 128 + int(getattr(signal, "SIGPIPE", 13))
 
 
 def _stdout_closed(exc: BaseException) -> bool:
     """Whether llm's error is a write to a pipe nobody reads any more: it reports its own
-    OSErrors as "Error: [Errno 32] Broken pipe", a ClickException raised from them."""
+    OSErrors as "Error: [Errno 32] Broken pipe", a ClickException raised from them. On
+    Windows such a write fails with EINVAL instead (the C runtime has no errno for the
+    pipe's ERROR_NO_DATA): taken as the pipe closed when stdout is a pipe."""
     seen = 0
     while exc is not None and seen < 10:
         if isinstance(exc, BrokenPipeError):
             return True
+        if sys.platform == "win32" and isinstance(exc, OSError) and exc.errno == errno.EINVAL and _stdout_is_pipe():
+            return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+def _stdout_is_pipe() -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no descriptor (a test runner's)
+        return False
 
 
 def _end_quietly(ctx: click.Context) -> NoReturn:

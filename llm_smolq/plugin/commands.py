@@ -206,6 +206,9 @@ def register_cache_commands(smolq: click.Group) -> None:
         folder, packed = packed_cache.kept_entries()
         if folder is None:
             click.echo("Packed:    none kept (SMOLQ_CACHE_DIR=off)")
+        elif not packed and not packed_cache.reserves_space():
+            click.echo("Packed:    none kept on this system (it cannot reserve their disk space before writing): "
+                       "weights are packed in memory on each load")
         else:
             size = catalog.format_size(sum(k.size for k in packed))
             most = catalog.format_size(packed_cache.most_bytes_here(catalog.present_sizes()))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
+from llm_smolq.cache import in_use
 from llm_smolq.store import pypi_models
 from llm_smolq.store.catalog import KnownModel, format_size, pick_known, size_if_file
 from llm_smolq.paths import models_dir
@@ -140,8 +141,16 @@ def _download_from_hub(known: KnownModel, quant: str, dest: Path, progress: bool
             )
         part.replace(dest)
     finally:
+        _release(lock)
+
+
+def _release(lock) -> None:
+    """Let go of the download's lock, and delete its file. Where an open file can be
+    deleted, while it is still held, so that no other download locks the deleted file;
+    on Windows it cannot be while open, and filelock deletes it itself as it lets go."""
+    if in_use.files_stay_while_open():
         Path(lock.lock_file).unlink(missing_ok=True)
-        lock.release()
+    lock.release()
 
 
 def _check_free_space(part: Path, size: int, resume: int, retry: str) -> None:

@@ -20,6 +20,7 @@ The file format is kv_blocks.py's. Files live in ``llm.user_dir() / "smolq-promp
 chain root: one model file, kernel build and KV layout) are held under a budget, by default
 twice the model file's size (SMOLQ_PROMPT_CACHE_SIZE sets another, 0 turns the cache off),
 by deleting its least recently used blocks, deepest first, so a kept chain keeps its start.
+(Windows cannot delete a block another process is reading: it stays for the next eviction.)
 The chain a block belongs to is read from the file names alone (each names its parent).
 """
 
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 from filelock import FileLock, Timeout
 
+from llm_smolq.cache import in_use
 from llm_smolq.cache.atomic_file import TEMP_PREFIX
 from llm_smolq.store.kv_blocks import (
     HEADER_ESTIMATE,
@@ -379,7 +381,8 @@ class PromptCache:
                 yield entry
 
     def clear(self) -> tuple[int, int]:
-        """Delete every block (and leftover temporary file); returns (files, bytes)."""
+        """Delete every block (and leftover temporary file); returns (files, bytes). A block
+        that Windows says another process is reading stays."""
         if not self.directory.is_dir():
             return 0, 0
         files = size = 0
@@ -387,11 +390,11 @@ class PromptCache:
             for item in os.scandir(self.directory):
                 if NAME.match(item.name) or item.name.startswith(TEMP_PREFIX):
                     try:
-                        size += item.stat().st_size
-                        os.unlink(item.path)
-                        files += 1
+                        n_bytes = item.stat().st_size
                     except FileNotFoundError:
-                        pass
+                        continue
+                    if in_use.remove(item.path):
+                        files, size = files + 1, size + n_bytes
         return files, size
 
     def total_bytes(self) -> int:
@@ -410,7 +413,6 @@ def _root16(entry: BlockFile, alive: dict[str, BlockFile]) -> str | None:
 
 
 def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    """Delete a block (or a leftover), unless it is gone already; one that Windows says a
+    reader holds open stays, for the next eviction."""
+    in_use.remove(path)
