@@ -28,7 +28,8 @@ def pytest_configure(config):
     The tests of thread counts name theirs; the bits are the same at any count."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "SMOLQ_THREADS" not in os.environ:
-        os.environ["SMOLQ_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["SMOLQ_THREADS"] = str(max(1, cores // workers))
 
 
 def reference_path() -> Path | None:
