@@ -6,12 +6,11 @@
  * when no job has come for a long time (between prompts, say).
  */
 #define _POSIX_C_SOURCE 200809L
-#include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "pool.h"
+#include "threads.h"
 
 /* Spin briefly, then yield the core (a thread that spins while the thread it waits for
  * is descheduled only delays it: with more runnable threads than cores, pure spinning
@@ -25,10 +24,10 @@ typedef struct {
 
 struct sq_pool {
     int n_threads;
-    pthread_t *threads;     /* [n_threads - 1]: worker i+1 runs on threads[i] */
+    sq_thread *threads;     /* [n_threads - 1]: worker i+1 runs on threads[i] */
     worker_arg *args;       /* [n_threads - 1] */
-    pthread_mutex_t mu;     /* guards sleeping, with `wake` */
-    pthread_cond_t wake;
+    sq_mutex mu;            /* guards sleeping, with `wake` */
+    sq_cond wake;
     atomic_int generation;  /* bumped once per job; workers compare with the last seen */
     atomic_int pending;     /* workers that have not finished the current job */
     atomic_int stop;
@@ -52,16 +51,16 @@ static int wait_for_job(sq_pool *pool, int seen) {
         if (i < SPIN_ROUNDS)
             cpu_relax();
         else
-            sched_yield();
+            sq_thread_yield();
     }
-    pthread_mutex_lock(&pool->mu);
+    sq_mutex_lock(&pool->mu);
     int g;
-    while ((g = atomic_load(&pool->generation)) == seen) pthread_cond_wait(&pool->wake, &pool->mu);
-    pthread_mutex_unlock(&pool->mu);
+    while ((g = atomic_load(&pool->generation)) == seen) sq_cond_wait(&pool->wake, &pool->mu);
+    sq_mutex_unlock(&pool->mu);
     return g;
 }
 
-static void *worker_main(void *p) {
+static sq_thread_result SQ_THREAD_CALL worker_main(void *p) {
     worker_arg *arg = p;
     sq_pool *pool = arg->pool;
     int seen = 0; /* the generation before any job: a job published before this thread ran is not missed */
@@ -71,7 +70,7 @@ static void *worker_main(void *p) {
         pool->fn(pool->ctx, arg->ith, pool->n_threads);
         atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
     }
-    return NULL;
+    return 0;
 }
 
 sq_pool *sq_pool_new(int n_threads) {
@@ -79,8 +78,8 @@ sq_pool *sq_pool_new(int n_threads) {
     sq_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return NULL;
     pool->n_threads = n_threads;
-    pthread_mutex_init(&pool->mu, NULL);
-    pthread_cond_init(&pool->wake, NULL);
+    sq_mutex_init(&pool->mu);
+    sq_cond_init(&pool->wake);
     int n_workers = n_threads - 1;
     if (n_workers > 0) {
         pool->threads = calloc((size_t)n_workers, sizeof *pool->threads);
@@ -89,7 +88,7 @@ sq_pool *sq_pool_new(int n_threads) {
     }
     for (int i = 0; i < n_workers; i++) {
         pool->args[i] = (worker_arg){pool, i + 1};
-        if (pthread_create(&pool->threads[i], NULL, worker_main, &pool->args[i]) != 0) {
+        if (sq_thread_start(&pool->threads[i], worker_main, &pool->args[i]) != 0) {
             pool->n_threads = i + 1; /* only i workers exist: free() must join just those */
             sq_pool_free(pool);
             return NULL;
@@ -107,13 +106,13 @@ int sq_pool_threads(const sq_pool *pool) { return pool->n_threads; }
 
 /* Publishes a job under the mutex so a worker about to sleep cannot miss the wake-up. */
 static void publish(sq_pool *pool, sq_job_fn fn, void *ctx) {
-    pthread_mutex_lock(&pool->mu);
+    sq_mutex_lock(&pool->mu);
     pool->fn = fn;
     pool->ctx = ctx;
     atomic_store(&pool->pending, pool->n_threads - 1);
     atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->mu);
+    sq_cond_broadcast(&pool->wake);
+    sq_mutex_unlock(&pool->mu);
 }
 
 void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx) {
@@ -127,7 +126,7 @@ void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx) {
         if (i < SPIN_ROUNDS)
             cpu_relax();
         else
-            sched_yield();
+            sq_thread_yield();
     }
 }
 
@@ -181,9 +180,9 @@ void sq_pool_free(sq_pool *pool) {
     if (!pool) return;
     atomic_store(&pool->stop, 1);
     publish(pool, NULL, NULL);
-    for (int i = 0; i < pool->n_threads - 1; i++) pthread_join(pool->threads[i], NULL);
-    pthread_mutex_destroy(&pool->mu);
-    pthread_cond_destroy(&pool->wake);
+    for (int i = 0; i < pool->n_threads - 1; i++) sq_thread_join(pool->threads[i]);
+    sq_mutex_destroy(&pool->mu);
+    sq_cond_destroy(&pool->wake);
     free(pool->threads);
     free(pool->args);
     free(pool);

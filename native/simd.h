@@ -40,24 +40,13 @@ int sq_simd_512(void);
  * ------------------------------------------------------------------------- */
 
 #ifdef SQ_X86
-/* The AVX2 code also uses FMA and F16C, which every AVX2 CPU has; checked all the same.
- * libgcc's (and compiler-rt's) checks include the OS saving the YMM registers (and, for
- * the AVX-512 features, the mask and ZMM state). */
-static inline int sq_cpu_has_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
-#ifdef SQ_VNNI_VIA_SIMDE
-/* A test build: the VNNI vec_dots take their VNNI instructions from SIMDe and run
- * wherever the AVX2 ones do (quants/x86/vec_dots.h). */
-static inline int sq_cpu_has_avx512vnni(void) { return 1; }
-#else
-static inline int sq_cpu_has_avx512vnni(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-#endif
+/* Whether the CPU has the instructions of the AVX2 code (AVX2, and FMA and F16C, which
+ * every AVX2 CPU has; checked all the same) and the OS saves the YMM registers; and
+ * whether it has those of the 512-bit code (AVX-512 F, BW, VL and VNNI) and the OS saves
+ * the mask and ZMM registers too. From CPUID and XGETBV (cpu_x86.c); in the SIMDe test
+ * build the second is always 1. */
+int sq_cpu_has_avx2(void);
+int sq_cpu_has_avx512vnni(void);
 #endif
 
 /* ---------------------------------------------------------------------------

@@ -11,9 +11,11 @@
  *   flash_attention_x16.c  its prefill step in 512-bit registers (AVX-512 CPUs)
  *   matmul.c/.h          weight matrices times activations, on the pool
  *   pool.c/.h            the worker threads
+ *   threads.h            the threading calls pool.c makes, on pthreads or Win32
  *   read_bandwidth.c     the pool's threads reading a buffer: the wall decode runs against
  *   exp_ggml.h           llama.cpp's exp, for softmax and SiLU
  *   simd.h               SIMD build flags, CPU checks, code compiled twice, horizontal sums
+ *   cpu_x86.c            the x86-64 CPU checks, from CPUID and XGETBV
  *   simd512.h            sixteen-lane registers, or SIMDe's stand-ins in the test build
  *   quants/              the tensor types: the list and why every path gives the same
  *                        bits (types.h), block layouts, scalar code, batched orders,

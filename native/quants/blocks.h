@@ -12,6 +12,11 @@
 #include <assert.h>
 #include <stdint.h>
 
+/* C11's <assert.h> defines static_assert; not every Windows SDK's does so for C. */
+#ifndef static_assert
+#define static_assert _Static_assert
+#endif
+
 /* Elements per block: QK_K for the K-quants, IQ4_XS and Q8_K, 32 for the rest. */
 #ifndef QK_K
 #define QK_K 256
