@@ -24,14 +24,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers.kernel_builder import build_kernel
+
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "native"
 RUNTIME = Path(__file__).with_name("aarch64_runtime.c")
 
 INSTALL_HINT = "install the test extra: pip install -e '.[test]' (ziglang, unicorn and pyelftools from PyPI)"
 
-# The flags of cffi_build/build_kernel.py's optimised build, with warnings as errors.
-CFLAGS = ["-O3", "-std=c11", "-fno-wrapv", "-Wall", "-Wextra", "-Werror", "-fno-math-errno"]
+# The flags of cffi_build/build_kernel.py's optimised build for Linux, with warnings as errors.
+CFLAGS = [*build_kernel.compile_flags("linux"), "-Werror"]
 # Target CPUs (zig's -mcpu syntax): baseline ARMv8-A, what a build with no -mcpu flag gets,
 # so the NEON code may use nothing newer; and the same with the dot-product extension,
 # which quants/arm/neon.c uses where the compiler targets it.

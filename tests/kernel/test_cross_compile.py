@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers.kernel_builder import build_kernel
 from helpers.run_once import once_per_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,16 +52,6 @@ CLANG_CL_TO_CLANG = {"/O2": ["-O2"], "/Od": ["-O0"], "/W4": ["-Wall", "-Wextra"]
 # compiler runtime and C library supply, which a clang-cl build does not call (it probes
 # the stack with __chkstk, from Visual Studio's C runtime, and calls sinf and cosf apart).
 MINGW_ONLY = {"x86_64-windows-gnu": {"___chkstk_ms", "sincosf"}}
-
-
-def _builder():
-    spec = importlib.util.spec_from_file_location("build_kernel", ROOT / "cffi_build" / "build_kernel.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_kernel = _builder()
 
 
 def zig() -> list[str]:
