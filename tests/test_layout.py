@@ -171,3 +171,12 @@ def test_every_architecture_has_the_model_cards_sampling_defaults():
     assert set(defaults.SAMPLING_BY_ARCH) == set(ARCHITECTURES)
     for card in defaults.SAMPLING_BY_ARCH.values():
         assert set(card) == {"temperature", "top_p"} and 0 < card["top_p"] <= 1 and card["temperature"] >= 0
+
+
+def test_the_readme_and_benchmarks_stay_a_short_read():
+    """README.md is for users (200 lines at most; the rest is in docs/), BENCHMARKS.md the
+    current state (300 lines at most; history is in git log)."""
+    root = Path(llm_smolq.__file__).resolve().parent.parent
+    for name, most in (("README.md", 200), ("BENCHMARKS.md", 300)):
+        lines = len((root / name).read_text().splitlines())
+        assert lines <= most, f"{name} has {lines} lines, more than {most}: move detail to docs/ or shorten it"
