@@ -1454,15 +1454,21 @@ class _Plan:
         if node.max_props is not None and count + len(parts) > node.max_props:
             self._rest[key] = None
             return None
+        text = self._members(parts, phase, b"}")
+        self._rest[key] = text
+        return text
+
+    def _members(self, parts: list[list[bytes]], phase: str, close: bytes) -> bytes | None:
+        """One alternative per member (picked by _choose), comma-separated, then close:
+        after a member ("after") each takes a leading comma; otherwise the first does not,
+        and "comma_sp" (a comma written, its space not) owes the space first."""
         if phase == "after":
             pieces = [[b", " + a for a in alts] for alts in parts]
         else:
             pieces = [[b", " + a for a in alts] if i else alts for i, alts in enumerate(parts)]
             if phase == "comma_sp":
                 pieces.insert(0, [b" "])
-        text = self._choose(pieces, b"}")
-        self._rest[key] = text
-        return text
+        return self._choose(pieces, close)
 
     def _fill_keys(self, node: _Node, need: int, taken: set) -> list[bytes] | None:
         """`need` additional properties with distinct keys (for minProperties)."""
@@ -1492,13 +1498,7 @@ class _Plan:
         if phase == "comma_sp":
             need = max(need, 1)
         items = [self._values(node.item(count + j)) for j in range(need)]
-        if phase == "after":
-            pieces = [[b", " + v for v in alts] for alts in items]
-        else:
-            pieces = [[b", " + v for v in alts] if j else alts for j, alts in enumerate(items)]
-            if phase == "comma_sp":
-                pieces.insert(0, [b" "])
-        text = self._choose(pieces, b"]")
+        text = self._members(items, phase, b"]")
         self._rest[key] = text
         return text
 
