@@ -1770,12 +1770,9 @@ class _Plan:
         if kind == "K" or (kind == "S" and top[-1] is not None):
             owner = cfg[-2]  # the object in phase "key": the key's closing covers it
             below = below[:-1]
-        suffix = b""
-        for frame in below:
-            rest = self._frame_rest(frame)
-            if rest is None:
-                return None
-            suffix = rest + suffix
+        suffix = self._frames_rest(below)
+        if suffix is None:
+            return None
         options = self._top_options(top, owner)
         if not options:
             return None
@@ -1932,17 +1929,24 @@ class _Plan:
             trie = self.vocab.trie
         return max(worst, self._walk(single, trie))
 
+    def _frames_rest(self, frames: tuple) -> bytes | None:
+        """What closes each of these frames, innermost (last) first; None if one cannot close."""
+        suffix = b""
+        for frame in frames:
+            rest = self._frame_rest(frame)
+            if rest is None:
+                return None
+            suffix = rest + suffix
+        return suffix
+
     def _string_tail_cost(self, cfg: tuple) -> float:
         """Tokens of a closing after the string on top ends here ("  + the rest)."""
         top = cfg[-1]
         owner = cfg[-2] if top[-1] is not None else None
         below = cfg[:-2] if owner is not None else cfg[:-1]
-        suffix = b""
-        for frame in below:
-            rest = self._frame_rest(frame)
-            if rest is None:
-                return _INF
-            suffix = rest + suffix
+        suffix = self._frames_rest(below)
+        if suffix is None:
+            return _INF
         if owner is None:
             return self.vocab.cost(b'"' + suffix)
         onode = owner[1]
