@@ -70,14 +70,16 @@ SQ_TWIN void softmax(float *p, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) p[i] *= inv;
 }
 
-/* out[d] = sum_t p[t] * v[t][d], in the order of llama.cpp's kernel for this batch
- * shape: one token -> the f32 dot product over t (4 x 8 lanes); several -> 8 lanes of
- * fma over t, then the register sum. Positions past n_keys are masked there (p = 0),
- * so leaving them out changes nothing. The lanes are kept as rows acc[lane][d], so that
- * both the fmas and the final reductions run along d, 8 outputs per instruction. */
-SQ_TWIN void weighted_sum(const float *p, const float *v, size_t head_dim, size_t n_keys, int batched, float *out) {
+/* out[d] = sum_t p[t] * v[t][d], in the order of llama.cpp's kernel for one token: the
+ * f32 dot product over t (4 x 8 lanes), the same for a token of any batch (llama.cpp's
+ * batches take another order; the engine keeps this one for every token, so that a
+ * position's row does not depend on its batch). Positions past n_keys are masked there
+ * (p = 0), so leaving them out changes nothing. The lanes are kept as rows
+ * acc[lane][d], so that both the fmas and the final reductions run along d, 8 outputs
+ * per instruction. */
+SQ_TWIN void weighted_sum(const float *p, const float *v, size_t head_dim, size_t n_keys, float *out) {
     float acc[32][CHUNK];
-    const size_t lanes = batched ? 8 : 32;
+    const size_t lanes = 32;
     for (size_t d0 = 0; d0 < head_dim; d0 += CHUNK) {  /* one pass for every head_dim up to CHUNK */
         const size_t n = head_dim - d0 < CHUNK ? head_dim - d0 : CHUNK;
         for (size_t l = 0; l < lanes; l++) memset(acc[l], 0, n * sizeof(float));
@@ -88,11 +90,6 @@ SQ_TWIN void weighted_sum(const float *p, const float *v, size_t head_dim, size_
             for (size_t d = 0; d < n; d++) a[d] = fmaf(vr[d], pt, a[d]);
         }
         float *o = out + d0;
-        if (batched) {  /* sq_hsum8 of each output's 8 lanes */
-            for (size_t d = 0; d < n; d++)
-                o[d] = ((acc[0][d] + acc[4][d]) + (acc[2][d] + acc[6][d])) + ((acc[1][d] + acc[5][d]) + (acc[3][d] + acc[7][d]));
-            continue;
-        }
         for (size_t d = 0; d < n; d++) {  /* sq_reduce32 of each output's 32 lanes */
             float r[8];
             for (size_t l = 0; l < 8; l++) r[l] = (acc[l][d] + acc[16 + l][d]) + (acc[8 + l][d] + acc[24 + l][d]);
@@ -102,13 +99,13 @@ SQ_TWIN void weighted_sum(const float *p, const float *v, size_t head_dim, size_
 }
 
 SQ_TWIN void attend(const float *q, size_t group, const float *k, const float *v, size_t head_dim, size_t n_keys,
-                    int batched, float *scores, float *out) {
+                    float *scores, float *out) {
     const float scale = 1.0f / sqrtf((float)head_dim);
     for (size_t g = 0; g < group; g++) {
         const float *qg = q + g * head_dim;
         for (size_t t = 0; t < n_keys; t++) scores[t] = dot_f32(qg, k + t * head_dim, head_dim);
         softmax(scores, n_keys, scale);
-        weighted_sum(scores, v, head_dim, n_keys, batched, out + g * head_dim);
+        weighted_sum(scores, v, head_dim, n_keys, out + g * head_dim);
     }
 }
 
@@ -118,18 +115,18 @@ SQ_TWIN void attend(const float *q, size_t group, const float *k, const float *v
 
 SQ_COMPILED_TWICE(static, attend_twice, attend,
                   (const float *q, size_t group, const float *k, const float *v, size_t head_dim, size_t n_keys,
-                   int batched, float *scores, float *out),
-                  (q, group, k, v, head_dim, n_keys, batched, scores, out))
+                   float *scores, float *out),
+                  (q, group, k, v, head_dim, n_keys, scores, out))
 
 void sq_attention_group(const float *q, int group, const float *k, const float *v, int head_dim, int n_keys,
-                        int batched, float *scores, float *out) {
+                        float *scores, float *out) {
     if (group <= 0 || head_dim <= 0) return;
     const size_t hd = (size_t)head_dim;
     if (n_keys <= 0) {
         fill(out, (size_t)group * hd, 0.0f);  /* nothing to attend to; the Python side forbids this */
         return;
     }
-    attend_twice(q, (size_t)group, k, v, hd, (size_t)n_keys, batched, scores, out);
+    attend_twice(q, (size_t)group, k, v, hd, (size_t)n_keys, scores, out);
 }
 
 /* ---------------------------------------------------------------------------
@@ -177,7 +174,7 @@ void sq_attention(const float *q, const void *k_cache, const void *v_cache, int 
     const size_t q_stride = (size_t)group * (size_t)head_dim;  /* its query heads */
     for (size_t h = 0; h < (size_t)n_kv_heads; h++) {
         sq_attention_group(q + h * q_stride, group, (const float *)k_cache + h * head_elems,
-                           (const float *)v_cache + h * head_elems, head_dim, n_keys, 0, scores,
+                           (const float *)v_cache + h * head_elems, head_dim, n_keys, scores,
                            out + h * q_stride);
     }
     free(scores);

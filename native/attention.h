@@ -6,14 +6,13 @@
 
 #include "smolq.h"
 
-/* The F32 cache's exact path (attention.c): the `group` query heads that share one KV
- * head, attending to its positions 0..n_keys-1 with llama.cpp's rounding. batched says
- * whether the token is part of a multi-token batch, which in llama.cpp changes the
- * kernel, and so the rounding, of the weighted sum of V rows.
+/* The F32 cache's path (attention.c): the `group` query heads that share one KV head,
+ * attending to its positions 0..n_keys-1 with the rounding of llama.cpp's one-token
+ * step, for a token of any batch.
  * q: [group][head_dim] f32; k, v: [n_keys][head_dim] f32, the KV head's own rows;
  * scores: [n_keys] scratch; out: [group][head_dim]. */
 void sq_attention_group(const float *q, int group, const float *k, const float *v, int head_dim, int n_keys,
-                        int batched, float *scores, float *out);
+                        float *scores, float *out);
 
 /* Bytes of one cached row of head_dim elements of kv_type (SQ_F32, SQ_F16, or SQ_Q8_0
  * when head_dim is a multiple of 32); 0 otherwise. */

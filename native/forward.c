@@ -198,7 +198,6 @@ typedef struct {
     const float *k_layer;   /* this layer's [n_kv_heads][n_ctx][head_dim] */
     const float *v_layer;
     int n_tokens, n_past;
-    int batched;            /* llama.cpp's batch order (weighted sums of 8 lanes), else one token's */
     float *scores;          /* [threads][n_ctx] scratch */
     float *out;             /* [n_tokens][n_heads*head_dim] */
 } attention_job;
@@ -215,7 +214,7 @@ static void attention_worker(void *p, int ith, int nth) {
         int t = task / c->n_kv_heads, h = task % c->n_kv_heads;
         int64_t qoff = ((int64_t)t * c->n_heads + (int64_t)h * group) * hd;
         sq_attention_group(job->q + qoff, group, job->k_layer + h * head_elems, job->v_layer + h * head_elems, hd,
-                           job->n_past + t + 1, job->batched, job->scores + (size_t)ith * c->n_ctx,
+                           job->n_past + t + 1, job->scores + (size_t)ith * c->n_ctx,
                            job->out + qoff);
     }
 }
@@ -294,7 +293,7 @@ static void add_into(float *x, const float *y, int64_t n) {
  * ------------------------------------------------------------------------- */
 
 static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, uint8_t *k_cache,
-                          uint8_t *v_cache, int kv_type, int n_tok, int n_past, int step) {
+                          uint8_t *v_cache, int kv_type, int n_tok, int n_past) {
     const sq_config *c = &m->cfg;
     const sq_layer *L = &m->layers[l];
     int dim = c->dim, hd = c->head_dim;
@@ -303,7 +302,7 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
 
     rmsnorm_rows(pool, s->xn, s->x, L->attn_norm.data, n_tok, dim, c->rms_eps);
     sq_matmul_set qkv = {3, {&L->wq, &L->wk, &L->wv}, {s->q, s->k, s->v}, {qd, kvd, kvd}};
-    sq_matmul(pool, &qkv, s->xn, n_tok, s->xq, step);
+    sq_matmul(pool, &qkv, s->xn, n_tok, s->xq);
 
     uint8_t *kl = k_cache + (size_t)l * layer_bytes, *vl = v_cache + (size_t)l * layer_bytes;
     for (int t = 0; t < n_tok; t++) {
@@ -321,32 +320,30 @@ static void layer_forward(const sq_model *m, int l, sq_state *s, sq_pool *pool, 
         }
     }
     if (kv_type == SQ_F32) {
-        attention_job aj = {c, s->q, (const float *)kl, (const float *)vl, n_tok, n_past, n_tok > 1 && !step,
-                            s->scores, s->att};
+        attention_job aj = {c, s->q, (const float *)kl, (const float *)vl, n_tok, n_past, s->scores, s->att};
         sq_pool_run(pool, attention_worker, &aj);
     } else {
         sq_flash_attention(pool, c, s->q, kl, vl, kv_type, n_tok, n_past, s->flash, s->partials, s->att);
     }
 
     sq_matmul_set o = {1, {&L->wo}, {s->xn}, {dim}};
-    sq_matmul(pool, &o, s->att, n_tok, s->xq, step);
+    sq_matmul(pool, &o, s->att, n_tok, s->xq);
     add_into(s->x, s->xn, (int64_t)n_tok * dim);
 
     rmsnorm_rows(pool, s->xn, s->x, L->ffn_norm.data, n_tok, dim, c->rms_eps);
     sq_matmul_set gu = {2, {&L->ffn_gate, &L->ffn_up}, {s->gate, s->up}, {c->hidden_dim, c->hidden_dim}};
-    sq_matmul(pool, &gu, s->xn, n_tok, s->xq, step);
+    sq_matmul(pool, &gu, s->xn, n_tok, s->xq);
     float *gu_rows[2] = {s->gate, s->up};
     /* Shared out from 8,192 elements: a draft check's few tokens are worth both threads. */
     sq_pool_ranges(pool, (int64_t)n_tok * c->hidden_dim, 4096, swiglu_range, gu_rows);
     sq_matmul_set down = {1, {&L->ffn_down}, {s->xn}, {dim}};
-    sq_matmul(pool, &down, s->gate, n_tok, s->xq, step);
+    sq_matmul(pool, &down, s->gate, n_tok, s->xq);
     add_into(s->x, s->xn, (int64_t)n_tok * dim);
 }
 
 /* One chunk of at most max_batch tokens; logits rows for the tokens in [first_out, n_tok). */
 static void chunk_forward(const sq_model *m, sq_state *s, sq_pool *pool, uint8_t *k_cache, uint8_t *v_cache,
-                          int kv_type, const int32_t *tokens, int n_tok, int n_past, float *logits, int first_out,
-                          int step) {
+                          int kv_type, const int32_t *tokens, int n_tok, int n_past, float *logits, int first_out) {
     const sq_config *c = &m->cfg;
     int dim = c->dim;
     const yarn y = yarn_of(c);
@@ -360,22 +357,22 @@ static void chunk_forward(const sq_model *m, sq_state *s, sq_pool *pool, uint8_t
             sq_dequantize_row(e->type, (const uint8_t *)e->data + id * e->row_bytes, s->x + (int64_t)t * dim, dim);
         rope_angles(s->rope_cs + (int64_t)t * c->head_dim, c->head_dim, n_past + t, c->rope_theta, &y);
     }
-    for (int l = 0; l < c->n_layers; l++) layer_forward(m, l, s, pool, k_cache, v_cache, kv_type, n_tok, n_past, step);
+    for (int l = 0; l < c->n_layers; l++) layer_forward(m, l, s, pool, k_cache, v_cache, kv_type, n_tok, n_past);
 
     int n_out = n_tok - first_out;
     if (n_out <= 0) return;
     for (int t = 0; t < n_out; t++)
         rmsnorm(s->xn + (int64_t)t * dim, s->x + (int64_t)(first_out + t) * dim, m->output_norm.data, dim, c->rms_eps);
     sq_matmul_set out = {1, {&m->output}, {logits}, {c->vocab_size}};
-    sq_matmul(pool, &out, s->xn, n_out, s->xq, step);
+    sq_matmul(pool, &out, s->xn, n_out, s->xq);
 }
 
 int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool, void *k_cache, void *v_cache, int kv_type,
                const int32_t *tokens, int n_tokens, int n_past, float *logits, int flags) {
     if (!m || !s || !pool || !k_cache || !v_cache || !tokens || !logits || n_tokens < 1 || n_past < 0 ||
-        (flags & ~(SQ_ALL_LOGITS | SQ_STEP_ORDER)))
+        (flags & ~SQ_ALL_LOGITS))
         return SQ_ERR_ARGS;
-    int all_logits = flags & SQ_ALL_LOGITS, step = (flags & SQ_STEP_ORDER) != 0;
+    int all_logits = flags & SQ_ALL_LOGITS;
     const sq_config *c = &m->cfg;
     if (sq_kv_row_bytes(kv_type, c->head_dim) == 0 || (kv_type != SQ_F32 && c->head_dim > 1024)) return SQ_ERR_ARGS;
     if (n_tokens > c->n_ctx - n_past) return SQ_ERR_CONTEXT;
@@ -396,8 +393,7 @@ int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool, void *k_cache, voi
         int last_chunk = start + n_tok == n_tokens;
         float *rows = all_logits ? logits + (int64_t)start * c->vocab_size : logits;
         int first_out = all_logits ? 0 : (last_chunk ? n_tok - 1 : n_tok);
-        chunk_forward(m, s, pool, k_cache, v_cache, kv_type, tokens + start, n_tok, n_past + start, rows, first_out,
-                      step);
+        chunk_forward(m, s, pool, k_cache, v_cache, kv_type, tokens + start, n_tok, n_past + start, rows, first_out);
     }
     return SQ_OK;
 }

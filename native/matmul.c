@@ -2,10 +2,9 @@
  *
  * As in llama.cpp's CPU backend, the activations are converted once per call to the
  * format paired with the weight type (sq_vec_dot_type: 8-bit blocks for quantized
- * weights), and every output is a block-wise integer dot product rounded as its
- * kernels round it (sq_vec_dot_rows for one token, sq_vec_dot_batch_rows for a batch,
- * sq_vec_dot_steps_rows for a batch rounded as one-token steps),
- * which keeps the logits bit-identical to llama.cpp's on the same file.
+ * weights), and every output is a block-wise integer dot product (sq_vec_dot_rows for
+ * one token, sq_vec_dot_batch_rows for a batch), with sq_vec_dot's bits whatever the
+ * batch (quants/types.h).
  */
 #include "matmul.h"
 #include "pool.h"
@@ -13,7 +12,6 @@
 typedef struct {
     const sq_matmul_set *set;
     int n_tokens;
-    int step_order;        /* each token's outputs as a one-token call rounds them */
     int64_t total_rows;    /* rows of all matrices in the set, end to end */
     const uint8_t *xq;     /* [n_tokens][xq_row_bytes] activations in the set's vec-dot type */
     int64_t xq_row_bytes;
@@ -26,17 +24,11 @@ static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
     int64_t ldy = job->set->ldy[i];
     const uint8_t *base = w->data;
     if (w->packed16) {
-        sq_vec_dot_rows16(w->type, base, r0, r1, job->xq, job->xq_row_bytes, job->n_tokens, w->cols, y + r0, ldy,
-                          job->step_order || job->n_tokens == 1);
+        sq_vec_dot_rows16(w->type, base, r0, r1, job->xq, job->xq_row_bytes, job->n_tokens, w->cols, y + r0, ldy);
         return;
     }
     if (job->n_tokens == 1) {
         sq_vec_dot_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, w->cols, y + r0);
-        return;
-    }
-    if (job->step_order) {
-        sq_vec_dot_steps_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, job->xq_row_bytes,
-                              job->n_tokens, w->cols, y + r0, ldy);
         return;
     }
     sq_vec_dot_batch_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, job->xq_row_bytes,
@@ -93,10 +85,10 @@ static void convert_tokens(void *p, int64_t t0, int64_t t1) {
 /* All matrices of the set share one vec-dot type: x is converted once for all, a batch's
  * tokens shared out between the threads (a prompt's conversion on one thread alone would
  * leave the others waiting for a few percent of the pass). */
-static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq, int step_order) {
+static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq) {
     int64_t cols = set->w[0]->cols;
     int vec_type = sq_vec_dot_type(set->w[0]->type);
-    matmul_job job = {.set = set, .n_tokens = n_tokens, .step_order = step_order, .xq = (const uint8_t *)x,
+    matmul_job job = {.set = set, .n_tokens = n_tokens, .xq = (const uint8_t *)x,
                       .xq_row_bytes = cols * (int64_t)sizeof(float)};
     for (int i = 0; i < set->n; i++) job.total_rows += set->w[i]->rows;
     job.chunk = chunk_rows(job.total_rows, sq_pool_threads(pool), n_tokens);
@@ -109,16 +101,16 @@ static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_t
     sq_pool_tasks(pool, (job.total_rows + job.chunk - 1) / job.chunk, chunk_of_rows, &job);
 }
 
-void sq_matmul(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq, int step_order) {
+void sq_matmul(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq) {
     int same = 1;
     for (int i = 1; i < set->n; i++) same &= sq_vec_dot_type(set->w[i]->type) == sq_vec_dot_type(set->w[0]->type);
     if (same) {
-        run(pool, set, x, n_tokens, xq, step_order);
+        run(pool, set, x, n_tokens, xq);
         return;
     }
     /* e.g. Q4_0 q/k with a Q6_K v: differently converted inputs, one job per matrix. */
     for (int i = 0; i < set->n; i++) {
         sq_matmul_set one = {1, {set->w[i]}, {set->y[i]}, {set->ldy[i]}};
-        run(pool, &one, x, n_tokens, xq, step_order);
+        run(pool, &one, x, n_tokens, xq);
     }
 }

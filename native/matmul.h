@@ -16,8 +16,8 @@ typedef struct {
 } sq_matmul_set;
 
 /* x: [n_tokens][cols] f32. xq: room for n_tokens rows of cols activations in any
- * vec-dot format (2 bytes per element is enough for all of them). step_order: every
- * output rounded as for one token (sq_vec_dot_rows), not in the batched orders. */
-void sq_matmul(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq, int step_order);
+ * vec-dot format (2 bytes per element is enough for all of them). Every output has
+ * sq_vec_dot's bits, whatever n_tokens. */
+void sq_matmul(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_tokens, void *xq);
 
 #endif

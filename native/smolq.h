@@ -58,7 +58,8 @@ float sq_dot_row(int type, const void *row, const float *x, int64_t n);
 /* The engine's mat-vecs work as llama.cpp's CPU backend does: the activations are first
  * converted to the format paired with the weight type (Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL,
  * Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants and IQ4_XS, F16/BF16/F32 for the float
- * types), then multiplied block by block in integer arithmetic. -1 for an unknown type. */
+ * types), then multiplied block by block in integer arithmetic, with one float step per
+ * block (quants/types.h). -1 for an unknown type. */
 int sq_vec_dot_type(int type);
 
 /* Convert n floats into blocks of vec_type (Q8_0, Q8_1, Q8_K, F16, BF16 or F32) at dst;
@@ -66,17 +67,14 @@ int sq_vec_dot_type(int type);
 int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n);
 
 /* Dot product of n elements of a weight row of `type` with activations xq already in
- * sq_vec_dot_type(type) format. Returns NaN on the error cases of sq_dequantize_row. */
+ * sq_vec_dot_type(type) format: the engine's arithmetic, whose bits every other form
+ * below (and every SIMD path) gives. Returns NaN on the error cases of
+ * sq_dequantize_row. */
 float sq_vec_dot(int type, const void *row, const void *xq, int64_t n);
 
 /* A weight row times n_tokens activation rows (xq_stride bytes apart, each as for
- * sq_vec_dot): y[t * ldy] = row . xq row t, rounded as llama.cpp's CPU backend (AVX2)
- * rounds a batch of that size. From SQ_TILED_MIN_TOKENS tokens on, Q2_K, Q3_K, Q5_K,
- * Q6_K and IQ4_XS rows take its tiled order; Q4_K rows take its repacked gemm's order
- * for the first n_tokens - n_tokens % 4 tokens (a matrix with a multiple of 8 rows);
- * every other output is sq_vec_dot's.
+ * sq_vec_dot): y[t * ldy] = row . xq row t, each exactly sq_vec_dot's value.
  * Returns 0, or -1 on the error cases of sq_vec_dot (y untouched). */
-#define SQ_TILED_MIN_TOKENS 8
 int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t n,
                      float *y, int64_t ldy);
 
@@ -86,17 +84,9 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
 int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
                     float *y);
 
-/* n_rows weight rows times n_tokens activation rows as n_tokens one-token steps:
- * y[t * ldy + r] = row r . xq row t, each exactly sq_vec_dot's value, every row read
- * once for all the tokens (and its codes decoded once, where a kernel takes several
- * tokens with one-token bits). Returns 0, or -1 as sq_vec_dot_batch. */
-int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
-                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy);
-
 /* n_rows weight rows (row_bytes apart) times n_tokens activation rows: y[t * ldy + r] =
- * row r . xq row t, each exactly sq_vec_dot_batch's value for that row; the rows in one
- * call so that several can share a pass over the activations (Q4_K from 4 tokens, Q6_K
- * from SQ_TILED_MIN_TOKENS: 8 rows at a time on AVX2).
+ * row r . xq row t, each exactly sq_vec_dot's value; every row read once for all the
+ * tokens, several rows sharing a pass over the activations where a kernel takes them.
  * Returns 0, or -1 as sq_vec_dot_batch. */
 int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
                           int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy);
@@ -137,12 +127,11 @@ int sq_rows16_unpack(int type, const void *src, void *dst, int64_t rows, int64_t
 int sq_rows16_wanted(int type);
 
 /* Rows r0..r1-1 of a matrix packed by sq_rows16_pack whose row 0 is at data, times
- * n_tokens activation rows: y[t * ldy + r - r0], each exactly sq_vec_dot_steps_rows's
- * value (step_order != 0) or sq_vec_dot_batch_rows's for the row as the file had it.
- * Returns 0, or -1 on their error cases, a type that does not pack, r1 < r0 or
- * n_tokens < 1. */
+ * n_tokens activation rows: y[t * ldy + r - r0], each exactly sq_vec_dot's value for
+ * the row as the file had it. Returns 0, or -1 on its error cases, a type that does not
+ * pack, r1 < r0 or n_tokens < 1. */
 int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
-                      int n_tokens, int64_t n, float *y, int64_t ldy, int step_order);
+                      int n_tokens, int64_t n, float *y, int64_t ldy);
 
 /* Row r (0..15) of a packed group, decoded as sq_dequantize_row decodes the row it was. */
 int sq_dequantize_row16(int type, const void *group, int r, float *dst, int64_t n);
@@ -218,16 +207,15 @@ int64_t sq_state_bytes(const sq_config *cfg, int max_batch, int n_threads);
 
 /* Run tokens[0..n_tokens) at positions n_past.. through every layer.
  * k_cache, v_cache: [n_layers][n_kv_heads][n_ctx][row] where a row is head_dim values of
- * kv_type: SQ_F32 (llama.cpp's exact attention order), SQ_F16 or SQ_Q8_0 (head_dim / 32
- * blocks; both attend in one online-softmax pass); the new positions are written there.
+ * kv_type: SQ_F32 (llama.cpp's one-token attention order), SQ_F16 or SQ_Q8_0 (head_dim /
+ * 32 blocks; both attend in one online-softmax pass); the new positions are written there.
  * flags (sq_forward_flags, or-ed): SQ_ALL_LOGITS gives logits [n_tokens][vocab_size],
- * else [vocab_size] for the last token. SQ_STEP_ORDER rounds every token's mat-vecs as a
- * one-token call would (each output sq_vec_dot's value) instead of the batched orders
- * of sq_vec_dot_batch, so a batch gives the logits of as many one-token steps: drafts
- * verified in one pass decode exactly as plain decoding does, the weights read once.
+ * else [vocab_size] for the last token. Every token's row is the same bits whatever batch
+ * it comes in: a batch gives the logits of as many one-token steps, so drafts verified
+ * in one pass decode exactly as plain decoding does, the weights read once.
  * Returns 0, or a negative sq_error. */
 enum sq_error { SQ_OK = 0, SQ_ERR_ARGS = -1, SQ_ERR_TOKEN = -2, SQ_ERR_CONTEXT = -3 };
-enum sq_forward_flags { SQ_ALL_LOGITS = 1, SQ_STEP_ORDER = 2 };
+enum sq_forward_flags { SQ_ALL_LOGITS = 1 };
 int sq_forward(const sq_model *m, sq_state *s, sq_pool *pool,
                void *k_cache, void *v_cache, int kv_type,
                const int32_t *tokens, int n_tokens, int n_past,

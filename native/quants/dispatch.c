@@ -50,12 +50,18 @@ static const sq_simd_vec_dot_fn simd_vec_dot[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
 #endif
 };
 
-/* Whole batches (sq_vec_dot_batch): the same bits as the C code they stand for
- * (sq_batch_dot_k for Q6_K, sq_batch_dot_q4_K for Q4_K). */
+/* One row times a whole batch (sq_vec_dot_batch), each output sq_vec_dot's: Q4_K's
+ * takes tokens four at a time, Q6_K's from BATCH_MIN_TOKENS. */
 static const sq_batch_fn simd_batch[SQ_TYPE_SLOTS] = {
     [SQ_Q4_K] = SIMD(batch_dot_q4_K), [SQ_Q6_K] = SIMD(batch_dot_q6_K),
 };
 #endif
+
+/* Batches of up to this many tokens (a lookup draft's check) take the kernels that keep
+ * each token's sums in registers (dotn, steps_dot8/16); larger ones (a prompt) the tiled
+ * batch kernels of Q4_K and Q6_K, which decode a block once for many tokens. Both give
+ * every output sq_vec_dot's bits: the choice is speed alone. */
+enum { BATCH_MIN_TOKENS = 8 };
 
 #ifdef SQ_X86
 /* Up to SQ_DOTN_MAX activation rows at a time, each with the one-row function's bits;
@@ -194,24 +200,16 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_tokens < 0)
         return -1;
-    sq_batch_fn simd = NULL;
+    int i = 0;
 #ifdef HAVE_SIMD
-    if (simd_batch[type] && sq_simd_enabled())
-        simd = simd_batch[type];
-#endif
-    if (t->batch_ints && n_tokens >= SQ_TILED_MIN_TOKENS) {
-        if (simd)
-            simd(row, xq, xq_stride, n_tokens, nb, y, ldy);
-        else
-            sq_batch_dot_k(t->batch_ints, t->bytes, row, xq, xq_stride, n_tokens, nb, y, ldy);
-        return 0;
+    const sq_batch_fn simd = sq_simd_enabled() && n_tokens >= BATCH_MIN_TOKENS ? simd_batch[type] : NULL;
+    if (simd) {
+        i = type == SQ_Q4_K ? n_tokens - n_tokens % 4 : n_tokens;
+        simd(row, xq, xq_stride, i, nb, y, ldy);
     }
-    int by4 = t->batch_by4 ? n_tokens - n_tokens % 4 : 0;
-    if (by4)
-        (simd ? simd : t->batch_by4)(row, xq, xq_stride, by4, nb, y, ldy);
-    int i = by4;
+#endif
 #ifdef SQ_X86
-    /* The rest with one-token bits: several at a time where the type has a dotn. */
+    /* The rest: several at a time where the type has a dotn. */
     const sq_vec_dotn_fn dotn = vec_dotn(type);
     if (dotn && n_tokens - i > 1) {
         dotn_tokens(dotn, row, xq, xq_stride, i, n_tokens, nb, (const uint8_t *)row + nb * t->bytes, y, ldy);
@@ -246,31 +244,34 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
     return 0;
 }
 
+static int steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
+                      int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy);
+
 int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
                           int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
     const sq_type_traits *t = sq_traits(type);
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
         return -1;
-    /* A type whose batches round every token as sq_vec_dot does: the step-order kernels. */
-    if (!t->batch_ints && !t->batch_by4)
-        return sq_vec_dot_steps_rows(type, rows, row_bytes, n_rows, xq, xq_stride, n_tokens, n, y, ldy);
+    /* Small batches, and the types without tiled batch kernels: the step kernels. */
+    if (n_tokens < BATCH_MIN_TOKENS || (type != SQ_Q4_K && type != SQ_Q6_K))
+        return steps_rows(type, rows, row_bytes, n_rows, xq, xq_stride, n_tokens, n, y, ldy);
     const uint8_t *base = rows;
     int64_t r = 0;
 #ifdef SQ_X86
     const uint8_t *stop = base + (n_rows > 0 ? n_rows - 1 : 0) * row_bytes + nb * t->bytes;  /* the last row's end */
     /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
-     * Q6_K in the tiled order (every token, from SQ_TILED_MIN_TOKENS on): sixteen rows at a
-     * time in 512-bit registers where the CPU has AVX-512 VNNI, else eight. */
+     * Q6_K: sixteen rows at a time in 512-bit registers where the CPU has AVX-512 VNNI,
+     * else eight. */
     const int wide = sq_simd_512();
-    if (type == SQ_Q6_K && n_tokens >= SQ_TILED_MIN_TOKENS && sq_simd_enabled()) {
+    if (type == SQ_Q6_K && sq_simd_enabled()) {
         for (; wide && r + 16 <= n_rows; r += 16)
             sq_batch_dot16_q6_K_avx512vnni(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
         for (; r + 8 <= n_rows; r += 8)
             sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
     }
-    /* Q4_K: the repacked gemm's tokens (all but n_tokens % 4) sixteen or eight rows at a
-     * time; the rest of those rows' tokens as sq_vec_dot_batch would do them. */
+    /* Q4_K: its tokens four at a time (all but n_tokens % 4) sixteen or eight rows at a
+     * time; the rest of those rows' tokens one by one. */
     const int by4 = n_tokens - n_tokens % 4;
     if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
         for (int step; r + 8 <= n_rows; r += step) {
@@ -291,8 +292,8 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     return 0;
 }
 
-int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
-                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
+static int steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
+                      int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
     const sq_type_traits *t = sq_traits(type);
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
@@ -344,15 +345,14 @@ int sq_vec_dot_steps_rows(int type, const void *rows, int64_t row_bytes, int64_t
  * the settings without a packed kernel read one (scalar, or AVX2 after sq_set_simd), and
  * how a range that starts or ends inside a group reads that group. Slow, same bits. */
 static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int first, int count, const void *xq,
-                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy, int step_order) {
+                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
     uint8_t *copy = malloc((size_t)(16 * row_bytes));
     float *out = malloc((size_t)n_tokens * 16 * sizeof(float));
     int status = copy && out ? 0 : -1;
     if (!status)
         status = sq_rows16_unpack(type, group, copy, 16, n);
     if (!status)
-        status = (step_order ? sq_vec_dot_steps_rows : sq_vec_dot_batch_rows)(type, copy, row_bytes, 16, xq, xq_stride,
-                                                                              n_tokens, n, out, 16);
+        status = sq_vec_dot_batch_rows(type, copy, row_bytes, 16, xq, xq_stride, n_tokens, n, out, 16);
     for (int t = 0; t < n_tokens && !status; t++)
         memcpy(y + t * ldy, out + t * 16 + first, (size_t)count * sizeof(float));
     free(copy);
@@ -366,12 +366,12 @@ static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int
  * types' as many). */
 static int avx2_reads_packed(int type) { return type == SQ_Q4_K; }
 
-/* A whole packed Q4_K group at the avx2 setting, in the orders packed_group below takes:
- * the repacked gemm's tokens eight rows at a time (the second eight find the group's
- * bytes in cache), every other token all sixteen at once in one-token bits. */
+/* A whole packed Q4_K group at the avx2 setting: a prompt's tokens four at a time eight
+ * rows at a time (the second eight find the group's bytes in cache), the rest, and small
+ * batches, all sixteen rows at once. */
 static void packed_group8_q4_K(const uint8_t *group, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
-                               const void *stop, float *y, int64_t ldy, int step_order) {
-    const int by4 = step_order ? 0 : n_tokens - n_tokens % 4;
+                               const void *stop, float *y, int64_t ldy) {
+    const int by4 = n_tokens < BATCH_MIN_TOKENS ? 0 : n_tokens - n_tokens % 4;
     for (int half = 0; by4 && half < 2; half++)
         sq_packed_batch8_q4_K_avx2(group, half, xq, xq_stride, by4, nb, stop, y + 8 * half, ldy);
     if (by4 < n_tokens)
@@ -379,16 +379,16 @@ static void packed_group8_q4_K(const uint8_t *group, const void *xq, int64_t xq_
                                    by4 ? group : stop, y + by4 * ldy, ldy);
 }
 
-/* A whole packed group at the avx512vnni setting. A batch not in step order takes the
- * batched orders as sq_vec_dot_batch_rows does: Q4_K's repacked gemm for its first
- * n_tokens - n_tokens % 4 tokens, Q6_K's tiled order for all from SQ_TILED_MIN_TOKENS;
- * every other output its one-token bits. */
+/* A whole packed group at the avx512vnni setting. A prompt's batch takes the tiled
+ * kernels as sq_vec_dot_batch_rows does: Q4_K's for its first n_tokens - n_tokens % 4
+ * tokens, Q6_K's for all; everything else the step kernels. */
 static void packed_group(int type, const uint8_t *group, int64_t row_bytes, const void *xq, int64_t xq_stride,
-                         int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy, int step_order) {
+                         int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     int t = 0;
-    if (type == SQ_Q4_K && !step_order && (t = n_tokens - n_tokens % 4) > 0)
+    const int tiled = n_tokens >= BATCH_MIN_TOKENS;
+    if (type == SQ_Q4_K && tiled && (t = n_tokens - n_tokens % 4) > 0)
         sq_packed_batch16_q4_K_avx512vnni(group, row_bytes, xq, xq_stride, t, nb, stop, y, ldy);
-    if (type == SQ_Q6_K && !step_order && n_tokens >= SQ_TILED_MIN_TOKENS)
+    if (type == SQ_Q6_K && tiled)
         sq_packed_batch16_q6_K_avx512vnni(group, row_bytes, xq, xq_stride, t = n_tokens, nb, stop, y, ldy);
     if (t < n_tokens)
         packed_dot16[type](group, row_bytes, (const uint8_t *)xq + t * xq_stride, xq_stride, n_tokens - t, nb, stop,
@@ -408,7 +408,7 @@ int sq_rows16_wanted(int type) {
 }
 
 int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
-                      int n_tokens, int64_t n, float *y, int64_t ldy, int step_order) {
+                      int n_tokens, int64_t n, float *y, int64_t ldy) {
     const sq_type_traits *t = sq_traits(type);
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !sq_rows16_packs(type) || r0 < 0 || r1 < r0 || n_tokens < 1)
@@ -427,16 +427,16 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
         float *out = y + (first - r0);
 #ifdef SQ_X86
         if (wide && first == g && end == g + 16) {
-            packed_group(type, base + g * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy, step_order);
+            packed_group(type, base + g * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy);
             continue;
         }
         if (!wide && avx2_reads_packed(type) && sq_simd_enabled() && first == g && end == g + 16) {
-            packed_group8_q4_K(base + g * row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy, step_order);
+            packed_group8_q4_K(base + g * row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy);
             continue;
         }
 #endif
         status = group_via_copy(type, base + g * row_bytes, row_bytes, (int)(first - g), (int)(end - first), xq,
-                                xq_stride, n_tokens, n, out, ldy, step_order);
+                                xq_stride, n_tokens, n, out, ldy);
     }
     return status;
 }

@@ -2,8 +2,7 @@
  *
  *   types.h      the list of types (and why every path gives the same bits)
  *   blocks.h     their block layouts
- *   scalar.c     the scalar reference of every type, and the type table built from the list
- *   batch.c      the batched orders: one weight row times many tokens
+ *   scalar.c     the scalar definition of every type's products, and the type table
  *   types.c      what the table answers: geometry, decoding, conversion, names
  *   dispatch.c   the SIMD path in use, and the dot products that take it
  *   rows16.c     matrices packed sixteen rows side by side for the 512-bit kernels
@@ -40,28 +39,14 @@ typedef void (*sq_quantize_fn)(const float *x, void *dst, int64_t nb);
 typedef void (*sq_batch_fn)(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
 
-/* One block in integers, for the tiled order (quants/batch.c): w the scaled signed codes
- * in element order, mn the mins per group of 16 (all 0 for the types without), d and
- * dmin its scales. */
-typedef struct {
-    int16_t w[QK_K];
-    int16_t mn[QK_K / 16];
-    float d, dmin;
-    int has_min;
-} sq_block_ints;
-typedef void (*sq_ints_fn)(const void *block, sq_block_ints *k);
-
 typedef struct {
     int elems, bytes;
     sq_dequant_fn dequant;
     sq_dot_fn dot;
-    /* Weight types: the activation format and the dot product with a row of it. */
+    /* Weight types: the activation format and the dot product with a row of it, the
+     * definition every kernel's bits follow (quants/types.h). */
     int vec_type;
     sq_vec_dot_fn vec_dot;
-    /* BATCH TILED: the block's integer form for sq_batch_dot_k. */
-    sq_ints_fn batch_ints;
-    /* BATCH GEMM4: the rows of a batch llama.cpp's repacked kernel takes 4 at a time. */
-    sq_batch_fn batch_by4;
 } sq_type_traits;
 
 /* The table, by type; slots of no type have elems 0. */
@@ -87,21 +72,6 @@ static inline int64_t sq_whole_blocks(const sq_type_traits *t, int64_t n) {
         return -1;
     return n / t->elems;
 }
-
-/* A Q4_K block's scaled codes w (sc * q, in element order) and its 8 mins, for the
- * repacked gemm's order. */
-void sq_ints_q4_K(const void *block, int16_t w[QK_K], int16_t mn[8]);
-
-/* ---------------------------------------------------------------------------
- * The batched orders (quants/batch.c)
- * ------------------------------------------------------------------------- */
-
-/* The tiled order of a TILED type, given its integer form and block size. */
-void sq_batch_dot_k(sq_ints_fn ints, int block_bytes, const void *row, const void *xq, int64_t xq_stride,
-                    int n_tokens, int64_t nb, float *y, int64_t ldy);
-/* Q4_K's repacked gemm order (an sq_batch_fn). */
-void sq_batch_dot_q4_K(const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
-                       float *y, int64_t ldy);
 
 /* ---------------------------------------------------------------------------
  * The SIMD kernels

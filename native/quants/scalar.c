@@ -171,29 +171,12 @@ static inline int32_t dot_i16(const int16_t *restrict a, const int16_t *restrict
     return s;
 }
 
-/* The 8 float lanes of the AVX2 kernels (quants/types.h): integer lane l takes the
- * products of elements 4l..4l+3 of every 32 in a block, float lane l is updated once
- * per block with an FMA by the block's float scale (fma_lanes, fmaf for the FMA), and
- * sq_hsum8 (simd.h) ends the row. */
-#define NLANE 8
-
-/* The lane sums of a 32-element block in element order: lane l takes the
- * products of elements 4l..4l+3. (All products first, then the sums of four:
- * the shape that vectorizes.) */
-static inline void dot_i16_lanes(const int16_t *restrict a, const int16_t *restrict b,
-                                 int32_t *restrict lane) {
-    int32_t p[4 * NLANE];
-    for (int j = 0; j < 4 * NLANE; j++)
-        p[j] = a[j] * b[j];
-    for (int l = 0; l < NLANE; l++)
-        lane[l] = (p[4 * l] + p[4 * l + 1]) + (p[4 * l + 2] + p[4 * l + 3]);
-}
-
-/* One block's update of the lanes: acc[l] += d * lane[l], rounded once, as
- * _mm256_fmadd_ps does. */
-static inline void fma_lanes(float *restrict acc, float d, const int32_t *restrict lane) {
-    for (int l = 0; l < NLANE; l++)
-        acc[l] = fmaf(d, (float)lane[l], acc[l]);
+/* The block step, the one float operation of a block (quants/types.h): the block's
+ * exact integer sum, converted to float (rounded to nearest even past 2^24), times the
+ * product d of the two blocks' float scales, added to the row's running sum, rounded
+ * once. Every kernel makes exactly this call, block by block in row order. */
+static inline float block_step(float acc, int32_t isum, float d) {
+    return fmaf((float)isum, d, acc);
 }
 
 /* Round to the nearest integer, ties to even, for |v| < 2^22: llama.cpp's
@@ -334,19 +317,17 @@ SQ_TWIN void quant_q8_0_rows(const float *restrict x, void *restrict dst, int64_
 SQ_COMPILED_TWICE(static, quant_q8_0, quant_q8_0_rows, (const float *restrict x, void *restrict dst, int64_t nb),
                   (x, dst, nb))
 
-/* Q8_0 weights . Q8_0 activations: per block (dx * dy) * sum(qx * qy), summed in float. */
+/* Q8_0 weights . Q8_0 activations: the block step (quants/types.h), isum = sum(qx * qy). */
 static float vec_dot_q8_0(const void *row, const void *xq, int64_t nb) {
     const block_q8_0 *x = row, *y = xq;
-    float acc[8] = {0};
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK8_0], a[QK8_0];
         widen_i8(x[i].qs, w, QK8_0);
         widen_i8(y[i].qs, a, QK8_0);
-        int32_t lane[NLANE];
-        dot_i16_lanes(w, a, lane);
-        fma_lanes(acc, scale_to_float(x[i].d) * scale_to_float(y[i].d), lane);
+        sum = block_step(sum, dot_i16(w, a, QK8_0), scale_to_float(x[i].d) * scale_to_float(y[i].d));
     }
-    return sq_hsum8(acc);
+    return sum;
 }
 
 /* ---------------------------------------------------------------------------
@@ -428,31 +409,6 @@ SQ_TWIN void quant_q8_K_rows(const float *restrict x, void *restrict dst, int64_
 SQ_COMPILED_TWICE(static, quant_q8_K, quant_q8_K_rows, (const float *restrict x, void *restrict dst, int64_t nb),
                   (x, dst, nb))
 
-/* The vec_dot functions of Q2_K, Q3_K, Q5_K and Q6_K keep a block's integer sum in
- * the NLANE lanes of llama.cpp's AVX2 kernels: maddubs then madd give int32 lane l
- * the products of bytes 4l .. 4l+3 of each 32-element register, so lane l sums the
- * elements with e % 32 in 4l .. 4l+3; fma_lanes and sq_hsum8 do the rest. Terms made
- * from bsums (two groups of 16 per lane) have lanes of their own. */
-
-/* Lane sums of a block's scaled codes w times its activations a (as int16). One
- * running sum per position in a 32-element chunk keeps the loop vectorizable. */
-static inline void k_lanes_dot(const int16_t *restrict w, const int16_t *restrict a, int32_t *restrict lane) {
-    int32_t p[32] = {0};
-    for (int j = 0; j < QK_K; j += 32)
-        for (int k = 0; k < 32; k++)
-            p[k] += w[j + k] * a[j + k];
-    for (int l = 0; l < NLANE; l++)
-        lane[l] = p[4 * l] + p[4 * l + 1] + p[4 * l + 2] + p[4 * l + 3];
-}
-
-/* Lane l = m[2l] * bsums[2l] + m[2l+1] * bsums[2l+1], m a per-group factor
- * (madd of the 16 factors with the 16 bsums). */
-static inline void k_lanes_bsums(const int16_t *restrict m, const int16_t *restrict bsums, int32_t *restrict lane) {
-    for (int l = 0; l < NLANE; l++)
-        lane[l] = m[2 * l] * bsums[2 * l] + m[2 * l + 1] * bsums[2 * l + 1];
-}
-
-
 /* ---------------------------------------------------------------------------
  * Q4_0: 32 elements, y = d * (q - 8), q a 4-bit code.
  * Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble.
@@ -467,11 +423,7 @@ static inline void decode_q4_0(const block_q4_0 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q4_0, QK4_0)
 
-/* . Q8_0 activations: sum over blocks of isum * (dx * dy), one fmaf per block in
- * block order. On AVX2 llama.cpp repacks Q4_0 matrices (8 rows interleaved) and
- * each output lane runs exactly this chain, so this is the order to match; its
- * plain vec_dot (8-lane sums) is only used for matrices whose row count is not a
- * multiple of 8, which no model here has. */
+/* . Q8_0 activations: the block step, isum = sum((q - 8) * qy). */
 static float vec_dot_q4_0(const void *row, const void *xq, int64_t nb) {
     const block_q4_0 *x = row;
     const block_q8_0 *y = xq;
@@ -483,8 +435,7 @@ static float vec_dot_q4_0(const void *row, const void *xq, int64_t nb) {
             w[j + QK4_0 / 2] = (int16_t)((x[i].qs[j] >> 4) - 8);
         }
         widen_i8(y[i].qs, a, QK4_0);
-        const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        sumf = fmaf((float)dot_i16(w, a, QK4_0), d, sumf);
+        sumf = block_step(sumf, dot_i16(w, a, QK4_0), scale_to_float(x[i].d) * scale_to_float(y[i].d));
     }
     return sumf;
 }
@@ -504,12 +455,12 @@ static inline void decode_q4_1(const block_q4_1 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q4_1, QK4_1)
 
-/* . Q8_1 activations: per block (dx * dy) * sum(q * qy) + m * s. As in
- * llama.cpp's x86 code the offset terms m * s have their own float sum. */
+/* . Q8_1 activations: the block step with isum = sum(q * qy), and the offset
+ * chain of m * s (quants/types.h). */
 static float vec_dot_q4_1(const void *row, const void *xq, int64_t nb) {
     const block_q4_1 *x = row;
     const block_q8_1 *y = xq;
-    float acc[8] = {0}, summs = 0.0f;
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK4_1], a[QK4_1];
         for (int j = 0; j < QK4_1 / 2; j++) {
@@ -517,13 +468,10 @@ static float vec_dot_q4_1(const void *row, const void *xq, int64_t nb) {
             w[j + QK4_1 / 2] = (int16_t)(x[i].qs[j] >> 4);
         }
         widen_i8(y[i].qs, a, QK4_1);
-        const float ms = scale_to_float(x[i].m) * scale_to_float(y[i].s);
-        summs += ms;
-        int32_t lane[NLANE];
-        dot_i16_lanes(w, a, lane);
-        fma_lanes(acc, scale_to_float(x[i].d) * scale_to_float(y[i].d), lane);
+        sum = block_step(sum, dot_i16(w, a, QK4_1), scale_to_float(x[i].d) * scale_to_float(y[i].d));
+        off = fmaf(scale_to_float(x[i].m), scale_to_float(y[i].s), off);
     }
-    return sq_hsum8(acc) + summs;
+    return sum + off;
 }
 
 /* ---------------------------------------------------------------------------
@@ -559,12 +507,11 @@ static inline void decode_q5_0(const block_q5_0 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q5_0, QK5_0)
 
-/* . Q8_0 activations: per block (dx * dy) * sum((q - 16) * qy), in lanes (see
- * fma_lanes) so that the result matches the AVX2 version bit for bit. */
+/* . Q8_0 activations: the block step, isum = sum((q - 16) * qy). */
 static float vec_dot_q5_0(const void *row, const void *xq, int64_t nb) {
     const block_q5_0 *x = row;
     const block_q8_0 *y = xq;
-    float acc[NLANE] = {0};
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK5_0], a[QK5_0];
         uint8_t hb[QK5_0];
@@ -574,12 +521,9 @@ static float vec_dot_q5_0(const void *row, const void *xq, int64_t nb) {
             w[j + QK5_0 / 2] = (int16_t)(((x[i].qs[j] >> 4) | hb[j + QK5_0 / 2]) - 16);
         }
         widen_i8(y[i].qs, a, QK5_0);
-        int32_t lane[NLANE];
-        dot_i16_lanes(w, a, lane);
-        const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        fma_lanes(acc, d, lane);
+        sum = block_step(sum, dot_i16(w, a, QK5_0), scale_to_float(x[i].d) * scale_to_float(y[i].d));
     }
-    return sq_hsum8(acc);
+    return sum;
 }
 
 /* ---------------------------------------------------------------------------
@@ -599,12 +543,11 @@ static inline void decode_q5_1(const block_q5_1 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q5_1, QK5_1)
 
-/* . Q8_1 activations: per block (dx * dy) * sum(q * qy) in lanes, as Q5_0, and
- * the offset terms m * s in a float sum of their own, added last. */
+/* . Q8_1 activations: as Q4_1, with 5-bit codes. */
 static float vec_dot_q5_1(const void *row, const void *xq, int64_t nb) {
     const block_q5_1 *x = row;
     const block_q8_1 *y = xq;
-    float acc[NLANE] = {0}, summs = 0.0f;
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK5_1], a[QK5_1];
         uint8_t hb[QK5_1];
@@ -614,14 +557,10 @@ static float vec_dot_q5_1(const void *row, const void *xq, int64_t nb) {
             w[j + QK5_1 / 2] = (int16_t)((x[i].qs[j] >> 4) | hb[j + QK5_1 / 2]);
         }
         widen_i8(y[i].qs, a, QK5_1);
-        int32_t lane[NLANE];
-        dot_i16_lanes(w, a, lane);
-        const float ms = scale_to_float(x[i].m) * scale_to_float(y[i].s);
-        summs += ms;
-        const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        fma_lanes(acc, d, lane);
+        sum = block_step(sum, dot_i16(w, a, QK5_1), scale_to_float(x[i].d) * scale_to_float(y[i].d));
+        off = fmaf(scale_to_float(x[i].m), scale_to_float(y[i].s), off);
     }
-    return sq_hsum8(acc) + summs;
+    return sum + off;
 }
 
 /* ---------------------------------------------------------------------------
@@ -684,28 +623,21 @@ static inline void scaled_codes_q2_K(const block_q2_K *restrict b, const int16_t
     }
 }
 
-/* . Q8_K activations: per block (dy * d) * sum(sc * q * qy) - (dy * dmin) * sum(mn * bsum),
- * mn * bsum per group of 16. In NLANE lanes (see the Q8_K section): the min
- * lanes are scaled by -(dy * dmin) first, then the code lanes by dy * d, both
- * into the same accumulators. */
+/* . Q8_K activations: the block step with isum = sum(sc * q * qy), and the offset
+ * chain with imin = sum(mn * bsum), mn * bsum per group of 16. */
 static float vec_dot_q2_K(const void *row, const void *xq, int64_t nb) {
     const block_q2_K *x = row;
     const block_q8_K *y = xq;
-    float acc[NLANE] = {0};
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16], mn[16];
-        int32_t lane[NLANE];
         ints_q2_K(&x[i], sc, mn);
-        k_lanes_bsums(mn, y[i].bsums, lane);
-        const float dmin = -(y[i].d * scale_to_float(x[i].dmin));
-        fma_lanes(acc, dmin, lane);
         scaled_codes_q2_K(&x[i], sc, w);
         widen_i8(y[i].qs, a, QK_K);
-        k_lanes_dot(w, a, lane);
-        const float d = y[i].d * scale_to_float(x[i].d);
-        fma_lanes(acc, d, lane);
+        sum = block_step(sum, dot_i16(w, a, QK_K), scale_to_float(x[i].d) * y[i].d);
+        off = block_step(off, dot_i16(mn, y[i].bsums, QK_K / 16), scale_to_float(x[i].dmin) * y[i].d);
     }
-    return sq_hsum8(acc);
+    return sum - off;
 }
 
 /* ---------------------------------------------------------------------------
@@ -767,23 +699,19 @@ static inline void scaled_codes_q3_K(const block_q3_K *restrict b, const int16_t
     }
 }
 
-/* . Q8_K activations: per block (dy * d) * sum((sc - 32) * q * qy), q in -4..3,
- * in NLANE lanes (see the Q8_K section). */
+/* . Q8_K activations: the block step, isum = sum((sc - 32) * q * qy), q in -4..3. */
 static float vec_dot_q3_K(const void *row, const void *xq, int64_t nb) {
     const block_q3_K *x = row;
     const block_q8_K *y = xq;
-    float acc[NLANE] = {0};
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16];
-        int32_t lane[NLANE];
         scales_q3_K(&x[i], sc);
         scaled_codes_q3_K(&x[i], sc, w);
         widen_i8(y[i].qs, a, QK_K);
-        k_lanes_dot(w, a, lane);
-        const float d = y[i].d * scale_to_float(x[i].d);
-        fma_lanes(acc, d, lane);
+        sum = block_step(sum, dot_i16(w, a, QK_K), scale_to_float(x[i].d) * y[i].d);
     }
-    return sq_hsum8(acc);
+    return sum;
 }
 
 /* ---------------------------------------------------------------------------
@@ -845,29 +773,28 @@ static inline void scaled_codes_q4_K(const block_q4_K *restrict b, int16_t *rest
     }
 }
 
-/* . Q8_K activations, as llama.cpp's repacked Q4_K gemv rounds it (its kernels for
- * 8 interleaved rows are what it runs on AVX2 for every matrix with a multiple of 8
- * rows): per block isum = sum(sc * q * qy) and imin = sum(mn * bsum) (mn * bsum per
- * group of 32, two bsums), then two fmaf chains in block order, isum * (d * dy) and
- * imin * (dmin * dy), subtracted at the end. Its gemm (four activation rows at a
- * time) differs only in taking a term per 64 elements: quants/batch.c. */
+/* The offset sum of a Q4_K or Q5_K block: mn * bsum per group of 32 (two bsums). */
+static inline int32_t k_group_mins(const int16_t *restrict mn, const int16_t *restrict bsums) {
+    int32_t imin = 0;
+    for (int g = 0; g < 8; g++)
+        imin += mn[g] * (bsums[2 * g] + bsums[2 * g + 1]);
+    return imin;
+}
+
+/* . Q8_K activations: the block step with isum = sum(sc * q * qy), and the offset
+ * chain with imin = sum(mn * bsum). */
 static float vec_dot_q4_K(const void *row, const void *xq, int64_t nb) {
     const block_q4_K *x = row;
     const block_q8_K *y = xq;
-    float sumf = 0.0f, summ = 0.0f;
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], mn[8];
-        int32_t summs = 0;
         scaled_codes_q4_K(&x[i], w, mn);
-        for (int g = 0; g < 8; g++)
-            summs += mn[g] * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
         widen_i8(y[i].qs, a, QK_K);
-        const float d = scale_to_float(x[i].d) * y[i].d;
-        const float dmin = scale_to_float(x[i].dmin) * y[i].d;
-        sumf = fmaf((float)dot_i16(w, a, QK_K), d, sumf);
-        summ = fmaf((float)summs, dmin, summ);
+        sum = block_step(sum, dot_i16(w, a, QK_K), scale_to_float(x[i].d) * y[i].d);
+        off = block_step(off, k_group_mins(mn, y[i].bsums), scale_to_float(x[i].dmin) * y[i].d);
     }
-    return sumf - summ;
+    return sum - off;
 }
 
 /* ---------------------------------------------------------------------------
@@ -904,33 +831,25 @@ static inline void scaled_codes_q5_K(const block_q5_K *restrict b, const int16_t
     }
 }
 
-/* . Q8_K activations: as Q4_K, with 5-bit codes, but rounded as llama.cpp's AVX2
- * Q5_K kernel: the codes in NLANE lanes (see the Q8_K section), the mins as one
- * integer sum per block, FMA'd by -(dy * dmin) into a float of their own that is
- * added after the lanes' total. (The FMA is the compiler's there: its multiply
- * and add are contracted into one in llama.cpp's AVX2 builds.) */
+/* . Q8_K activations: as Q4_K, with 5-bit codes. */
 static float vec_dot_q5_K(const void *row, const void *xq, int64_t nb) {
     const block_q5_K *x = row;
     const block_q8_K *y = xq;
-    float acc[NLANE] = {0}, summ = 0.0f;
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int16_t w[QK_K], a[QK_K], sc[8];
-        int32_t lane[NLANE], summs = 0;
+        int16_t w[QK_K], a[QK_K], sc[8], mn[8];
         for (int g = 0; g < 8; g++) {
             int s, m;
             sq_k_scale_min(x[i].scales, g, &s, &m);
             sc[g] = (int16_t)s;
-            summs += m * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+            mn[g] = (int16_t)m;
         }
-        const float dmin = -(y[i].d * scale_to_float(x[i].dmin));
-        summ = fmaf(dmin, (float)summs, summ);
         scaled_codes_q5_K(&x[i], sc, w);
         widen_i8(y[i].qs, a, QK_K);
-        k_lanes_dot(w, a, lane);
-        const float d = y[i].d * scale_to_float(x[i].d);
-        fma_lanes(acc, d, lane);
+        sum = block_step(sum, dot_i16(w, a, QK_K), scale_to_float(x[i].d) * y[i].d);
+        off = block_step(off, k_group_mins(mn, y[i].bsums), scale_to_float(x[i].dmin) * y[i].d);
     }
-    return sq_hsum8(acc) + summ;
+    return sum - off;
 }
 
 /* ---------------------------------------------------------------------------
@@ -982,29 +901,20 @@ static inline void scaled_codes_q6_K(const block_q6_K *restrict b, const int16_t
     }
 }
 
-/* . Q8_K activations: per block (dy * d) * sum(sc * (q - 32) * qy), in NLANE
- * lanes (see the Q8_K section). As in llama.cpp's AVX2 kernel the lanes take the
- * unsigned codes q, and the -32 comes off them as 32 * sc * bsum, two groups per
- * lane: a lane's integer sum differs from that of its own elements' (q - 32). */
+/* . Q8_K activations: the block step, isum = sum(sc * (q - 32) * qy). */
 static float vec_dot_q6_K(const void *row, const void *xq, int64_t nb) {
     const block_q6_K *x = row;
     const block_q8_K *y = xq;
-    float acc[NLANE] = {0};
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK_K], a[QK_K], sc[16];
-        int32_t lane[NLANE], off[NLANE];
         for (int g = 0; g < 16; g++)
             sc[g] = x[i].scales[g];
-        scaled_codes_q6_K(&x[i], sc, 0, w);
+        scaled_codes_q6_K(&x[i], sc, 32, w);
         widen_i8(y[i].qs, a, QK_K);
-        k_lanes_dot(w, a, lane);
-        k_lanes_bsums(sc, y[i].bsums, off);
-        for (int l = 0; l < NLANE; l++)
-            lane[l] -= 32 * off[l];
-        const float d = y[i].d * scale_to_float(x[i].d);
-        fma_lanes(acc, d, lane);
+        sum = block_step(sum, dot_i16(w, a, QK_K), scale_to_float(x[i].d) * y[i].d);
     }
-    return sq_hsum8(acc);
+    return sum;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1059,20 +969,18 @@ static inline void interleave32(const int8_t *restrict q, int16_t *restrict a) {
     }
 }
 
-/* . Q8_0 activations: sum over blocks of isum * (dx * dy), one fmaf per block in
- * block order: the chain of llama.cpp's repacked IQ4_NL kernels (as for Q4_0). */
+/* . Q8_0 activations: the block step, isum = sum(kvalues[q] * qy). */
 static float vec_dot_iq4_nl(const void *row, const void *xq, int64_t nb) {
     const block_iq4_nl *x = row;
     const block_q8_0 *y = xq;
-    float sumf = 0.0f;
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int16_t w[QK4_NL], a[QK4_NL];
         iq4_codes32(x[i].qs, w);
         interleave32(y[i].qs, a);
-        const float d = scale_to_float(x[i].d) * scale_to_float(y[i].d);
-        sumf = fmaf((float)dot_i16(w, a, QK4_NL), d, sumf);
+        sum = block_step(sum, dot_i16(w, a, QK4_NL), scale_to_float(x[i].d) * scale_to_float(y[i].d));
     }
-    return sumf;
+    return sum;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1089,120 +997,22 @@ static inline void decode_iq4_xs(const block_iq4_xs *restrict b, float *restrict
 }
 ROW_FUNCS(iq4_xs, QK_K)
 
-/* The lane sums (see fma_lanes) of a block in iq4_codes32's interleaved order:
- * element j sits at position 2j and element j + 16 at 2j + 1, so the elements
- * 4l..4l+3 of lane l < 4 are at the even positions 8l..8l+6 and those of lane
- * l + 4 at the odd positions between them. */
-static inline void iq4_lanes(const int16_t *restrict w, const int16_t *restrict a,
-                             int32_t *restrict lane) {
-    int32_t p[4 * NLANE];
-    for (int j = 0; j < 4 * NLANE; j++)
-        p[j] = w[j] * a[j];
-    for (int l = 0; l < 4; l++) {
-        const int32_t *q = p + 8 * l;
-        lane[l] = (q[0] + q[2]) + (q[4] + q[6]);
-        lane[l + 4] = (q[1] + q[3]) + (q[5] + q[7]);
-    }
-}
-
-/* . Q8_K activations: per block (d * dy) * sum((s - 32) * kvalues[q] * qy), in
- * lanes: lane l sums elements 4l..4l+3 of all 8 groups, each group's share
- * times its scale, so the result matches the AVX2 version bit for bit. */
+/* . Q8_K activations: the block step, isum = sum((s - 32) * kvalues[q] * qy). */
 static float vec_dot_iq4_xs(const void *row, const void *xq, int64_t nb) {
     const block_iq4_xs *x = row;
     const block_q8_K *y = xq;
-    float acc[NLANE] = {0};
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int32_t lane[NLANE] = {0};
+        int32_t isum = 0;
         for (int g = 0; g < 8; g++) {
-            const int32_t s = sq_iq4_xs_scale(&x[i], g) - 32;
             int16_t w[32], a[32];
-            int32_t part[NLANE];
             iq4_codes32(x[i].qs + 16 * g, w);
             interleave32(y[i].qs + 32 * g, a);
-            iq4_lanes(w, a, part);
-            for (int l = 0; l < NLANE; l++)
-                lane[l] += s * part[l];
+            isum += (sq_iq4_xs_scale(&x[i], g) - 32) * dot_i16(w, a, 32);
         }
-        const float d = scale_to_float(x[i].d) * y[i].d;
-        fma_lanes(acc, d, lane);
+        sum = block_step(sum, isum, scale_to_float(x[i].d) * y[i].d);
     }
-    return sq_hsum8(acc);
-}
-
-/* ---------------------------------------------------------------------------
- * Integer forms of a block, for the batched orders (quants/batch.c)
- * ------------------------------------------------------------------------- */
-
-/* The TILED types: a block as sq_block_ints. */
-static void k_ints_q2_K(const void *block, sq_block_ints *k) {
-    const block_q2_K *b = block;
-    int16_t sc[16];
-    ints_q2_K(b, sc, k->mn);
-    scaled_codes_q2_K(b, sc, k->w);
-    k->d = scale_to_float(b->d);
-    k->dmin = scale_to_float(b->dmin);
-    k->has_min = 1;
-}
-
-static void k_ints_q3_K(const void *block, sq_block_ints *k) {
-    const block_q3_K *b = block;
-    int16_t sc[16];
-    scales_q3_K(b, sc);
-    scaled_codes_q3_K(b, sc, k->w);
-    memset(k->mn, 0, sizeof(k->mn));
-    k->d = scale_to_float(b->d);
-    k->dmin = 0.0f;
-    k->has_min = 0;
-}
-
-static void k_ints_q5_K(const void *block, sq_block_ints *k) {
-    const block_q5_K *b = block;
-    int16_t sc[8];
-    for (int g = 0; g < 8; g++) {
-        int s, m;
-        sq_k_scale_min(b->scales, g, &s, &m);
-        sc[g] = (int16_t)s;
-        k->mn[2 * g] = k->mn[2 * g + 1] = (int16_t)m; /* a group of 32 spans two bsums */
-    }
-    scaled_codes_q5_K(b, sc, k->w);
-    k->d = scale_to_float(b->d);
-    k->dmin = scale_to_float(b->dmin);
-    k->has_min = 1;
-}
-
-static void k_ints_q6_K(const void *block, sq_block_ints *k) {
-    const block_q6_K *b = block;
-    int16_t sc[16];
-    for (int g = 0; g < 16; g++)
-        sc[g] = b->scales[g];
-    scaled_codes_q6_K(b, sc, 32, k->w);
-    memset(k->mn, 0, sizeof(k->mn));
-    k->d = scale_to_float(b->d);
-    k->dmin = 0.0f;
-    k->has_min = 0;
-}
-
-static void k_ints_iq4_xs(const void *block, sq_block_ints *k) {
-    const block_iq4_xs *b = block;
-    for (int g = 0; g < 8; g++) {
-        const int16_t s = (int16_t)(sq_iq4_xs_scale(b, g) - 32);
-        const uint8_t *q = b->qs + 16 * g;
-        int16_t *o = k->w + 32 * g;
-        for (int j = 0; j < 16; j++) {
-            o[j] = (int16_t)(s * kvalues_iq4nl[q[j] & 0x0f]);
-            o[j + 16] = (int16_t)(s * kvalues_iq4nl[q[j] >> 4]);
-        }
-    }
-    memset(k->mn, 0, sizeof(k->mn));
-    k->d = scale_to_float(b->d);
-    k->dmin = 0.0f;
-    k->has_min = 0;
-}
-
-/* Q4_K (GEMM4): scaled codes and mins as vec_dot_q4_K takes them. */
-void sq_ints_q4_K(const void *block, int16_t w[QK_K], int16_t mn[8]) {
-    scaled_codes_q4_K(block, w, mn);
+    return sum;
 }
 
 /* ---------------------------------------------------------------------------
@@ -1212,14 +1022,11 @@ void sq_ints_q4_K(const void *block, int16_t w[QK_K], int16_t mn[8]) {
 #define TRAITS(name, QK) \
     .elems = QK, .bytes = (int)sizeof(block_##name), .dequant = dequant_##name, .dot = dot_##name
 #define WEIGHT(name, vec) .vec_type = vec, .vec_dot = vec_dot_##name
-#define BATCH_VEC(name)
-#define BATCH_TILED(name) , .batch_ints = k_ints_##name
-#define BATCH_GEMM4(name) , .batch_by4 = sq_batch_dot_##name
 #define FLOAT_ROW(ctx, NAME, name, unit_t) \
     [SQ_##NAME] = { .elems = 1, .bytes = (int)sizeof(unit_t), .dequant = dequant_##name, .dot = dot_##name, \
                     WEIGHT(name, SQ_##NAME) },
-#define QUANT_ROW(ctx, NAME, name, QK, ACT, BATCH) \
-    [SQ_##NAME] = { TRAITS(name, QK), WEIGHT(name, SQ_##ACT) BATCH_##BATCH(name) },
+#define QUANT_ROW(ctx, NAME, name, QK, ACT) \
+    [SQ_##NAME] = { TRAITS(name, QK), WEIGHT(name, SQ_##ACT) },
 #define ACTIVATION_ROW(ctx, NAME, name, QK) [SQ_##NAME] = { TRAITS(name, QK) },
 const sq_type_traits sq_type_table[SQ_TYPE_SLOTS] = {
     SQ_FLOAT_TYPES(FLOAT_ROW, _)
@@ -1231,7 +1038,7 @@ const sq_type_traits sq_type_table[SQ_TYPE_SLOTS] = {
 #define ACT_QK_Q8_0 QK8_0
 #define ACT_QK_Q8_1 QK8_1
 #define ACT_QK_Q8_K QK_K
-#define SAME_BLOCKS(ctx, NAME, name, QK, ACT, BATCH) \
+#define SAME_BLOCKS(ctx, NAME, name, QK, ACT) \
     static_assert(QK == ACT_QK_##ACT, #NAME "'s blocks and " #ACT "'s differ in size");
 SQ_QUANT_TYPES(SAME_BLOCKS, _)
 

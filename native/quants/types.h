@@ -14,57 +14,55 @@
  *  2. its block layout in quants/blocks.h;
  *  3. a line in SQ_QUANT_TYPES below;
  *  4. its section in quants/scalar.c: decode_<name> (ROW_FUNCS makes the row decoder and
- *     the float dot product from it) and vec_dot_<name>, plus k_ints_<name> if it
- *     takes the tiled batch order;
+ *     the float dot product from it) and vec_dot_<name>, the definition of its products;
  *  5. sq_vec_dot_<name>_<simd> in quants/x86/vec_dots.h (compiled for AVX2 and for
  *     AVX-512 VNNI) and in quants/arm/neon.c, with the scalar vec_dot's bits.
  * Until each is there the build stops at the name that is missing.
  *
  * ---------------------------------------------------------------------------------
- * Why every path gives llama.cpp's bits
+ * The engine's arithmetic: one definition, the same bits everywhere
  *
- * The engine's logits are meant to equal, bit for bit, those of llama.cpp's CPU backend
- * in its AVX2 build on the same file, on every path this kernel has (scalar, AVX2,
- * AVX-512 VNNI, NEON). Bits matter that much because every mat-vec quantizes its input
- * to 8 bits first: a one-ulp difference anywhere upstream can flip a code and move
- * every later logit by about 1%. So:
+ * A product of a weight row and an activation row is defined once, by the scalar
+ * vec_dot_<name> in quants/scalar.c, and every other way of computing it (the AVX2,
+ * AVX-512 VNNI and NEON kernels, one row or sixteen side by side, one token or a
+ * batch of any size, in the file's layout or packed) gives its bits. So a batch of N
+ * tokens gives the outputs of N one-token calls, a prompt gives the logits of as many
+ * decode steps in any chunking, and the answers are the same on every CPU. The
+ * definition, for each block of the row in row order:
  *
- *  - Integers are exact: a block's dot product is an integer sum (codes times 8-bit
- *    activation codes, group scales folded in), the same in any order; every kernel
- *    keeps it below int32's and int16's limits (the bounds are stated where the
- *    kernels saturate or widen). Only the float steps around it must match: the
- *    product of the two blocks' scales, how block results are accumulated, which
- *    elements share a float lane, and the final horizontal sum.
+ *  1. The integer sum. isum = the sum over the block's elements of weight code times
+ *     activation code, each code times its group's integer scale where the format has
+ *     integer sub-block scales (K-quants, IQ4_XS), the offsets folded into the codes
+ *     where they are integers (Q4_0's q - 8, Q6_K's q - 32, Q3_K's high bit). Exact in
+ *     int32 (the largest, Q6_K's, stays below 2^28), so any order of adding gives it.
+ *     The types with a per-group offset in float (the mins of Q2_K, Q4_K and Q5_K) also
+ *     form imin = the sum over groups of min times the group's activation sum (Q8_K's
+ *     bsums), exact too.
+ *  2. The block step: sum = fmaf((float)isum, dw * da, sum), dw and da the two blocks'
+ *     float scales (f16 widened exactly; Q8_K's is a float), their product rounded
+ *     once, the FMA rounded once; (float) rounds to nearest even past 2^24.
+ *  3. Offsets have a second chain of their own, updated in the same block: for Q2_K,
+ *     Q4_K and Q5_K, off = fmaf((float)imin, dminw * da, off), and the row's result is
+ *     sum - off; for Q4_1 and Q5_1 (Q8_1 activations, whose s is d times the sum of the
+ *     block's codes, as an f16), off = fmaf(mw, sa, off) and the result is sum + off.
+ *     Every other type's result is sum. Both chains start at +0.
  *
- *  - The float steps are llama.cpp's: each kernel names the llama.cpp kernel whose
- *    steps it repeats. Most keep the AVX2 kernels' 8 float lanes: integer lane l holds
- *    the products of elements 4l..4l+3 of every 32 (what maddubs then madd give), and
- *    each block adds lane times scale into float lane l with one FMA; the row ends with
- *    sq_hsum8's order (simd.h). Q4_0, IQ4_NL and Q4_K instead follow the repacked 8-row
- *    kernels llama.cpp runs on AVX2 for matrices with a multiple of 8 rows: one whole
- *    block integer, one fmaf chain in block order. A batch of tokens takes llama.cpp's
- *    batch orders (quants/batch.c): its tiled one for Q2_K, Q3_K, Q5_K, Q6_K and
- *    IQ4_XS from SQ_TILED_MIN_TOKENS tokens on, its repacked gemm's for Q4_K, four
- *    tokens at a time.
+ * Nothing else is rounded, and nothing is in another order: a SIMD kernel computes the
+ * integer sums however it likes, then applies step 2 (and 3) block by block, one row
+ * and one token per float lane. A kernel may keep sixteen rows, or several tokens, in
+ * the lanes of one register; it may not split a row's blocks across lanes.
  *
- *  - FMA versus multiply-then-add is part of the order: an FMA rounds once, a multiply
- *    and an add twice. Where llama.cpp fuses (its intrinsics, or its AVX2 build's
- *    compiler contracting a multiply and an add), the kernels here call an FMA (fmaf,
- *    _mm256_fmadd_ps, vfmaq); where it does not, the product stays in a statement of
- *    its own, so that no compiler may contract it into the add that follows.
- *
- *  - The scalar code in quants/scalar.c is the reference: it repeats the AVX2 kernels'
- *    float steps lane by lane (fmaf for each FMA), and the x86 and NEON kernels each
- *    have a scalar twin there with the same bits. The tests compare every path.
- *
- *  - The activation quantizers reproduce llama.cpp's x86 ones bit for bit (rounding
- *    ties to even, as its AVX code does), and the same holds outside quants/: RMSNorm,
- *    RoPE, SwiGLU's exp and the F32 cache's attention repeat llama.cpp's operations in
- *    its order (forward.c, exp_ggml.h, attention.c). The compact caches' single-pass
- *    attention (flash_attention.c) keeps one order of its own on every path.
+ * Around the products: the activation quantizers round ties to even (as llama.cpp's x86
+ * code does), and RMSNorm, RoPE, SwiGLU's exp and the F32 cache's attention follow
+ * llama.cpp's operations (forward.c, exp_ggml.h, attention.c); each works on one token's
+ * row at a time, so it too gives every token the same bits in any batch. The compact
+ * caches' single-pass attention (flash_attention.c) keeps one order of its own on every
+ * path. llama.cpp's own builds round its products in other orders (its AVX2 and AVX-512
+ * builds differ by 1.5-2.9% median per logits row on the tiny reference files); the
+ * engine stays within that spread of both (tests/engine/test_engine_reference.py).
  *
  * (The row decoders and sq_dot_row are another matter: they match gguf's Python
- * decoders, not llama.cpp's vec_dots; see quants/scalar.c.)
+ * decoders, not these products; see quants/scalar.c.)
  * ---------------------------------------------------------------------------------
  */
 #ifndef SMOLQ_QUANTS_TYPES_H
@@ -81,24 +79,21 @@
     X(ctx, F16, f16, uint16_t) \
     X(ctx, BF16, bf16, uint16_t)
 
-/* The quantized weight types: X(ctx, NAME, name, QK, ACT, BATCH), with QK the elements
- * per block, ACT the activation format its vec_dot pairs it with (as llama.cpp does),
- * and BATCH the order of a batch of tokens: VEC (each token as sq_vec_dot), TILED
- * (llama.cpp's tiled order, from SQ_TILED_MIN_TOKENS tokens) or GEMM4 (Q4_K's repacked
- * gemm, four tokens at a time). */
-#define SQ_QUANT_TYPES(X, ctx)                  \
-    X(ctx, Q8_0, q8_0, QK8_0, Q8_0, VEC)        \
-    X(ctx, Q4_0, q4_0, QK4_0, Q8_0, VEC)        \
-    X(ctx, Q4_1, q4_1, QK4_1, Q8_1, VEC)        \
-    X(ctx, Q5_0, q5_0, QK5_0, Q8_0, VEC)        \
-    X(ctx, Q5_1, q5_1, QK5_1, Q8_1, VEC)        \
-    X(ctx, Q2_K, q2_K, QK_K, Q8_K, TILED)       \
-    X(ctx, Q3_K, q3_K, QK_K, Q8_K, TILED)       \
-    X(ctx, Q4_K, q4_K, QK_K, Q8_K, GEMM4)       \
-    X(ctx, Q5_K, q5_K, QK_K, Q8_K, TILED)       \
-    X(ctx, Q6_K, q6_K, QK_K, Q8_K, TILED)       \
-    X(ctx, IQ4_NL, iq4_nl, QK4_NL, Q8_0, VEC)   \
-    X(ctx, IQ4_XS, iq4_xs, QK_K, Q8_K, TILED)
+/* The quantized weight types: X(ctx, NAME, name, QK, ACT), with QK the elements per
+ * block and ACT the activation format its vec_dot pairs it with (as llama.cpp does). */
+#define SQ_QUANT_TYPES(X, ctx)            \
+    X(ctx, Q8_0, q8_0, QK8_0, Q8_0)       \
+    X(ctx, Q4_0, q4_0, QK4_0, Q8_0)       \
+    X(ctx, Q4_1, q4_1, QK4_1, Q8_1)       \
+    X(ctx, Q5_0, q5_0, QK5_0, Q8_0)       \
+    X(ctx, Q5_1, q5_1, QK5_1, Q8_1)       \
+    X(ctx, Q2_K, q2_K, QK_K, Q8_K)        \
+    X(ctx, Q3_K, q3_K, QK_K, Q8_K)        \
+    X(ctx, Q4_K, q4_K, QK_K, Q8_K)        \
+    X(ctx, Q5_K, q5_K, QK_K, Q8_K)        \
+    X(ctx, Q6_K, q6_K, QK_K, Q8_K)        \
+    X(ctx, IQ4_NL, iq4_nl, QK4_NL, Q8_0)  \
+    X(ctx, IQ4_XS, iq4_xs, QK_K, Q8_K)
 
 /* The formats that only hold activations: X(ctx, NAME, name, QK). (Q8_0, a weight type
  * too, and the float types are activation formats as well.) */
