@@ -351,7 +351,7 @@ class Generation:
             if self.policy is not None:
                 self.policy.stepped(time.perf_counter() - started)
             return
-        rows = self.engine.eval([token, *tokens], all_logits=True, step_order=True)
+        rows = self.engine.eval([token, *tokens], all_logits=True)
         self.done.drafted_tokens += len(tokens)
         self.draft = Draft(tokens, rows[1:], order, time.perf_counter() - started)
         self.logits, self.kept = rows[0], self.kept + 1

@@ -10,10 +10,10 @@ samples agree with it (decode/generate.py).
 Sampling a token and keeping the draft's token only when they are equal is the
 speculative-sampling acceptance rule for a draft that puts all its probability on one
 token: the draft is kept with probability p(token), and otherwise the token comes from
-p without it, renormalized. With the batch rounded as one-token steps (Engine.eval's
-step_order), every row is the logits plain decoding computes, and the sampler draws once
-per token in the same order: the output is the same as plain decoding's, token for token,
-greedy or seeded.
+p without it, renormalized. The engine gives every row of a batch the bits of a one-token
+step (Engine.eval), so every row is the logits plain decoding computes, and the sampler
+draws once per token in the same order: the output is the same as plain decoding's,
+token for token, greedy or seeded.
 """
 
 from __future__ import annotations

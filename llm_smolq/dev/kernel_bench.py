@@ -77,13 +77,13 @@ def measure(path: str, tokens: list[int], repeat: int) -> dict:
             if k == 1:
                 plain = _best_seconds(lambda: lib.sq_vec_dot_rows(qtype, w, info.row_bytes, rows, x, cols, y), repeat)
             else:
-                plain = _best_seconds(lambda: lib.sq_vec_dot_steps_rows(qtype, w, info.row_bytes, rows, x, xq_bytes, k,
+                plain = _best_seconds(lambda: lib.sq_vec_dot_batch_rows(qtype, w, info.row_bytes, rows, x, xq_bytes, k,
                                                                         cols, y, rows), repeat)
             row = {"file_gb_s": info.n_bytes / plain / 1e9}
             if packed is not None:
                 p, py = ffi.from_buffer(packed), ffi.from_buffer("float[]", packed_y)
-                seconds = _best_seconds(lambda: lib.sq_vec_dot_rows16(qtype, p, 0, rows, x, xq_bytes, k, cols, py, rows,
-                                                                      1), repeat)
+                seconds = _best_seconds(lambda: lib.sq_vec_dot_rows16(qtype, p, 0, rows, x, xq_bytes, k, cols, py, rows),
+                                          repeat)
                 row["packed_gb_s"] = info.n_bytes / seconds / 1e9
                 row["same_bits"] = plain_y.tobytes() == packed_y.tobytes()
             entry["tokens"][str(k)] = row

@@ -10,8 +10,8 @@ tok/s of each (median, min-max), their ratio, what was drafted and kept, and whe
 two answers were the same tokens (they must be).
 
 --draft-check prefills DEPTH random ids (default 512), then times one forward of k tokens
-in step order with every row's logits (what checking a draft of k - 1 tokens costs:
-Engine.eval(..., all_logits=True, step_order=True)) for k = 1, 2, 4, 8, 9, 16 (9: the check
+with every row's logits (what checking a draft of k - 1 tokens costs:
+Engine.eval(..., all_logits=True)) for k = 1, 2, 4, 8, 9, 16 (9: the check
 of a default lookup draft, the sampled token and 8 drafted), the sizes alternating, R
 rounds; each is reported as its best time and as a multiple of k = 1's, a plain decode
 step.
@@ -163,7 +163,7 @@ def measure_check_cost(path: str, threads: int, depth: int, repeat: int) -> dict
         for k in CHECK_SIZES:
             engine.truncate(depth)
             started = time.perf_counter()
-            engine.eval(ids[depth:depth + k], all_logits=True, step_order=True)
+            engine.eval(ids[depth:depth + k], all_logits=True)
             seconds[k].append(time.perf_counter() - started)
     one = min(seconds[1])
     return {"model": path, "threads": threads, "depth": depth, "repeat": repeat,

@@ -279,17 +279,16 @@ class Engine:
 
     # -- running the model ----------------------------------------------------------------
     def eval(self, ids: Iterable[int], all_logits: bool = False,
-             progress: Callable[[int, int], None] | None = None, step_order: bool = False) -> np.ndarray:
+             progress: Callable[[int, int], None] | None = None) -> np.ndarray:
         """Append ids to the KV cache and return float32 logits: [len(ids), vocab] when
-        all_logits, else [vocab] for the last position. progress, if given, is called
-        with (ids done, len(ids)) after each batch of the kernel. step_order: each row
-        exactly as evaluating the ids one at a time gives it (a prompt's batches round
-        as llama.cpp's do instead); the weights are still read once per batch."""
+        all_logits, else [vocab] for the last position. Each row has the bits evaluating
+        the ids one at a time gives it, in any batch or chunking. progress, if given, is
+        called with (ids done, len(ids)) after each batch of the kernel."""
         tokens = self._check_tokens(ids)
         n, vocab = len(tokens), self.config.vocab_size
         # tokens and logits are made right here, C-contiguous and aligned by numpy.
         logits = np.empty((n, vocab) if all_logits else (vocab,), np.float32)
-        flags = (lib.SQ_ALL_LOGITS if all_logits else 0) | (lib.SQ_STEP_ORDER if step_order else 0)
+        flags = lib.SQ_ALL_LOGITS if all_logits else 0
         with self._lock:
             n_past = len(self._tokens)
             if n_past + n > self.n_ctx:

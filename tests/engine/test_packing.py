@@ -23,7 +23,7 @@ def run(eng) -> list[np.ndarray]:
     prompt = [1, 5, 9, 200, 17, 33, 512, 7, 99, 3, 64, 128, 256, 11, 13, 15, 800, 4]
     out = [eng.eval(prompt, all_logits=True)]
     out += [eng.eval([t]) for t in (21, 400, 7)]
-    out.append(eng.eval([22, 23, 24, 25, 26, 27, 28, 29, 30], all_logits=True, step_order=True))
+    out.append(eng.eval([22, 23, 24, 25, 26, 27, 28, 29, 30], all_logits=True))
     return out
 
 

@@ -521,8 +521,6 @@ def test_vec_dot_bad_length(qtype):
 
 SIMD_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
               T.IQ4_NL, T.IQ4_XS]
-# Types whose scalar vec_dot repeats the SIMD one's float steps: the same bits on both paths.
-EXACT_SIMD_TYPES = set(SIMD_TYPES)
 
 
 def cpu_flags() -> set[str]:
@@ -546,6 +544,16 @@ def native_simd() -> str | None:
         return None
     vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags or bool(os.environ.get("SMOLQ_VNNI_VIA_SIMDE"))
     return "avx512vnni" if vnni and os.environ.get("SMOLQ_SIMD") != "avx2" else "avx2"
+
+
+@pytest.fixture
+def simd_paths_of_cpu(monkeypatch, simd_restore):
+    """The setters of every path this CPU runs (helpers.simd_paths), the scalar one last;
+    the path in use is restored afterwards."""
+    paths = simd_paths(monkeypatch)
+    if native_simd() == "avx512vnni":
+        return paths
+    return [paths[0], paths[2]] if native_simd() else [paths[2]]
 
 
 @pytest.fixture
@@ -573,46 +581,34 @@ def test_simd_name(simd_restore):
 
 @pytest.mark.may_skip_in_ci  # on a CPU without AVX2/FMA (x86-64) or NEON
 @pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
-def test_simd_vec_dot_matches_scalar(qtype, simd_restore):
-    """SIMD and scalar vec_dot: the same exact integer block sums, so they differ only by
-    the order of float roundings, far below 1e-6 of sum |w * x|, or not at all for
-    EXACT_SIMD_TYPES."""
+def test_simd_vec_dot_matches_scalar(qtype, simd_paths_of_cpu):
+    """Every SIMD copy's vec_dot has the scalar definition's bits (the AVX2 and the VNNI copy
+    where the CPU has both), on random rows and with every code byte at its extremes
+    (nothing saturates in maddubs)."""
     if not native_simd():
         pytest.skip("no SIMD path on this CPU (no AVX2/FMA)")
-
-    def check(simd, scalar, raw, xq, n, what):
-        if qtype in EXACT_SIMD_TYPES:
-            assert np.float32(simd).tobytes() == np.float32(scalar).tobytes(), f"{qtype.name} {what}"
-        else:
-            scale = np.abs(expected_vec_dot(qtype, raw, xq, n)).sum()
-            assert abs(simd - scalar) <= 1e-6 * scale + 1e-30, f"{qtype.name} {what}"
     rng = np.random.default_rng(400 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
+    cases = []
     for n in sizes(qtype) + [4096]:
         for _ in range(3):
-            raw = random_row(qtype, n, rng)
-            xq = c_quantize(vtype, activations(n, rng))[1][:-GUARD]
-            lib.sq_set_simd(1)
-            simd = c_vec_dot(qtype, raw, xq, n)
-            lib.sq_set_simd(0)
-            scalar = c_vec_dot(qtype, raw, xq, n)
-            check(simd, scalar, raw, xq, n, f"n={n}")
-    # Extreme codes (as test_vec_dot_extreme_codes): nothing saturates in maddubs.
+            cases.append((f"n={n}", n, random_row(qtype, n, rng), c_quantize(vtype, activations(n, rng))[1][:-GUARD]))
     for fill in (0x00, 0xFF, 0x80, 0x7F):
-        raw = extreme_row(qtype, 512, fill, rng)
         x = np.where(rng.random(512) < 0.5, -1.0, 1.0).astype(np.float32)
-        xq = c_quantize(vtype, x)[1][:-GUARD]
-        lib.sq_set_simd(1)
-        simd = c_vec_dot(qtype, raw, xq, 512)
-        lib.sq_set_simd(0)
-        scalar = c_vec_dot(qtype, raw, xq, 512)
-        check(simd, scalar, raw, xq, 512, f"fill={fill:#x}")
+        cases.append((f"fill={fill:#x}", 512, extreme_row(qtype, 512, fill, rng), c_quantize(vtype, x)[1][:-GUARD]))
+    for what, n, raw, xq in cases:
+        want = scalar_steps(qtype, raw[None], xq[None], n)[0, 0]
+        for set_path in simd_paths_of_cpu[:-1]:
+            simd = set_path()
+            got = c_vec_dot(qtype, raw, xq, n)
+            assert np.float32(got).tobytes() == want.tobytes(), f"{qtype.name} {what} simd={simd}"
 
 
 # --- Batched products (sq_vec_dot_batch) --------------------------------------------------
 
-TILED_TYPES = {T.Q2_K, T.Q3_K, T.Q5_K, T.Q6_K, T.IQ4_XS}  # llama.cpp's tiled kernel order from 8 tokens
-TILED_MIN_TOKENS = 8
+# Batches from this many tokens take the tiled batch kernels (Q4_K four tokens at a time, Q6_K);
+# smaller ones the kernels that keep each token's sums in registers: the same bits either way.
+BATCH_MIN_TOKENS = 8
 
 
 def c_vec_dot_batch(qtype: int, raw: np.ndarray, xq_rows: np.ndarray, n: int) -> np.ndarray:
@@ -630,49 +626,50 @@ def quantized_rows(vtype: T, n: int, tokens: int, rng: np.random.Generator) -> n
     return np.stack([c_quantize(vtype, activations(n, rng))[1][:-GUARD] for _ in range(tokens)])
 
 
+def scalar_steps(qtype: T, rows: np.ndarray, xq: np.ndarray, n: int) -> np.ndarray:
+    """[tokens][rows] of the scalar sq_vec_dot, the definition, whatever path was in use."""
+    was = lib.sq_set_simd(0)
+    try:
+        return np.array([[c_vec_dot(qtype, row, x, n) for row in rows] for x in xq], dtype=np.float32)
+    finally:
+        lib.sq_set_simd(was)
+
+
 @pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
-def test_vec_dot_batch(qtype, simd_restore):
-    """Below 8 tokens every output is sq_vec_dot's, bit for bit, but Q4_K's rows taken 4 at
-    a time; from 8 tokens on the tiled types round in their own order. Those are within
-    1e-5 of the exact dot product and the same on the scalar and SIMD paths, and a row's
-    result does not depend on the other rows of the batch."""
+def test_vec_dot_batch_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
+    """Every output of a batch has the scalar sq_vec_dot's bits, below and past the batch
+    kernels' thresholds (Q4_K's four tokens at a time, the tiled 8) and their 64-token
+    tiles, on every path."""
     rng = np.random.default_rng(500 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     n = max(sizes(qtype))
     raw = random_row(qtype, n, rng)
-    for tokens in (1, TILED_MIN_TOKENS - 1, TILED_MIN_TOKENS, 13):
-        xq = quantized_rows(vtype, n, tokens, rng)
-        got = c_vec_dot_batch(qtype, raw, xq, n)
-        single = np.array([c_vec_dot(qtype, raw, row, n) for row in xq], dtype=np.float32)
-        own_order = tokens - tokens % 4 if qtype == T.Q4_K else 0  # repacked gemm: 4 rows at a time
-        if qtype in TILED_TYPES and tokens >= TILED_MIN_TOKENS:
-            own_order = tokens
-        assert got[own_order:].tobytes() == single[own_order:].tobytes(), f"{qtype.name} tokens={tokens}"
-        if not own_order:
-            continue
-        for t, row in enumerate(xq[:own_order]):
-            terms = expected_vec_dot(qtype, raw, row, n)
-            assert abs(got[t] - terms.sum()) <= 1e-5 * np.abs(terms).sum(), f"{qtype.name} token {t}"
-        reordered = c_vec_dot_batch(qtype, raw, np.ascontiguousarray(xq[own_order - 1::-1]), n)[::-1]
-        assert got[:own_order].tobytes() == reordered.tobytes(), qtype.name
-        if native_simd():
-            lib.sq_set_simd(0)
-            assert c_vec_dot_batch(qtype, raw, xq, n).tobytes() == got.tobytes(), f"{qtype.name} scalar"
+    for set_path in simd_paths_of_cpu:
+        simd = set_path()
+        for tokens in (1, BATCH_MIN_TOKENS - 1, BATCH_MIN_TOKENS, 13, 70):
+            xq = quantized_rows(vtype, n, tokens, rng)
+            got = c_vec_dot_batch(qtype, raw, xq, n)
+            want = scalar_steps(qtype, raw[None], xq, n)[:, 0]
+            assert got.tobytes() == want.tobytes(), f"{qtype.name} tokens={tokens} simd={simd}"
 
 
-@pytest.mark.parametrize("qtype", sorted(TILED_TYPES), ids=lambda t: t.name)
-def test_vec_dot_batch_extreme_codes(qtype):
-    """The tiled order's integer sums with every code byte at its extremes."""
+@pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
+def test_vec_dot_batch_extreme_codes(qtype, simd_paths_of_cpu):
+    """The batch kernels' integer sums with every code byte at its extremes: nothing
+    saturates, every output the scalar definition's."""
     rng = np.random.default_rng(600 + int(qtype))
     n, vtype = 512, VEC_DOT_TYPE[qtype]
     for fill in (0x00, 0xFF, 0x80, 0x7F):
         raw = extreme_row(qtype, n, fill, rng)
         xq = np.stack([c_quantize(vtype, np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32))[1][:-GUARD]
-                       for _ in range(TILED_MIN_TOKENS)])
-        got = c_vec_dot_batch(qtype, raw, xq, n)
+                       for _ in range(BATCH_MIN_TOKENS)])
+        want = scalar_steps(qtype, raw[None], xq, n)[:, 0]
         for t, row in enumerate(xq):
             terms = expected_vec_dot(qtype, raw, row, n)
-            assert abs(got[t] - terms.sum()) <= 1e-5 * np.abs(terms).sum() + 1e-30, f"{qtype.name} fill={fill:#x}"
+            assert abs(want[t] - terms.sum()) <= 1e-5 * np.abs(terms).sum() + 1e-30, f"{qtype.name} fill={fill:#x}"
+        for set_path in simd_paths_of_cpu:
+            simd = set_path()
+            assert c_vec_dot_batch(qtype, raw, xq, n).tobytes() == want.tobytes(), f"{qtype.name} {fill:#x} {simd}"
 
 
 def test_vec_dot_batch_bad_arguments():
@@ -715,52 +712,25 @@ def test_vec_dot_rows_bad_arguments():
 
 
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t in VEC_DOT_TYPE], ids=lambda t: t.name)
-def test_vec_dot_steps_rows_is_vec_dot_token_by_token(qtype, simd_restore, monkeypatch):
-    """A batch as one-token steps: every output exactly sq_vec_dot's bits, for token
-    counts below and past every batched order (Q4_K's 4, the tiled 8) and past the
-    kernels' tiles (8 tokens per row, 16 per eight rows), rows by sixteens, eights and left over,
-    rows longer than the kernels' chunks of blocks (32, or 4 for Q6_K), on every path (the VNNI and
-    the AVX2 copy where the CPU has both); y is written only where it should be."""
+def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
+    """Rows times a batch: every output exactly the scalar sq_vec_dot's bits, for token
+    counts below and past the batch kernels' thresholds (Q4_K's 4, the tiled 8) and tiles
+    (8 tokens per row, 16 per eight rows, 64 in the tiled kernels), rows by sixteens,
+    eights and left over, rows longer than the kernels' chunks of blocks (32, or 4 for
+    Q6_K), on every path (the VNNI and the AVX2 copy where the CPU has both); y is written
+    only where it should be."""
     rng = np.random.default_rng(900 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     cases = [(max(sizes(qtype)), n_rows, tokens)
-             for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17), (25, 9))]
+             for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17), (25, 9), (17, 13),
+                                    (9, 35), (27, 70), (40, 22))]
     cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), n_rows, 3) for n_rows in (8, 17)]
-    seen = []
-    for set_path in simd_paths(monkeypatch):
-        simd = set_path()
-        seen.append(simd)
-        for n, n_rows, tokens in cases:
-            rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
-            xq = quantized_rows(vtype, n, tokens, rng)
-            ldy = n_rows + 2
-            y = np.full(tokens * ldy, np.nan, dtype=np.float32)
-            rc = lib.sq_vec_dot_steps_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
-                                           ffi.from_buffer(xq), xq.shape[1], tokens, n, ffi.from_buffer("float[]", y), ldy)
-            assert rc == 0
-            y = y.reshape(tokens, ldy)
-            assert np.isnan(y[:, n_rows:]).all()
-            steps = np.array([[c_vec_dot(qtype, row, xq[t], n) for row in rows] for t in range(tokens)],
-                             dtype=np.float32)
-            assert y[:, :n_rows].tobytes() == steps.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"
-    if native_simd() == "avx512vnni":  # each copy has its own step-order kernels
-        assert {"avx512vnni", "avx2"} <= set(seen), seen
-
-
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
-def test_vec_dot_batch_rows_is_vec_dot_batch_row_by_row(qtype, simd_restore):
-    """Rows taken together (Q4_K: eight at a time on AVX2, sixteen with AVX-512 VNNI, codes
-    side by side in the lanes) give each row exactly sq_vec_dot_batch's bits, for every
-    remainder of rows and tokens and past the kernels' 64-token tiles, on both paths; y is
-    written only where it should be."""
-    rng = np.random.default_rng(800 + int(qtype))
-    n = 512
-    vtype = VEC_DOT_TYPE[qtype]
-    for simd in (1, 0) if native_simd() else (0,):
-        lib.sq_set_simd(simd)
-        for n_rows, tokens in ((8, 4), (17, 13), (9, 35), (16, 1), (3, 8), (9, 70), (16, 4), (27, 70), (40, 22)):
-            rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
-            xq = quantized_rows(vtype, n, tokens, rng)
+    for n, n_rows, tokens in cases:
+        rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
+        xq = quantized_rows(vtype, n, tokens, rng)
+        want = scalar_steps(qtype, rows, xq, n)
+        for set_path in simd_paths_of_cpu:
+            simd = set_path()
             ldy = n_rows + 2
             y = np.full(tokens * ldy, np.nan, dtype=np.float32)
             rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
@@ -768,5 +738,4 @@ def test_vec_dot_batch_rows_is_vec_dot_batch_row_by_row(qtype, simd_restore):
             assert rc == 0
             y = y.reshape(tokens, ldy)
             assert np.isnan(y[:, n_rows:]).all()
-            one_by_one = np.stack([c_vec_dot_batch(qtype, row, xq, n) for row in rows], axis=1)
-            assert y[:, :n_rows].tobytes() == one_by_one.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"
+            assert y[:, :n_rows].tobytes() == want.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"

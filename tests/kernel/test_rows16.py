@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from helpers.simd_paths import simd_paths
-from test_quants import VEC_DOT_TYPE, c_vec_dot, c_vec_dot_batch, quantized_rows, random_row, simd_restore  # noqa: F401
+from test_quants import VEC_DOT_TYPE, quantized_rows, random_row, scalar_steps, simd_restore  # noqa: F401
 
 from llm_smolq._kernel import ffi, lib
 
@@ -82,11 +82,9 @@ def test_packing_refuses_what_it_cannot_pack():
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
 def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypatch):
     """sq_vec_dot_rows16 over whole groups and ranges that start or end inside one, for one
-    token (decode) to past the kernels' 16-token tile, rows past their 32-block chunks, in
-    step order and as a batch: each output the bits sq_vec_dot_steps_rows (sq_vec_dot,
-    token by token) or sq_vec_dot_batch_rows (sq_vec_dot_batch, row by row: Q4_K's
-    repacked-gemm order for all but n_tokens % 4 tokens) give the row as the file had it;
-    y written only where it should be."""
+    token (decode) to past the kernels' 16-token tile and into the tiled batch kernels'
+    sizes, rows past their 32-block chunks: each output the scalar sq_vec_dot's bits for
+    the row as the file had it; y written only where it should be."""
     rng = np.random.default_rng(60 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     elems = GGML_QUANT_SIZES[qtype][0]
@@ -94,25 +92,21 @@ def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypa
     for cols, rows in ((8 * elems, 48), (37 * elems, 32)):
         plain = matrix(qtype, rows, cols, rng)
         pack = packed(qtype, plain, cols)
-        for tokens in (1, 2, 5, 9, 17):
+        for tokens in (1, 2, 5, 9, 17, 70):
             xq = quantized_rows(vtype, cols, tokens, rng)
-            steps = np.array([[c_vec_dot(qtype, row, xq[t], cols) for row in plain] for t in range(tokens)],
-                             dtype=np.float32)
-            batch = np.stack([c_vec_dot_batch(qtype, row, xq, cols) for row in plain], axis=1)
+            want = scalar_steps(qtype, plain, xq, cols)
             for set_path in simd_paths(monkeypatch):
                 seen.append(set_path())
-                for step_order, want in ((1, steps), (0, batch)):
-                    for r0, r1 in ((0, rows), (16, 32), (3, rows - 5), (5, 9), (17, 17), (0, 1)):
-                        ldy = r1 - r0 + 2
-                        y = np.full(tokens * ldy, np.nan, dtype=np.float32)
-                        rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq),
-                                                   xq.shape[1], tokens, cols, ffi.from_buffer("float[]", y), ldy,
-                                                   step_order)
-                        assert rc == 0
-                        y = y.reshape(tokens, ldy)
-                        assert np.isnan(y[:, r1 - r0:]).all()
-                        assert y[:, :r1 - r0].tobytes() == want[:, r0:r1].tobytes(), \
-                            f"{qtype.name} cols={cols} rows {r0}..{r1} tokens={tokens} simd={seen[-1]} steps={step_order}"
+                for r0, r1 in ((0, rows), (16, 32), (3, rows - 5), (5, 9), (17, 17), (0, 1)):
+                    ldy = r1 - r0 + 2
+                    y = np.full(tokens * ldy, np.nan, dtype=np.float32)
+                    rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq),
+                                               xq.shape[1], tokens, cols, ffi.from_buffer("float[]", y), ldy)
+                    assert rc == 0
+                    y = y.reshape(tokens, ldy)
+                    assert np.isnan(y[:, r1 - r0:]).all()
+                    assert y[:, :r1 - r0].tobytes() == want[:, r0:r1].tobytes(), \
+                        f"{qtype.name} cols={cols} rows {r0}..{r1} tokens={tokens} simd={seen[-1]}"
     assert len(set(seen)) >= 2 or seen == ["scalar"] * len(seen)
 
 
@@ -124,7 +118,7 @@ def test_products_of_a_packed_matrix_refuse_bad_arguments():
     for qtype, r0, r1, tokens, cols in ((T.Q5_K, 0, 16, 1, 256), (T.Q4_1, 0, 16, 0, 64), (T.Q4_1, 8, 4, 1, 64),
                                         (T.Q4_1, -1, 16, 1, 64), (T.Q4_1, 0, 16, 1, 48), (99, 0, 16, 1, 64)):
         rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq), xq.shape[1],
-                                   tokens, cols, ffi.from_buffer("float[]", y), 16, 1)
+                                   tokens, cols, ffi.from_buffer("float[]", y), 16)
         assert rc == -1 and (y == 7.0).all(), (qtype, r0, r1, tokens, cols)
 
 
