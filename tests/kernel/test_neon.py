@@ -2,10 +2,11 @@
 
 The kernel is cross-compiled for aarch64 with zig's C compiler and run under unicorn (see
 aarch64_kernel.py), through the same C entry points the Python side calls. For every
-quantized type, on random blocks and on extreme codes, the NEON path must give exactly the
-bits of the scalar path of the same build (sq_set_simd(0)), and both the bits of this
-machine's native kernel (on x86-64: its AVX2 and scalar paths), so that the quantized
-mat-vecs of a model give the same results on arm64 as on x86-64.
+quantized type, on random blocks and on extreme codes, one row or many, one token or a
+batch, the NEON path must give exactly the bits of the scalar definition (quants/types.h):
+those of the scalar path of the same build (sq_set_simd(0)) and of this machine's native
+kernel's scalar path, so that a model's products are the same on arm64 as on x86-64.
+(The native SIMD paths have tests of their own; the reference here is the scalar code.)
 """
 
 import subprocess
@@ -22,7 +23,8 @@ from llm_smolq._kernel import ffi, lib
 from test_quants import (ACT_GEOMETRY, GUARD, SIMD_TYPES, VEC_DOT_TYPE, activations, c_quantize, c_vec_dot,
                          extreme_row, random_row)
 
-TILED_MIN_TOKENS = 8  # smolq.h's SQ_TILED_MIN_TOKENS
+BATCH_MIN_TOKENS = 8  # quants/dispatch.c's: from here on a batch takes the batch kernels
+NEON_TILE = 32  # quants/arm/neon.c's TILE: the tokens a batch kernel decodes a block once for
 FILLS = (0x00, 0xFF, 0x80, 0x7F)
 
 
@@ -52,14 +54,10 @@ def cpu(aarch64_build):
 
 @pytest.fixture
 def emu(cpu):
-    """The emulated kernel with an empty data region and the NEON path on; the native
-    kernel's SIMD setting is put back afterwards."""
+    """The emulated kernel with an empty data region and the NEON path on."""
     cpu.reset()
     cpu.call("sq_set_simd", 1)
-    native_prev = lib.sq_set_simd(1)
-    lib.sq_set_simd(native_prev)
-    yield cpu
-    lib.sq_set_simd(native_prev)
+    return cpu
 
 
 def bits(f: float) -> int:
@@ -100,22 +98,21 @@ def emu_paths(k: Aarch64Kernel, fn, *args):
     return neon, scalar
 
 
-def native_paths(fn, *args):
-    """fn(*args) with the native kernel's SIMD path (AVX2, where the CPU has it) and its scalar path."""
-    prev = lib.sq_set_simd(1)
-    simd = fn(*args)
-    lib.sq_set_simd(0)
-    scalar = fn(*args)
-    lib.sq_set_simd(prev)
-    return simd, scalar
+def native_scalar(fn, *args):
+    """fn(*args) on the native kernel's scalar path, the definition; its setting is put back."""
+    prev = lib.sq_set_simd(0)
+    try:
+        return fn(*args)
+    finally:
+        lib.sq_set_simd(prev)
 
 
 def check_vec_dot(k: Aarch64Kernel, qtype: T, raw: np.ndarray, xq: np.ndarray, n: int, what: str) -> None:
     row_addr, xq_addr = k.put(raw), k.put(xq)
     neon, scalar = emu_paths(k, emu_vec_dot, qtype, row_addr, xq_addr, n)
-    native = [bits(v) for v in native_paths(c_vec_dot, qtype, raw, xq, n)]
+    native = bits(native_scalar(c_vec_dot, qtype, raw, xq, n))
     assert neon == scalar, f"{qtype.name} {what}: NEON {neon:#010x} != scalar {scalar:#010x}"
-    assert [scalar, scalar] == native, f"{qtype.name} {what}: emulated {scalar:#010x} != native {native}"
+    assert scalar == native, f"{qtype.name} {what}: emulated {scalar:#010x} != native scalar {native:#010x}"
 
 
 # --- The build and the selection -------------------------------------------------------------
@@ -212,9 +209,7 @@ def test_vec_dot_any_activation_codes(emu, qtype):
         raw = random_row(qtype, n, rng) if fill is None else extreme_row(qtype, n, fill, rng)
         xq = raw_activations(vtype, n, rng)
         neon, scalar = emu_paths(emu, emu_vec_dot, qtype, emu.put(raw), emu.put(xq), n)
-        prev = lib.sq_set_simd(0)
-        native = bits(c_vec_dot(qtype, raw, xq, n))
-        lib.sq_set_simd(prev)
+        native = bits(native_scalar(c_vec_dot, qtype, raw, xq, n))
         assert neon == scalar == native, f"{qtype.name} fill={fill}"
 
 
@@ -242,8 +237,7 @@ def test_vec_dot_rows(emu, qtype):
     neon, scalar = emu_paths(emu, run)
     assert np.isnan(neon[-1]) and np.isnan(scalar[-1])
     assert neon.tobytes() == scalar.tobytes(), qtype.name
-    for got in native_paths(native, None):
-        assert got.tobytes() == neon.tobytes(), qtype.name
+    assert native_scalar(native, None).tobytes() == neon.tobytes(), qtype.name
     one = np.array([emu_vec_dot(emu, qtype, rows_addr + r * rows.shape[1], xq_addr, n) for r in range(n_rows)],
                    dtype=np.uint32)
     assert neon[:-1].view(np.uint32).tolist() == one.tolist(), qtype.name
@@ -296,19 +290,20 @@ def check_batch(k, qtype, rows, xq, n, what):
     neon, scalar = emu_paths(k, emu_batch_rows, qtype, rows, xq, n, ldy)
     assert np.isnan(neon[:, len(rows):]).all() and np.isnan(scalar[:, len(rows):]).all(), what
     assert neon.tobytes() == scalar.tobytes(), f"{qtype.name} {what}: NEON != scalar"
-    for native in native_paths(native_batch_rows, qtype, rows, xq, n, ldy):
-        assert native.tobytes() == neon.tobytes(), f"{qtype.name} {what}: emulated != native"
+    native = native_scalar(native_batch_rows, qtype, rows, xq, n, ldy)
+    assert native.tobytes() == neon.tobytes(), f"{qtype.name} {what}: emulated != native scalar"
 
 
 @pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
 def test_vec_dot_batch(emu, qtype):
     """One row (sq_vec_dot_batch) and several (sq_vec_dot_batch_rows) times batches below
-    and above SQ_TILED_MIN_TOKENS, of sizes that are and are not multiples of 4 (Q4_K's
-    repacked order takes tokens 4 at a time, the tiled types change order from 8)."""
+    and above BATCH_MIN_TOKENS, of sizes that are and are not multiples of 4 (Q4_K's batch
+    kernel is given its tokens four at a time, the rest go one by one), each output the
+    one-token definition's bits."""
     rng = np.random.default_rng(1300 + int(qtype))
     qk = GGML_QUANT_SIZES[qtype][0]
-    for n_rows, tokens, n in ((1, 3, qk), (1, 6, 3 * qk), (1, TILED_MIN_TOKENS, 2 * qk), (1, 13, qk),
-                              (3, 5, 2 * qk), (9, 13, qk), (8, 4, qk)):
+    for n_rows, tokens, n in ((1, 3, qk), (1, 6, 3 * qk), (1, BATCH_MIN_TOKENS, 2 * qk), (1, 13, qk),
+                              (3, 5, 2 * qk), (9, 13, qk), (8, 4, qk), (2, 12, qk)):
         rows, xq = batch_inputs(qtype, n, n_rows, tokens, rng)
         check_batch(emu, qtype, rows, xq, n, f"rows={n_rows} tokens={tokens} n={n}")
         emu.reset()
@@ -328,3 +323,32 @@ def test_vec_dot_batch_bad_arguments(emu):
     assert emu.read(y, 32) == struct.pack("<8f", *[7.0] * 8)
     nan = emu.call_float_bits("sq_vec_dot", int(T.Q4_K), raw, raw, 100)
     assert np.isnan(np.uint32(nan).view(np.float32))
+
+
+def act_rows(vtype: T, n: int, tokens: int, rng: np.random.Generator, raw: bool = False) -> np.ndarray:
+    """[tokens][bytes] activation rows: quantized normal rows, or raw_activations' any codes."""
+    make = (lambda: raw_activations(vtype, n, rng)) if raw else (lambda: quantized(vtype, activations(n, rng)))
+    return np.stack([make() for _ in range(tokens)])
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_batch_kernel_any_token_count(emu, qtype):
+    """sq_batch_dot_<type>_neon called directly, for token counts the dispatcher never gives it
+    (Q4_K's are multiples of 4 from 8 on): 1 to 5, and past a tile of NEON_TILE tokens by a
+    part of a register; every output the native scalar sq_vec_dot's bits, the y columns
+    between them untouched. Raw activation codes too (-128 included)."""
+    rng = np.random.default_rng(1400 + int(qtype))
+    qk = GGML_QUANT_SIZES[qtype][0]
+    fn = f"sq_batch_dot_{qtype.name.lower()[:-1]}K_neon"
+    ldy = 3
+    for tokens, n_blocks, raw in ((1, 1, False), (2, 3, False), (3, 2, True), (5, 1, False),
+                                  (NEON_TILE + 6, 2, False), (NEON_TILE + 1, 1, True)):
+        n = n_blocks * qk
+        row, xq = random_row(qtype, n, rng), act_rows(T.Q8_K, n, tokens, rng, raw)
+        emu.reset()
+        y = emu.put(np.full(tokens * ldy, np.nan, dtype=np.float32))
+        emu.call(fn, emu.put(row), emu.put(xq), xq.shape[1], tokens, n_blocks, y, ldy)
+        got = np.frombuffer(emu.read(y, 4 * tokens * ldy), dtype=np.float32).reshape(tokens, ldy)
+        assert np.isnan(got[:, 1:]).all(), f"{qtype.name} tokens={tokens}"
+        want = native_scalar(lambda: np.array([c_vec_dot(qtype, row, x, n) for x in xq], dtype=np.float32))
+        assert got[:, 0].tobytes() == want.tobytes(), f"{qtype.name} tokens={tokens} blocks={n_blocks}"

@@ -5,20 +5,21 @@
  * it is built for one (unless SMOLQ_SIMD=0 or sq_set_simd(0) asks for the scalar code).
  * Only baseline ARMv8-A instructions are needed. Where the compiler targets the
  * dot-product extension (ARMv8.2's SDOT, e.g. -mcpu=native on a core that has it),
- * the two helpers that sum int8 products use it instead; the sums are the same.
+ * dot16 uses it instead; the integer sums are the same.
  *
- * Every function gives exactly the bits of its scalar twin in quants/scalar.c, by the
- * rules of quants/types.h. Here that means:
- *  - the 8-lane types keep AVX2's 8 float accumulators as two float32x4_t (lanes
- *    0..3 and 4..7); each block updates them with one fused multiply-add (vfmaq, as
- *    the scalar code's fmaf) and the row ends in sq_hsum8's order;
- *  - the single-chain types (Q4_0, IQ4_NL, Q4_K) form a block's whole integer
- *    sum and run the scalar chain of fmaf in block order;
- *  - scale products (d * dy) are plain float multiplies in statements of their own.
+ * Every output has exactly the bits of the scalar vec_dot in quants/scalar.c, by the
+ * definition in quants/types.h. Here that means, for each block in row order:
+ *  - the block's integer sum is formed exactly, in int32 lanes in whatever arrangement
+ *    is cheapest (four partial sums, group totals times group scales), and reduced
+ *    to one integer (ADDV) only when the block's float step needs it;
+ *  - the float step is the scalar one, (float)isum times dw * da with one fused
+ *    multiply-add (fmaf, or vfmaq_f32 with one token per lane in the batches);
+ *  - the offsets (mins, Q4_1/Q5_1's m * s) have a chain of their own, combined with
+ *    the sum only at the end.
  *
- * Products of two int8 codes always fit an int16 (vmull_s8), and every sum after
- * that is widened to int32, so unlike AVX2's maddubs nothing here can saturate,
- * whatever the codes.
+ * Products of two int8 codes always fit an int16 (vmull_s8: |-128 * -128| = 2^14), and
+ * every sum after that is widened to int32, so unlike AVX2's maddubs nothing here can
+ * saturate, whatever the codes. The largest block sum (Q6_K's, < 2^28) fits int32 too.
  */
 #include "simd.h"
 
@@ -27,6 +28,7 @@
 #include <arm_neon.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "quants/kernels.h"
 
@@ -40,86 +42,33 @@ static inline float half_to_f32(uint16_t h) {
     return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
 }
 
-/* The 8 float lanes of the AVX2 kernels (lo: lanes 0..3, hi: 4..7), and the
- * 8 integer lane sums a block contributes to them. */
-typedef struct { float32x4_t lo, hi; } f32x8;
-typedef struct { int32x4_t lo, hi; } i32x8;
-
-static inline f32x8 f32x8_zero(void) {
-    f32x8 r = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };
-    return r;
-}
-
-static inline i32x8 i32x8_zero(void) {
-    i32x8 r = { vdupq_n_s32(0), vdupq_n_s32(0) };
-    return r;
-}
-
-/* acc[l] += d * lane[l], rounded once: scalar.c's fma_lanes. */
-static inline f32x8 fma_lanes(f32x8 acc, float d, i32x8 lane) {
-    acc.lo = vfmaq_n_f32(acc.lo, vcvtq_f32_s32(lane.lo), d);
-    acc.hi = vfmaq_n_f32(acc.hi, vcvtq_f32_s32(lane.hi), d);
-    return acc;
-}
-
-/* sq_hsum8 (simd.h) of the two registers: lane l + lane l+4 first, then the upper
- * pair of that onto the lower, then the last two. */
-static inline float sum_lanes(f32x8 acc) {
-    const float32x4_t t = vaddq_f32(acc.lo, acc.hi);
-    const float32x2_t u = vadd_f32(vget_low_f32(t), vget_high_f32(t));
-    return vget_lane_f32(u, 0) + vget_lane_f32(u, 1);
-}
-
-/* Lane l of the result is the sum of the products of elements 4l..4l+3: exactly
- * what SDOT computes, and otherwise two widening multiplies and pairwise adds. */
-static inline int32x4_t dot16_by4(int8x16_t w, int8x16_t a) {
+/* acc plus the 16 products of w and a, as four int32 partial sums (lane l takes
+ * elements 4l..4l+3): SDOT, or two widening multiplies and pairwise adds. */
+static inline int32x4_t dot16(int32x4_t acc, int8x16_t w, int8x16_t a) {
 #if defined(__ARM_FEATURE_DOTPROD)
-    return vdotq_s32(vdupq_n_s32(0), w, a);
+    return vdotq_s32(acc, w, a);
 #else
-    const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(a)));
-    const int32x4_t hi = vpaddlq_s16(vmull_high_s8(w, a));
-    return vpaddq_s32(lo, hi);
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(w), vget_low_s8(a)));
+    return vpadalq_s16(acc, vmull_high_s8(w, a));
 #endif
 }
 
-/* The 8 lane sums of a 32-element chunk: codes w0 (elements 0..15) and w1
- * (16..31) times the activations a, each half times its own scale. */
-static inline i32x8 add_chunk(i32x8 acc, int8x16_t w0, int8x16_t w1, const int8_t *a, int32_t s0, int32_t s1) {
-    acc.lo = vmlaq_n_s32(acc.lo, dot16_by4(w0, vld1q_s8(a)), s0);
-    acc.hi = vmlaq_n_s32(acc.hi, dot16_by4(w1, vld1q_s8(a + 16)), s1);
-    return acc;
+/* The products of a 32-element chunk, codes w0 (elements 0..15) and w1 (16..31)
+ * times the activations a, as four int32 partial sums. */
+static inline int32x4_t dot32(int8x16_t w0, int8x16_t w1, const int8_t *a) {
+    return dot16(dot16(vdupq_n_s32(0), w0, vld1q_s8(a)), w1, vld1q_s8(a + 16));
 }
 
-/* add_chunk for the types with one scale per block, applied in float later. */
-static inline i32x8 chunk_lanes(int8x16_t w0, int8x16_t w1, const int8_t *a) {
-    return add_chunk(i32x8_zero(), w0, w1, a, 1, 1);
+/* Lane k: the total of the four lanes of p_k. Reduces four groups' (or four tokens')
+ * partial sums at once, where four ADDVs would reduce them one by one. */
+static inline int32x4_t totals4(int32x4_t p0, int32x4_t p1, int32x4_t p2, int32x4_t p3) {
+    return vpaddq_s32(vpaddq_s32(p0, p1), vpaddq_s32(p2, p3));
 }
 
-/* The sum of 16 products, as four int32 partial sums: for callers that only
- * need the total, where the grouping does not matter. */
-static inline int32x4_t dot16_partial(int8x16_t w, int8x16_t a) {
-#if defined(__ARM_FEATURE_DOTPROD)
-    return vdotq_s32(vdupq_n_s32(0), w, a);
-#else
-    const int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(a)));
-    return vpadalq_s16(s, vmull_high_s8(w, a));
-#endif
-}
-
-/* The whole integer sum of a 32-element chunk, w0 and w1 as in add_chunk. */
-static inline int32_t dot32_total(int8x16_t w0, int8x16_t w1, const int8_t *a) {
-    const int32x4_t s = vaddq_s32(dot16_partial(w0, vld1q_s8(a)), dot16_partial(w1, vld1q_s8(a + 16)));
-    return vaddvq_s32(s);
-}
-
-/* Lane l = m[2l] * b[2l] + m[2l+1] * b[2l+1] over 16 (factor, bsum) pairs: the
- * lanes of Q2_K's mins and Q6_K's offsets (AVX2's madd of 16 int16 pairs). */
-static inline i32x8 pair_lanes(int16x8_t m0, int16x8_t m1, const int16_t *bsums) {
-    const int16x8_t b0 = vld1q_s16(bsums), b1 = vld1q_s16(bsums + 8);
-    i32x8 r;
-    r.lo = vpaddq_s32(vmull_s16(vget_low_s16(m0), vget_low_s16(b0)), vmull_high_s16(m0, b0));
-    r.hi = vpaddq_s32(vmull_s16(vget_low_s16(m1), vget_low_s16(b1)), vmull_high_s16(m1, b1));
-    return r;
+/* The block step of quants/types.h: the exact integer sum (the total of the
+ * partial sums p) converted to float, times d, added to acc, rounded once. */
+static inline float step(float acc, int32x4_t p, float d) {
+    return fmaf((float)vaddvq_s32(p), d, acc);
 }
 
 /* 16 bytes of nibbles as 32 codes 0..15: the low nibbles are elements 0..15,
@@ -139,7 +88,7 @@ static inline int8x16_t q5_bit4(const uint8_t *qh) {
     return vreinterpretq_s8_u8(vandq_u8(vtstq_u8(spread, vld1q_u8(bit)), vdupq_n_u8(0x10)));
 }
 
-/* The 16 IQ4_NL grid values, for a byte table lookup (TBL) of 16 codes at once. */
+/* The 16 IQ4 grid values, for a byte table lookup (TBL) of 16 codes at once. */
 static const int8_t iq4_grid[16] = { SQ_IQ4_GRID };
 
 static inline void iq4_values(const uint8_t *q, int8x16_t grid, int8x16_t *lo, int8x16_t *hi) {
@@ -149,55 +98,54 @@ static inline void iq4_values(const uint8_t *q, int8x16_t grid, int8x16_t *lo, i
     *hi = vqtbl1q_s8(grid, vreinterpretq_u8_s8(ihi));
 }
 
-/* The 8 6-bit scales and mins of a Q4_K/Q5_K block (blocks.h's sq_k_scale_min). */
-static inline void k_scales_mins(const uint8_t *s, int32_t sc[8], int32_t mn[8]) {
-    for (int j = 0; j < 8; j++) {
-        int a, b;
-        sq_k_scale_min(s, j, &a, &b);
-        sc[j] = a;
-        mn[j] = b;
-    }
+/* 16 int8 as four int32x4, in order. */
+static inline void widen16(int8x16_t v, int32x4_t out[4]) {
+    const int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_high_s8(v);
+    out[0] = vmovl_s16(vget_low_s16(lo));
+    out[1] = vmovl_high_s16(lo);
+    out[2] = vmovl_s16(vget_low_s16(hi));
+    out[3] = vmovl_high_s16(hi);
 }
 
-/* sum over groups of 32 of mn[g] * (bsums[2g] + bsums[2g+1]): the min term of a
- * Q4_K/Q5_K block. bsums are widened before they are paired, so any values do. */
-static inline int32_t k_min_total(const int32_t mn[8], const int16_t *bsums) {
-    const int32x4_t pairs0 = vpaddlq_s16(vld1q_s16(bsums)), pairs1 = vpaddlq_s16(vld1q_s16(bsums + 8));
-    const int32x4_t s = vmlaq_s32(vmulq_s32(vld1q_s32(mn), pairs0), vld1q_s32(mn + 4), pairs1);
-    return vaddvq_s32(s);
+/* sum over 16 groups of f[g] * bsums[g] (Q2_K's mins, Q6_K's -32 times its scales),
+ * as four partial sums. |f| <= 128 and |bsum| <= 2048, so each product fits easily. */
+static inline int32x4_t bsums16_dot(const int16x8_t f[2], const int16_t *bsums) {
+    const int16x8_t b0 = vld1q_s16(bsums), b1 = vld1q_s16(bsums + 8);
+    int32x4_t s = vmull_s16(vget_low_s16(f[0]), vget_low_s16(b0));
+    s = vmlal_high_s16(s, f[0], b0);
+    s = vmlal_s16(s, vget_low_s16(f[1]), vget_low_s16(b1));
+    return vmlal_high_s16(s, f[1], b1);
 }
 
 /* ---------------------------------------------------------------------------
- * 32-element blocks with Q8_0 / Q8_1 activations
+ * 32-element blocks with Q8_0 / Q8_1 activations: one block's four partial sums,
+ * reduced by one ADDV, and its float step.
  * ------------------------------------------------------------------------- */
 
 float sq_vec_dot_q8_0_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q8_0 *x = row, *y = xq;
-    f32x8 acc = f32x8_zero();
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        const int8x16_t w0 = vld1q_s8(x[i].qs), w1 = vld1q_s8(x[i].qs + 16);
-        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fma_lanes(acc, d, chunk_lanes(w0, w1, y[i].qs));
+        const int32x4_t p = dot32(vld1q_s8(x[i].qs), vld1q_s8(x[i].qs + 16), y[i].qs);
+        sum = step(sum, p, half_to_f32(x[i].d) * half_to_f32(y[i].d));
     }
-    return sum_lanes(acc);
+    return sum;
 }
 
-/* Q4_0 and IQ4_NL run one fmaf chain over whole-block sums (see scalar.c). */
 float sq_vec_dot_q4_0_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q4_0 *x = row;
     const block_q8_0 *y = xq;
     const int8x16_t eight = vdupq_n_s8(8);
-    float acc = 0.0f;
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int8x16_t w0, w1;
         unpack_nibbles(x[i].qs, &w0, &w1);
-        const int32_t isum = dot32_total(vsubq_s8(w0, eight), vsubq_s8(w1, eight), y[i].qs);
-        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fmaf((float)isum, d, acc);
+        const int32x4_t p = dot32(vsubq_s8(w0, eight), vsubq_s8(w1, eight), y[i].qs);
+        sum = step(sum, p, half_to_f32(x[i].d) * half_to_f32(y[i].d));
     }
-    return acc;
+    return sum;
 }
 
 float sq_vec_dot_iq4_nl_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
@@ -205,33 +153,28 @@ float sq_vec_dot_iq4_nl_neon(const void *row, const void *xq, int64_t nb, const 
     const block_iq4_nl *x = row;
     const block_q8_0 *y = xq;
     const int8x16_t grid = vld1q_s8(iq4_grid);
-    float acc = 0.0f;
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int8x16_t w0, w1;
         iq4_values(x[i].qs, grid, &w0, &w1);
-        const int32_t isum = dot32_total(w0, w1, y[i].qs);
-        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fmaf((float)isum, d, acc);
+        sum = step(sum, dot32(w0, w1, y[i].qs), half_to_f32(x[i].d) * half_to_f32(y[i].d));
     }
-    return acc;
+    return sum;
 }
 
-/* The offset terms m * s have a float sum of their own, added after the lanes. */
+/* The unsigned codes against the activations, and m * s in a chain of its own. */
 float sq_vec_dot_q4_1_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q4_1 *x = row;
     const block_q8_1 *y = xq;
-    f32x8 acc = f32x8_zero();
-    float summs = 0.0f;
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int8x16_t w0, w1;
         unpack_nibbles(x[i].qs, &w0, &w1);
-        const float ms = half_to_f32(x[i].m) * half_to_f32(y[i].s);
-        summs += ms;
-        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fma_lanes(acc, d, chunk_lanes(w0, w1, y[i].qs));
+        sum = step(sum, dot32(w0, w1, y[i].qs), half_to_f32(x[i].d) * half_to_f32(y[i].d));
+        off = fmaf(half_to_f32(x[i].m), half_to_f32(y[i].s), off);
     }
-    return sum_lanes(acc) + summs;
+    return sum + off;
 }
 
 /* The 5-bit codes of a Q5_0/Q5_1 block, 0..31. */
@@ -247,201 +190,256 @@ float sq_vec_dot_q5_0_neon(const void *row, const void *xq, int64_t nb, const vo
     const block_q5_0 *x = row;
     const block_q8_0 *y = xq;
     const int8x16_t sixteen = vdupq_n_s8(16);
-    f32x8 acc = f32x8_zero();
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int8x16_t w0, w1;
         q5_codes(x[i].qs, x[i].qh, &w0, &w1);
-        const i32x8 lane = chunk_lanes(vsubq_s8(w0, sixteen), vsubq_s8(w1, sixteen), y[i].qs);
-        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fma_lanes(acc, d, lane);
+        const int32x4_t p = dot32(vsubq_s8(w0, sixteen), vsubq_s8(w1, sixteen), y[i].qs);
+        sum = step(sum, p, half_to_f32(x[i].d) * half_to_f32(y[i].d));
     }
-    return sum_lanes(acc);
+    return sum;
 }
 
 float sq_vec_dot_q5_1_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q5_1 *x = row;
     const block_q8_1 *y = xq;
-    f32x8 acc = f32x8_zero();
-    float summs = 0.0f;
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int8x16_t w0, w1;
         q5_codes(x[i].qs, x[i].qh, &w0, &w1);
-        const float ms = half_to_f32(x[i].m) * half_to_f32(y[i].s);
-        summs += ms;
-        const float d = half_to_f32(x[i].d) * half_to_f32(y[i].d);
-        acc = fma_lanes(acc, d, chunk_lanes(w0, w1, y[i].qs));
+        sum = step(sum, dot32(w0, w1, y[i].qs), half_to_f32(x[i].d) * half_to_f32(y[i].d));
+        off = fmaf(half_to_f32(x[i].m), half_to_f32(y[i].s), off);
     }
-    return sum_lanes(acc) + summs;
+    return sum + off;
 }
 
 /* ---------------------------------------------------------------------------
  * 256-element blocks with Q8_K activations
  *
- * A K-quant block is 8 chunks of 32 elements. Each chunk's first 16 elements
- * feed lanes 0..3 and its last 16 lanes 4..7, and a group of 16 always lies in
- * one of those halves, so a group's scale multiplies whole lanes.
+ * A block is decoded into codes by group (int8, scale not applied) and its group
+ * scales as int32 lanes. A block's integer sum is then: each group's products as
+ * partial sums, four groups' totals side by side (totals4), times the four groups'
+ * scales, added up over the block; one ADDV at the end.
  * ------------------------------------------------------------------------- */
 
-/* Q2_K: the min lanes go into the accumulators first, by -(dy * dmin); then the
- * code lanes by dy * d. Byte l of each 32 of qs holds, in bit pairs 2c..2c+1,
- * element 32c + l of its 128-element half. */
+/* Q2_K, Q3_K and Q6_K: 16 groups of 16; group g's codes q[g] meet activations
+ * 16g..16g+15. m: Q2_K's mins, Q6_K's scales again (for the offset term). */
+typedef struct { int8x16_t q[16]; int32x4_t sc[4]; int16x8_t m[2]; } groups16;
+
+/* sum over the 16 groups of sc[g] * (codes . activations), as four partial sums. */
+static inline int32x4_t groups16_dot(const groups16 *w, const int8_t *a) {
+    const int32x4_t zero = vdupq_n_s32(0);
+    int32x4_t acc = zero;
+    for (int j = 0; j < 4; j++) {
+        const int8x16_t *q = w->q + 4 * j;
+        const int8_t *aj = a + 64 * j;
+        const int32x4_t t = totals4(dot16(zero, q[0], vld1q_s8(aj)), dot16(zero, q[1], vld1q_s8(aj + 16)),
+                                    dot16(zero, q[2], vld1q_s8(aj + 32)), dot16(zero, q[3], vld1q_s8(aj + 48)));
+        acc = vmlaq_s32(acc, t, w->sc[j]);
+    }
+    return acc;
+}
+
+/* Q4_K, Q5_K and IQ4_XS: 8 groups of 32; group g's codes q[g][0..1] meet
+ * activations 32g..32g+31. mn: Q4_K/Q5_K's mins. */
+typedef struct { int8x16_t q[8][2]; int32x4_t sc[2]; int16x8_t mn; } groups32;
+
+static inline int32x4_t groups32_dot(const groups32 *w, const int8_t *a) {
+    int32x4_t acc = vdupq_n_s32(0);
+    for (int j = 0; j < 2; j++) {
+        const int g = 4 * j;
+        const int32x4_t t = totals4(dot32(w->q[g][0], w->q[g][1], a + 32 * g),
+                                    dot32(w->q[g + 1][0], w->q[g + 1][1], a + 32 * (g + 1)),
+                                    dot32(w->q[g + 2][0], w->q[g + 2][1], a + 32 * (g + 2)),
+                                    dot32(w->q[g + 3][0], w->q[g + 3][1], a + 32 * (g + 3)));
+        acc = vmlaq_s32(acc, t, w->sc[j]);
+    }
+    return acc;
+}
+
+/* The min term of a Q4_K/Q5_K block, sum over groups of mn[g] * (bsums[2g] +
+ * bsums[2g+1]), as four partial sums. A pair of bsums is at most 32 * 128 in
+ * magnitude, so it fits an int16. */
+static inline int32x4_t k_mins_dot(int16x8_t mn, const int16_t *bsums) {
+    const int16x8_t pairs = vpaddq_s16(vld1q_s16(bsums), vld1q_s16(bsums + 8));
+    return vmlal_high_s16(vmull_s16(vget_low_s16(mn), vget_low_s16(pairs)), mn, pairs);
+}
+
+/* The 2-bit codes at bits 2c..2c+1 of the 16 bytes b. */
+static inline int8x16_t crumbs(uint8x16_t b, int c) {
+    return vreinterpretq_s8_u8(vandq_u8(vshlq_u8(b, vdupq_n_s8((int8_t)(-2 * c))), vdupq_n_u8(3)));
+}
+
+/* Q2_K: byte l of each 32 of qs holds, in bit pairs 2c..2c+1, element 32c + l of
+ * its 128-element half: groups 8h + 2c (l < 16) and 8h + 2c + 1. Scale in the low
+ * nibble of scales[g], min in the high one. */
+static inline void decode_q2_K(const block_q2_K *b, groups16 *w) {
+    const uint8x16_t packed = vld1q_u8(b->scales);
+    widen16(vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0f))), w->sc);
+    const uint8x16_t mins = vshrq_n_u8(packed, 4);
+    w->m[0] = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins)));
+    w->m[1] = vreinterpretq_s16_u16(vmovl_high_u8(mins));
+    for (int h = 0; h < 2; h++) {
+        const uint8x16_t b0 = vld1q_u8(b->qs + 32 * h), b1 = vld1q_u8(b->qs + 32 * h + 16);
+        for (int c = 0; c < 4; c++) {
+            w->q[8 * h + 2 * c] = crumbs(b0, c);
+            w->q[8 * h + 2 * c + 1] = crumbs(b1, c);
+        }
+    }
+}
+
 float sq_vec_dot_q2_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q2_K *x = row;
     const block_q8_K *y = xq;
-    const uint8x16_t m3 = vdupq_n_u8(3);
-    f32x8 acc = f32x8_zero();
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        const uint8x16_t packed = vld1q_u8(x[i].scales);
-        const uint8x16_t mins = vshrq_n_u8(packed, 4);
-        const int16x8_t mn0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins)));
-        const int16x8_t mn1 = vreinterpretq_s16_u16(vmovl_high_u8(mins));
-        const float dmin = -(y[i].d * half_to_f32(x[i].dmin));
-        acc = fma_lanes(acc, dmin, pair_lanes(mn0, mn1, y[i].bsums));
-
-        i32x8 lane = i32x8_zero();
-        for (int h = 0; h < 2; h++) {
-            const uint8x16_t b0 = vld1q_u8(x[i].qs + 32 * h), b1 = vld1q_u8(x[i].qs + 32 * h + 16);
-            for (int c = 0; c < 4; c++) {
-                const int g = 8 * h + 2 * c;
-                const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * c));
-                const int8x16_t q0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(b0, shift), m3));
-                const int8x16_t q1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(b1, shift), m3));
-                lane = add_chunk(lane, q0, q1, y[i].qs + 128 * h + 32 * c, x[i].scales[g] & 0x0f,
-                                 x[i].scales[g + 1] & 0x0f);
-            }
-        }
-        const float d = y[i].d * half_to_f32(x[i].d);
-        acc = fma_lanes(acc, d, lane);
+        groups16 w;
+        decode_q2_K(&x[i], &w);
+        sum = step(sum, groups16_dot(&w, y[i].qs), half_to_f32(x[i].d) * y[i].d);
+        off = step(off, bsums16_dot(w.m, y[i].bsums), half_to_f32(x[i].dmin) * y[i].d);
     }
-    return sum_lanes(acc);
+    return sum - off;
 }
 
-/* The 16 scales of a Q3_K block, sc - 32 (blocks.h's sq_q3_K_scale). */
-static inline void q3_K_scales(const uint8_t *s, int32_t sc[16]) {
-    for (int g = 0; g < 16; g++)
-        sc[g] = sq_q3_K_scale(s, g);
+/* The 16 scales of a Q3_K block, sc - 32 (blocks.h's sq_q3_K_scale): group g takes
+ * its low 4 bits from the low (g < 8) or high nibble of scales[g % 8], its top 2
+ * from bits 2 * (g / 4) of scales[8 + g % 4]. */
+static inline int8x16_t q3_K_scales(const uint8_t *s) {
+    static const int8_t shift[16] = { 0, 0, 0, 0, -2, -2, -2, -2, -4, -4, -4, -4, -6, -6, -6, -6 };
+    const uint8x8_t lo = vld1_u8(s);
+    const uint8x16_t nib = vcombine_u8(vand_u8(lo, vdup_n_u8(0x0f)), vshr_n_u8(lo, 4));
+    uint32_t h4;
+    memcpy(&h4, s + 8, 4);
+    const uint8x16_t h = vreinterpretq_u8_u32(vdupq_n_u32(h4)); /* byte g: scales[8 + g % 4] */
+    const uint8x16_t top = vandq_u8(vshlq_u8(h, vld1q_s8(shift)), vdupq_n_u8(3));
+    return vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(nib, vshlq_n_u8(top, 4))), vdupq_n_s8(32));
+}
+
+/* Q3_K's codes at bits 2c..2c+1 of b, in -4..3: low2 - 4, or low2 where the high
+ * bit (bit `bit` of the matching hmask byte) is set. */
+static inline int8x16_t q3_codes(uint8x16_t b, uint8x16_t hm, int c, int bit) {
+    const uint8x16_t four = vbicq_u8(vdupq_n_u8(4), vtstq_u8(hm, vdupq_n_u8((uint8_t)(1u << bit))));
+    return vsubq_s8(crumbs(b, c), vreinterpretq_s8_u8(four));
 }
 
 /* Q3_K: the low 2 bits as in Q2_K; element 32c + l of half h has its high bit
- * at bit 4h + c of hmask[l], and its code is low2 - 4 unless that bit is set. */
+ * at bit 4h + c of hmask[l]. */
+static inline void decode_q3_K(const block_q3_K *b, groups16 *w) {
+    widen16(q3_K_scales(b->scales), w->sc);
+    const uint8x16_t hm0 = vld1q_u8(b->hmask), hm1 = vld1q_u8(b->hmask + 16);
+    for (int h = 0; h < 2; h++) {
+        const uint8x16_t b0 = vld1q_u8(b->qs + 32 * h), b1 = vld1q_u8(b->qs + 32 * h + 16);
+        for (int c = 0; c < 4; c++) {
+            w->q[8 * h + 2 * c] = q3_codes(b0, hm0, c, 4 * h + c);
+            w->q[8 * h + 2 * c + 1] = q3_codes(b1, hm1, c, 4 * h + c);
+        }
+    }
+}
+
 float sq_vec_dot_q3_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q3_K *x = row;
     const block_q8_K *y = xq;
-    const uint8x16_t m3 = vdupq_n_u8(3), four = vdupq_n_u8(4);
-    f32x8 acc = f32x8_zero();
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int32_t sc[16];
-        q3_K_scales(x[i].scales, sc);
-        const uint8x16_t hm0 = vld1q_u8(x[i].hmask), hm1 = vld1q_u8(x[i].hmask + 16);
-        i32x8 lane = i32x8_zero();
-        for (int h = 0; h < 2; h++) {
-            const uint8x16_t b0 = vld1q_u8(x[i].qs + 32 * h), b1 = vld1q_u8(x[i].qs + 32 * h + 16);
-            for (int c = 0; c < 4; c++) {
-                const int g = 8 * h + 2 * c;
-                const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * c));
-                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << (4 * h + c)));
-                /* low2 | 4 when the bit is set, then - 4: low2 - 4 or low2. */
-                const uint8x16_t u0 = vorrq_u8(vandq_u8(vshlq_u8(b0, shift), m3), vandq_u8(vtstq_u8(hm0, bit), four));
-                const uint8x16_t u1 = vorrq_u8(vandq_u8(vshlq_u8(b1, shift), m3), vandq_u8(vtstq_u8(hm1, bit), four));
-                const int8x16_t q0 = vsubq_s8(vreinterpretq_s8_u8(u0), vreinterpretq_s8_u8(four));
-                const int8x16_t q1 = vsubq_s8(vreinterpretq_s8_u8(u1), vreinterpretq_s8_u8(four));
-                lane = add_chunk(lane, q0, q1, y[i].qs + 128 * h + 32 * c, sc[g], sc[g + 1]);
-            }
-        }
-        const float d = y[i].d * half_to_f32(x[i].d);
-        acc = fma_lanes(acc, d, lane);
+        groups16 w;
+        decode_q3_K(&x[i], &w);
+        sum = step(sum, groups16_dot(&w, y[i].qs), half_to_f32(x[i].d) * y[i].d);
     }
-    return sum_lanes(acc);
+    return sum;
+}
+
+/* The 8 6-bit scales and mins of a Q4_K/Q5_K block (blocks.h's sq_k_scale_min):
+ * for j < 4, sc = s[j] & 63 and mn = s[j + 4] & 63; for j >= 4 the low 4 bits are
+ * the nibbles of s[j + 4] and the top 2 bits 6-7 of s[j - 4] (sc) and s[j] (mn). */
+static inline void k_scales_mins(const uint8_t *s, groups32 *w) {
+    static const int8_t nib_shift[8] = { 0, 0, 0, 0, -4, -4, -4, -4 };
+    static const uint8_t nib_mask[8] = { 0x0f, 0x0f, 0x0f, 0x0f, 0xf0, 0xf0, 0xf0, 0xf0 };
+    const uint8x8_t a = vld1_u8(s);
+    uint32_t t4;
+    memcpy(&t4, s + 8, 4);
+    const uint8x8_t t = vreinterpret_u8_u32(vdup_n_u32(t4));
+    /* lanes 0..3 the scales', 4..7 the mins' halves, for j < 4 (low) and j >= 4 (high) */
+    const uint8x8_t low = vand_u8(a, vdup_n_u8(63));
+    const uint8x8_t high = vorr_u8(vshl_u8(vand_u8(t, vld1_u8(nib_mask)), vld1_s8(nib_shift)),
+                                   vshl_n_u8(vshr_n_u8(a, 6), 4));
+    const uint32x2_t lw = vreinterpret_u32_u8(low), hw = vreinterpret_u32_u8(high);
+    const uint8x8_t sc = vreinterpret_u8_u32(vzip1_u32(lw, hw)), mn = vreinterpret_u8_u32(vzip2_u32(lw, hw));
+    const uint16x8_t sc16 = vmovl_u8(sc);
+    w->sc[0] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(sc16)));
+    w->sc[1] = vreinterpretq_s32_u32(vmovl_high_u16(sc16));
+    w->mn = vreinterpretq_s16_u16(vmovl_u8(mn));
 }
 
 /* Q4_K: 32 bytes of qs per 64 elements, low nibbles for group 2c, high for 2c+1. */
-typedef struct { int8x16_t lo[4][2], hi[4][2]; } q4_K_codes;
-
-static inline void unpack_q4_K(const uint8_t *qs, q4_K_codes *q) {
+static inline void decode_q4_K(const block_q4_K *b, groups32 *w) {
+    k_scales_mins(b->scales, w);
     for (int c = 0; c < 4; c++)
         for (int k = 0; k < 2; k++) {
-            const uint8x16_t b = vld1q_u8(qs + 32 * c + 16 * k);
-            q->lo[c][k] = vreinterpretq_s8_u8(vandq_u8(b, vdupq_n_u8(0x0f)));
-            q->hi[c][k] = vreinterpretq_s8_u8(vshrq_n_u8(b, 4));
+            const uint8x16_t q = vld1q_u8(b->qs + 32 * c + 16 * k);
+            w->q[2 * c][k] = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0f)));
+            w->q[2 * c + 1][k] = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
         }
 }
 
-/* The exact integer sum of span c (elements 64c..64c+63) of a Q4_K block, scaled by group. */
-static inline int32_t q4_K_span(const q4_K_codes *q, int c, const int32_t sc[8], const int8_t *a) {
-    const int8_t *lo = a + 64 * c, *hi = lo + 32;
-    int32x4_t s = vmulq_n_s32(vaddq_s32(dot16_partial(q->lo[c][0], vld1q_s8(lo)),
-                                        dot16_partial(q->lo[c][1], vld1q_s8(lo + 16))), sc[2 * c]);
-    s = vmlaq_n_s32(s, vaddq_s32(dot16_partial(q->hi[c][0], vld1q_s8(hi)),
-                                 dot16_partial(q->hi[c][1], vld1q_s8(hi + 16))), sc[2 * c + 1]);
-    return vaddvq_s32(s);
-}
-
-/* One fmaf chain for the codes and one for the mins, in block order, subtracted
- * at the end (scalar.c's vec_dot_q4_K). */
 float sq_vec_dot_q4_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q4_K *x = row;
     const block_q8_K *y = xq;
-    float sumf = 0.0f, summ = 0.0f;
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int32_t sc[8], mn[8];
-        k_scales_mins(x[i].scales, sc, mn);
-        q4_K_codes q;
-        unpack_q4_K(x[i].qs, &q);
-        int32_t isum = 0;
-        for (int c = 0; c < 4; c++)
-            isum += q4_K_span(&q, c, sc, y[i].qs);
-        const float d = half_to_f32(x[i].d) * y[i].d;
-        const float dmin = half_to_f32(x[i].dmin) * y[i].d;
-        sumf = fmaf((float)isum, d, sumf);
-        summ = fmaf((float)k_min_total(mn, y[i].bsums), dmin, summ);
+        groups32 w;
+        decode_q4_K(&x[i], &w);
+        sum = step(sum, groups32_dot(&w, y[i].qs), half_to_f32(x[i].d) * y[i].d);
+        off = step(off, k_mins_dot(w.mn, y[i].bsums), half_to_f32(x[i].dmin) * y[i].d);
     }
-    return sumf - summ;
+    return sum - off;
 }
 
 /* Q5_K: Q4_K's codes plus bit 4, which for element l of group 2c (2c+1) is bit
- * 2c (2c+1) of qh[l]. The codes go into lanes; the mins are one integer per
- * block, fma'd by -(dy * dmin) into a float of their own added at the end. */
+ * 2c (2c+1) of qh[l]. */
+static inline void decode_q5_K(const block_q5_K *b, groups32 *w) {
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), m16 = vdupq_n_u8(0x10);
+    k_scales_mins(b->scales, w);
+    for (int k = 0; k < 2; k++) {
+        const uint8x16_t hb = vld1q_u8(b->qh + 16 * k);
+        for (int c = 0; c < 4; c++) {
+            const uint8x16_t q = vld1q_u8(b->qs + 32 * c + 16 * k);
+            const uint8x16_t lo = vandq_u8(vtstq_u8(hb, vdupq_n_u8((uint8_t)(1u << (2 * c)))), m16);
+            const uint8x16_t hi = vandq_u8(vtstq_u8(hb, vdupq_n_u8((uint8_t)(2u << (2 * c)))), m16);
+            w->q[2 * c][k] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, m4), lo));
+            w->q[2 * c + 1][k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), hi));
+        }
+    }
+}
+
 float sq_vec_dot_q5_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q5_K *x = row;
     const block_q8_K *y = xq;
-    const uint8x16_t m4 = vdupq_n_u8(0x0f), m16 = vdupq_n_u8(0x10);
-    f32x8 acc = f32x8_zero();
-    float summ = 0.0f;
+    float sum = 0.0f, off = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int32_t sc[8], mn[8];
-        k_scales_mins(x[i].scales, sc, mn);
-        const float dmin = -(y[i].d * half_to_f32(x[i].dmin));
-        summ = fmaf(dmin, (float)k_min_total(mn, y[i].bsums), summ);
-
-        const uint8x16_t hb0 = vld1q_u8(x[i].qh), hb1 = vld1q_u8(x[i].qh + 16);
-        i32x8 lane = i32x8_zero();
-        for (int c = 0; c < 4; c++) {
-            const uint8x16_t b0 = vld1q_u8(x[i].qs + 32 * c), b1 = vld1q_u8(x[i].qs + 32 * c + 16);
-            const uint8x16_t bit_lo = vdupq_n_u8((uint8_t)(1u << (2 * c))), bit_hi = vdupq_n_u8((uint8_t)(2u << (2 * c)));
-            const int8x16_t lo0 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(b0, m4), vandq_u8(vtstq_u8(hb0, bit_lo), m16)));
-            const int8x16_t lo1 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(b1, m4), vandq_u8(vtstq_u8(hb1, bit_lo), m16)));
-            const int8x16_t hi0 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(b0, 4), vandq_u8(vtstq_u8(hb0, bit_hi), m16)));
-            const int8x16_t hi1 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(b1, 4), vandq_u8(vtstq_u8(hb1, bit_hi), m16)));
-            lane = add_chunk(lane, lo0, lo1, y[i].qs + 64 * c, sc[2 * c], sc[2 * c]);
-            lane = add_chunk(lane, hi0, hi1, y[i].qs + 64 * c + 32, sc[2 * c + 1], sc[2 * c + 1]);
-        }
-        const float d = y[i].d * half_to_f32(x[i].d);
-        acc = fma_lanes(acc, d, lane);
+        groups32 w;
+        decode_q5_K(&x[i], &w);
+        sum = step(sum, groups32_dot(&w, y[i].qs), half_to_f32(x[i].d) * y[i].d);
+        off = step(off, k_mins_dot(w.mn, y[i].bsums), half_to_f32(x[i].dmin) * y[i].d);
     }
-    return sum_lanes(acc) + summ;
+    return sum - off;
 }
 
-/* The unsigned 6-bit codes (0..63) of a Q6_K block, chunk 4h + k holding
- * elements 128h + 32k .. +31 as two registers of 16. Byte l of ql (ql + 32)
- * gives the low nibble of elements l and 64 + l (32 + l and 96 + l) of a half;
- * bits 2k..2k+1 of qh[l] the top bits of element 32k + l. */
-static inline void q6_K_codes(const block_q6_K *b, int8x16_t q[8][2]) {
+/* Q6_K's codes less bias (0: the unsigned 6-bit codes, 32: the signed ones), and
+ * its scales. Chunk 4h + m holds elements 128h + 32m .. +31, groups 2(4h + m) and
+ * the next. Byte l of ql (ql + 32) gives the low nibble of elements l and 64 + l
+ * (32 + l and 96 + l) of a half; bits 2m..2m+1 of qh[l] the top bits of element 32m + l. */
+static inline void decode_q6_K(const block_q6_K *b, int8_t bias, groups16 *w) {
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m3 = vdupq_n_u8(3);
+    const int8x16_t sb = vdupq_n_s8(bias);
+    const int8x16_t sc = vld1q_s8(b->scales);
+    widen16(sc, w->sc);
+    w->m[0] = vmovl_s8(vget_low_s8(sc));
+    w->m[1] = vmovl_high_s8(sc);
     for (int h = 0; h < 2; h++)
         for (int k = 0; k < 2; k++) {
             const uint8x16_t l0 = vld1q_u8(b->ql + 64 * h + 16 * k);
@@ -451,130 +449,151 @@ static inline void q6_K_codes(const block_q6_K *b, int8x16_t q[8][2]) {
             const uint8x16_t top1 = vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m3), 4);
             const uint8x16_t top2 = vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m3), 4);
             const uint8x16_t top3 = vshlq_n_u8(vshrq_n_u8(hb, 6), 4);
-            q[4 * h + 0][k] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l0, m4), top0));
-            q[4 * h + 1][k] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l1, m4), top1));
-            q[4 * h + 2][k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l0, 4), top2));
-            q[4 * h + 3][k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l1, 4), top3));
+            int8x16_t *q = w->q + 8 * h + k;
+            q[0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l0, m4), top0)), sb);
+            q[2] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l1, m4), top1)), sb);
+            q[4] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l0, 4), top2)), sb);
+            q[6] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l1, 4), top3)), sb);
         }
 }
 
-/* Q6_K: the lanes take the unsigned codes, and the -32 comes off as 32 times the
- * (scale, bsum) pair lanes, two groups per lane, as in scalar.c's vec_dot_q6_K:
- * a lane's integer differs from that of its own elements' signed codes, so the
- * signed codes would not give the same bits. */
+/* Q6_K: the unsigned codes (bias 0, so the compiler drops the subtractions), and the
+ * -32 taken off as 32 * sum(sc * bsum): the same integer as the signed codes give. */
 float sq_vec_dot_q6_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q6_K *x = row;
     const block_q8_K *y = xq;
-    f32x8 acc = f32x8_zero();
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        const int8_t *sc = x[i].scales;
-        int8x16_t q[8][2];
-        q6_K_codes(&x[i], q);
-        i32x8 lane = i32x8_zero();
-        for (int j = 0; j < 8; j++)
-            lane = add_chunk(lane, q[j][0], q[j][1], y[i].qs + 32 * j, sc[2 * j], sc[2 * j + 1]);
-        const int8x16_t sc8 = vld1q_s8(sc);
-        const i32x8 off = pair_lanes(vmovl_s8(vget_low_s8(sc8)), vmovl_high_s8(sc8), y[i].bsums);
-        lane.lo = vsubq_s32(lane.lo, vshlq_n_s32(off.lo, 5));
-        lane.hi = vsubq_s32(lane.hi, vshlq_n_s32(off.hi, 5));
-        const float d = y[i].d * half_to_f32(x[i].d);
-        acc = fma_lanes(acc, d, lane);
+        groups16 w;
+        decode_q6_K(&x[i], 0, &w);
+        const int32x4_t p = vsubq_s32(groups16_dot(&w, y[i].qs), vshlq_n_s32(bsums16_dot(w.m, y[i].bsums), 5));
+        sum = step(sum, p, half_to_f32(x[i].d) * y[i].d);
     }
-    return sum_lanes(acc);
+    return sum;
 }
 
-/* IQ4_XS: 8 IQ4_NL-coded groups of 32, each with its scale s - 32 applied to its
- * lane sums; the 8 groups are summed in integers before the block's one FMA. */
+/* IQ4_XS: 8 IQ4_NL-coded groups of 32, group g's scale s - 32 with s's low 4 bits
+ * in nibble g % 2 of scales_l[g / 2] and its top 2 at bits 2g..2g+1 of scales_h. */
+static inline void decode_iq4_xs(const block_iq4_xs *b, int8x16_t grid, groups32 *w) {
+    static const int16_t h_shift[8] = { 0, -2, -4, -6, -8, -10, -12, -14 };
+    uint32_t l4;
+    memcpy(&l4, b->scales_l, 4);
+    const uint8x8_t l = vcreate_u8(l4);
+    const uint8x8_t lo = vzip1_u8(vand_u8(l, vdup_n_u8(0x0f)), vshr_n_u8(l, 4)); /* byte g: s & 15 */
+    const uint16x8_t hi = vandq_u16(vshlq_u16(vdupq_n_u16(b->scales_h), vld1q_s16(h_shift)), vdupq_n_u16(3));
+    const int16x8_t s = vsubq_s16(vreinterpretq_s16_u16(vorrq_u16(vmovl_u8(lo), vshlq_n_u16(hi, 4))), vdupq_n_s16(32));
+    w->sc[0] = vmovl_s16(vget_low_s16(s));
+    w->sc[1] = vmovl_high_s16(s);
+    for (int g = 0; g < 8; g++)
+        iq4_values(b->qs + 16 * g, grid, &w->q[g][0], &w->q[g][1]);
+}
+
 float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_iq4_xs *x = row;
     const block_q8_K *y = xq;
     const int8x16_t grid = vld1q_s8(iq4_grid);
-    f32x8 acc = f32x8_zero();
+    float sum = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        i32x8 lane = i32x8_zero();
-        for (int g = 0; g < 8; g++) {
-            const int s = sq_iq4_xs_scale(&x[i], g);
-            int8x16_t w0, w1;
-            iq4_values(x[i].qs + 16 * g, grid, &w0, &w1);
-            lane = add_chunk(lane, w0, w1, y[i].qs + 32 * g, s - 32, s - 32);
-        }
-        const float d = half_to_f32(x[i].d) * y[i].d;
-        acc = fma_lanes(acc, d, lane);
+        groups32 w;
+        decode_iq4_xs(&x[i], grid, &w);
+        sum = step(sum, groups32_dot(&w, y[i].qs), half_to_f32(x[i].d) * y[i].d);
     }
-    return sum_lanes(acc);
+    return sum;
 }
 
 /* ---------------------------------------------------------------------------
- * Batches: one weight row times n_tokens activation rows, stride bytes apart.
- * The block is unpacked once for every row; each row's float steps are the
- * scalar batch functions' (quants/batch.c's sq_batch_dot_q4_K and sq_batch_dot_k).
+ * Batches: one weight row times n_tokens activation rows, stride bytes apart, each
+ * output the one-token vec_dot's bits. Tokens go four to a register, one per float
+ * lane, each lane running its token's chains block by block; a block is decoded once
+ * for a tile of TILE tokens, whose chains stay on the stack meanwhile. A batch that
+ * is not a multiple of four fills its last register's spare lanes by repeating its
+ * last token (reading only rows the caller passed) and stores only the real ones.
  * ------------------------------------------------------------------------- */
+
+enum { TILE = 32 };
 
 static inline const block_q8_K *act_block(const void *xq, int64_t stride, int t, int64_t i) {
     return (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
 }
 
-/* Q4_K in the repacked gemm's order: per 64 elements an integer code sum and a
- * min term, each fma'd into its own chain; tokens in tiles of 16 so that the
- * chains stay in registers or at least in L1. */
+/* Block i of tokens t..t+3, the last one below end repeated past it. */
+static inline void act_blocks4(const void *xq, int64_t stride, int t, int end, int64_t i, const block_q8_K *a[4]) {
+    for (int k = 0; k < 4; k++)
+        a[k] = act_block(xq, stride, t + k < end ? t + k : end - 1, i);
+}
+
+/* The four tokens' Q8_K scales, one per lane. */
+static inline float32x4_t act_scales4(const block_q8_K *const a[4]) {
+    float32x4_t d = vdupq_n_f32(0.0f);
+    d = vld1q_lane_f32(&a[0]->d, d, 0);
+    d = vld1q_lane_f32(&a[1]->d, d, 1);
+    d = vld1q_lane_f32(&a[2]->d, d, 2);
+    return vld1q_lane_f32(&a[3]->d, d, 3);
+}
+
+/* y[k * ldy] = lane k of v for k < n. */
+static inline void store_tokens(float32x4_t v, int n, float *y, int64_t ldy) {
+    float out[4];
+    vst1q_f32(out, v);
+    for (int k = 0; k < n && k < 4; k++)
+        y[k * ldy] = out[k];
+}
+
 void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy) {
-    enum { TILE = 16 };
     const block_q4_K *x = row;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
-        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        float sumf[TILE] = {0}, summ[TILE] = {0};
+        const int end = n_tokens - t0 < TILE ? n_tokens : t0 + TILE;
+        float32x4_t sum[TILE / 4], off[TILE / 4];
+        for (int g = 0; g < TILE / 4; g++)
+            sum[g] = off[g] = vdupq_n_f32(0.0f);
         for (int64_t i = 0; i < nb; i++) {
-            int32_t sc[8], mn[8];
-            k_scales_mins(x[i].scales, sc, mn);
-            q4_K_codes q;
-            unpack_q4_K(x[i].qs, &q);
+            groups32 w;
+            decode_q4_K(&x[i], &w);
             const float dw = half_to_f32(x[i].d), dminw = half_to_f32(x[i].dmin);
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = act_block(xq, stride, t0 + t, i);
-                const float d = dw * a->d, dmin = dminw * a->d;
-                for (int c = 0; c < 4; c++) {
-                    const int16_t *bs = a->bsums + 4 * c;
-                    const int32_t imin = mn[2 * c] * (bs[0] + bs[1]) + mn[2 * c + 1] * (bs[2] + bs[3]);
-                    sumf[t] = fmaf((float)q4_K_span(&q, c, sc, a->qs), d, sumf[t]);
-                    summ[t] = fmaf((float)imin, dmin, summ[t]);
-                }
+            for (int t = t0, g = 0; t < end; t += 4, g++) {
+                const block_q8_K *a[4];
+                act_blocks4(xq, stride, t, end, i, a);
+                const int32x4_t isum = totals4(groups32_dot(&w, a[0]->qs), groups32_dot(&w, a[1]->qs),
+                                               groups32_dot(&w, a[2]->qs), groups32_dot(&w, a[3]->qs));
+                const int32x4_t imin = totals4(k_mins_dot(w.mn, a[0]->bsums), k_mins_dot(w.mn, a[1]->bsums),
+                                               k_mins_dot(w.mn, a[2]->bsums), k_mins_dot(w.mn, a[3]->bsums));
+                const float32x4_t da = act_scales4(a);
+                sum[g] = vfmaq_f32(sum[g], vcvtq_f32_s32(isum), vmulq_n_f32(da, dw));
+                off[g] = vfmaq_f32(off[g], vcvtq_f32_s32(imin), vmulq_n_f32(da, dminw));
             }
         }
-        for (int t = 0; t < nt; t++)
-            y[(t0 + t) * ldy] = sumf[t] - summ[t];
+        for (int t = t0, g = 0; t < end; t += 4, g++)
+            store_tokens(vsubq_f32(sum[g], off[g]), end - t, y + t * ldy, ldy);
     }
 }
 
-/* Q6_K in the tiled order: per block the exact s1 = sum(sc * (q - 32) * qy), then
- * y = fma(d * s1, dy, y). The signed codes q - 32 are formed once per block. */
+/* Q6_K's signed codes are formed once per block for the tile, so no token needs
+ * the bsums term of the one-token kernel. */
 void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy) {
     const block_q6_K *x = row;
-    const int8x16_t bias = vdupq_n_s8(32);
-    for (int t = 0; t < n_tokens; t++)
-        y[t * ldy] = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int8x16_t q[8][2];
-        q6_K_codes(&x[i], q);
-        for (int j = 0; j < 8; j++) {
-            q[j][0] = vsubq_s8(q[j][0], bias);
-            q[j][1] = vsubq_s8(q[j][1], bias);
-        }
-        const int8_t *sc = x[i].scales;
-        const float d = half_to_f32(x[i].d);
-        for (int t = 0; t < n_tokens; t++) {
-            const block_q8_K *a = act_block(xq, stride, t, i);
-            int32x4_t s = vdupq_n_s32(0);
-            for (int j = 0; j < 8; j++) {
-                s = vmlaq_n_s32(s, dot16_partial(q[j][0], vld1q_s8(a->qs + 32 * j)), sc[2 * j]);
-                s = vmlaq_n_s32(s, dot16_partial(q[j][1], vld1q_s8(a->qs + 32 * j + 16)), sc[2 * j + 1]);
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int end = n_tokens - t0 < TILE ? n_tokens : t0 + TILE;
+        float32x4_t sum[TILE / 4];
+        for (int g = 0; g < TILE / 4; g++)
+            sum[g] = vdupq_n_f32(0.0f);
+        for (int64_t i = 0; i < nb; i++) {
+            groups16 w;
+            decode_q6_K(&x[i], 32, &w);
+            const float dw = half_to_f32(x[i].d);
+            for (int t = t0, g = 0; t < end; t += 4, g++) {
+                const block_q8_K *a[4];
+                act_blocks4(xq, stride, t, end, i, a);
+                const int32x4_t isum = totals4(groups16_dot(&w, a[0]->qs), groups16_dot(&w, a[1]->qs),
+                                               groups16_dot(&w, a[2]->qs), groups16_dot(&w, a[3]->qs));
+                sum[g] = vfmaq_f32(sum[g], vcvtq_f32_s32(isum), vmulq_n_f32(act_scales4(a), dw));
             }
-            const float r = d * (float)vaddvq_s32(s);
-            y[t * ldy] = fmaf(r, a->d, y[t * ldy]);
         }
+        for (int t = t0, g = 0; t < end; t += 4, g++)
+            store_tokens(sum[g], end - t, y + t * ldy, ldy);
     }
 }
 
