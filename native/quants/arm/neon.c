@@ -10,8 +10,9 @@
  * Every output has exactly the bits of the scalar vec_dot in quants/scalar.c, by the
  * definition in quants/types.h. Here that means, for each block in row order:
  *  - the block's integer sum is formed exactly, in int32 lanes in whatever arrangement
- *    is cheapest (four partial sums, group totals times group scales), and reduced
- *    to one integer (ADDV) only when the block's float step needs it;
+ *    is cheapest (four partial sums, four groups' totals times their scales), then
+ *    reduced to the one integer the float step needs: by ADDV, or in the batches
+ *    four tokens' at once, one per lane (totals4);
  *  - the float step is the scalar one, (float)isum times dw * da with one fused
  *    multiply-add (fmaf, or vfmaq_f32 with one token per lane in the batches);
  *  - the offsets (mins, Q4_1/Q5_1's m * s) have a chain of their own, combined with
@@ -458,7 +459,9 @@ static inline void decode_q6_K(const block_q6_K *b, int8_t bias, groups16 *w) {
 }
 
 /* Q6_K: the unsigned codes (bias 0, so the compiler drops the subtractions), and the
- * -32 taken off as 32 * sum(sc * bsum): the same integer as the signed codes give. */
+ * -32 taken off as 32 * sum(sc * bsum): the same integer as the signed codes give, in
+ * fewer operations than forming them. Neither term can overflow: the first is below
+ * 16 * 16 * 63 * 128 * 128 < 2^28, the second below 32 * 16 * 128 * 2048 = 2^27. */
 float sq_vec_dot_q6_K_neon(const void *row, const void *xq, int64_t nb, const void *stop) {
     (void)stop; /* see quants/kernels.h */
     const block_q6_K *x = row;
