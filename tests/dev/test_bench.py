@@ -64,7 +64,7 @@ def test_bench_lookup_compares_lookup_with_plain_decoding(smollm2_gguf, monkeypa
     assert "x" in lookup_bench.format_report(report)
 
 
-def test_bench_draft_check_times_step_order_batches_against_one_step(smollm2_gguf, capsys):
+def test_bench_draft_check_times_batches_against_one_step(smollm2_gguf, capsys):
     from llm_smolq.dev import bench
 
     bench.main([str(smollm2_gguf), "--draft-check", "40", "--threads", "2", "--repeat", "2", "--json"])

@@ -1,44 +1,44 @@
-"""The forward pass against llama.cpp's logits on the same files (tests/data/reference).
+"""The forward pass against llama.cpp's logits on the same files (tests/data/reference), and
+against itself.
 
-The `.avx2` references came from llama.cpp built on an AVX2-only CPU. This engine keeps
-that build's order of operations on every CPU and SIMD path, so on every quantized file
-its logits are those references bit for bit, in the feedings llama.cpp used: the prompt in
-one batch (the long files in batches of 512), then one token at a time. The float types
-(F32/F16/BF16) round in llama.cpp's float mat-muls in an order of their own, so they are
-held to about twice the per-row error measured today. The references without `.avx2`
-came from an AVX-512 build: they only have to agree within llama.cpp's spread between its
-own builds.
+llama.cpp rounds its products in orders of its own, one per build and batch shape: its AVX2
+build (the `.avx2` references) and its AVX-512 build (the others) differ by up to 2.3% median
+per logits row on these files. The engine has one arithmetic (native/quants/types.h), the same
+on every CPU, SIMD path, thread count and batch: against each llama.cpp build it is held to
+that spread (and the same top-1 where the top two are clearly apart), against itself to the
+bit: a prompt in one batch, in llama.cpp's batches or a token at a time, any thread count, and
+every SIMD path give the same rows. The float types (F32/F16/BF16) multiply in llama.cpp's
+float order, so they are held to about twice the per-row error measured against the AVX2
+build.
 """
+
+import json
 
 import numpy as np
 import pytest
+from helpers.simd_paths import simd_paths
 
 import llm_smolq
+from llm_smolq._kernel import lib
 from llm_smolq.engine.kv_types import KV_TYPES
 
 FLOATS = ["F32", "F16", "BF16"]
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
 TYPES = FLOATS + QUANTIZED
 THREADS = [1, 2, 3, 4]  # 3 and 4 are more threads than this machine kind's 2 cores
-# The 3,000-token prompt at two of them, the machine's and an odd split (test_kv_cache's
-# thread-count test holds counts 1 to 4 to the same bits on a 520-token prompt).
-LONG_THREADS = [2, 3]
 
 # Worst per-row relative L2 error against the AVX2 build for the float types: about twice
-# the maxima measured (F32 9.7e-7, F16 7.9e-4, BF16 6.2e-3, in both feedings; the long F32
-# file 9.2e-7).
+# the maxima measured (F32 9.6e-7, F16 7.4e-4, BF16 5.2e-3).
 FLOAT_BOUND = {"F32": 2e-6, "F16": 1.6e-3, "BF16": 1.25e-2}
 
-# Everything in one batch (prompt and greedy ids together) is not how llama.cpp fed the
-# model: the rows it decoded one at a time go through the batched mat-mul order here, and
-# the last prompt row can fall in another tile of it. Measured against the AVX2 build: the
-# first n-1 prompt rows identical on every quantized type, the others at most 2.15e-2
-# (Q3_K_M) per row.
-ONE_BATCH_BOUND = 5e-2
-
-# llama.cpp against itself, AVX-512 build vs AVX2 build: per-row median and maximum over a
-# file (measured: medians up to 2.1e-2 (Q3_K_M), maxima up to 2.7e-2 (Q3_K_M)).
+# llama.cpp against itself, AVX-512 build vs AVX2 build, per-row median and maximum over a
+# file (measured: medians up to 2.3e-2 (Q3_K_M), maxima up to 2.7e-2 before the greedy
+# paths part). The engine, measured: medians up to 2.2e-2 (Q3_K_M against the AVX2 build),
+# maxima up to 2.7e-2; at 3,000 positions up to 1.9e-2 / 2.8e-2, where one top-1 differs
+# from the AVX-512 build's at a top-two margin of 1.3% of the row's range (the builds' own
+# differ at up to 0.17%): there the top-1 must hold from a 2% margin.
 CROSS_BUILD_MEDIAN, CROSS_BUILD_MAX = 2.5e-2, 5e-2
+LONG_MEDIAN, LONG_MARGIN = 4e-2, 0.02
 
 
 def row_errors(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -46,13 +46,13 @@ def row_errors(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 
 def assert_identical(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
-    """Every float32 of every row has llama.cpp's bits (so -0.0 is not 0.0)."""
+    """Every float32 of every row has the same bits (so -0.0 is not 0.0)."""
     assert ours.dtype == ref.dtype == np.float32 and ours.shape == ref.shape, (what, ours.shape, ref.shape)
     differ = np.flatnonzero((ours.view(np.uint32) != ref.view(np.uint32)).any(axis=1))
     if differ.size:
         err = row_errors(ours[differ], ref[differ])
-        raise AssertionError(f"{what}: {differ.size} of {len(ref)} rows differ from llama.cpp's bits, first at row "
-                             f"{differ[0]}; worst relative error {err.max():.3g} at row {differ[err.argmax()]}")
+        raise AssertionError(f"{what}: {differ.size} of {len(ref)} rows differ, first at row {differ[0]}; "
+                             f"worst relative error {err.max():.3g} at row {differ[err.argmax()]}")
 
 
 def assert_within(ours: np.ndarray, ref: np.ndarray, bound: float, what: str, margin: float = 0.01) -> np.ndarray:
@@ -68,12 +68,16 @@ def assert_within(ours: np.ndarray, ref: np.ndarray, bound: float, what: str, ma
     return err
 
 
-def assert_matches(ours: np.ndarray, ref: np.ndarray, kind: str, what: str) -> None:
-    """The fidelity each type is held to against the AVX2 build."""
+def assert_near_llama_cpp(rows: np.ndarray, steps: np.ndarray, ref, kind: str, what: str,
+                          median: float = CROSS_BUILD_MEDIAN, margin: float = 0.01) -> None:
+    """The fidelity each type is held to against one llama.cpp build's prompt rows and steps."""
     if kind in FLOAT_BOUND:
-        assert_within(ours, ref, FLOAT_BOUND[kind], what)
-    else:
-        assert_identical(ours, ref, what)
+        assert_within(rows, ref["logits"], FLOAT_BOUND[kind], f"{what} prompt rows")
+        assert_within(steps, ref["greedy_logits"], FLOAT_BOUND[kind], f"{what} decode steps")
+        return
+    err = np.r_[assert_within(rows, ref["logits"], CROSS_BUILD_MAX, f"{what} prompt rows", margin),
+                assert_within(steps, ref["greedy_logits"], CROSS_BUILD_MAX, f"{what} decode steps", margin)]
+    assert np.median(err) <= median, f"{what}: median row error {np.median(err):.3g} (bound {median:g})"
 
 
 def prefill_then_decode(eng, prompt: list[int], forced: list[int], chunk: int | None = None):
@@ -107,89 +111,122 @@ def engines(reference_dir):
     return get
 
 
-@pytest.mark.parametrize("threads", THREADS, ids=lambda n: f"{n}threads")
 @pytest.mark.parametrize("kind", TYPES)
-def test_prefill_then_decode_gives_llama_cpps_logits(kind, threads, engines, references):
-    """Bit for bit on every quantized type at every thread count, prefill and decode."""
+def test_prefill_then_decode_stays_within_llama_cpps_spread(kind, engines, references):
+    """Against both of llama.cpp's builds, each fed its own greedy continuation."""
+    for ref, build in zip(references[kind], ("AVX2 build", "AVX-512 build")):
+        rows, steps = prefill_then_decode(engines(kind), ref["tokens"].tolist(), ref["greedy"].tolist()[:-1])
+        assert_near_llama_cpp(rows, steps, ref, kind, f"{kind} against llama.cpp's {build}")
+
+
+def every_feeding(eng, ids: list[int]) -> dict[str, np.ndarray]:
+    """The rows of ids fed in one batch, in llama.cpp's way (the prompt, then a token at a
+    time), in odd chunks, and a token at a time."""
+    def chunks(sizes):
+        eng.reset()
+        out, at = [], 0
+        for size in sizes:
+            out.append(eng.eval(ids[at:at + size], all_logits=True))
+            at += size
+        assert at == len(ids)
+        return np.concatenate(out)
+    n = len(ids)
+    prompt = n - 8
+    return {"one batch": chunks([n]), "prompt then steps": chunks([prompt] + [1] * 8),
+            "chunks of 5 and 13": chunks([5, 13] * (n // 18) + ([n % 18] if n % 18 else [])),
+            "a token at a time": chunks([1] * n)}
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_every_batching_gives_the_same_bits(kind, engines, references):
+    """A prompt's rows do not depend on how it is cut into batches: the engine's one
+    arithmetic, attention included (F32 cache here; the compact caches in test_kv_cache)."""
     ref, _ = references[kind]
-    rows, steps = prefill_then_decode(engines(kind, threads), ref["tokens"].tolist(), ref["greedy"].tolist()[:-1])
-    assert_matches(rows, ref["logits"], kind, f"{kind} prompt rows, {threads} threads")
-    assert_matches(steps, ref["greedy_logits"], kind, f"{kind} decode steps, {threads} threads")
+    ids = ref["tokens"].tolist() + ref["greedy"].tolist()[:-1]
+    fed = every_feeding(engines(kind), ids)
+    for how, rows in fed.items():
+        assert_identical(rows, fed["one batch"], f"{kind}: {how} against one batch")
 
 
-@pytest.mark.parametrize("kind", TYPES)
-def test_everything_in_one_batch_stays_close(kind, engines, references):
+@pytest.mark.parametrize("kind", QUANTIZED + ["F16"])
+def test_thread_counts_give_the_same_bits(kind, engines, references):
     ref, _ = references[kind]
-    tokens, greedy = ref["tokens"].tolist(), ref["greedy"].tolist()
-    eng = engines(kind)
-    eng.reset()
-    rows = eng.eval(tokens + greedy[:-1], all_logits=True)
-    n = len(tokens)
-    assert eng.n_past == n + len(greedy) - 1
-    assert_matches(rows[:n - 1], ref["logits"][:n - 1], kind, f"{kind} prompt rows before the last")
-    bound = FLOAT_BOUND.get(kind, ONE_BATCH_BOUND)
-    assert_within(rows[n - 1:], ref["greedy_logits"], bound, f"{kind} greedy rows in the prompt's batch")
+    ids = ref["tokens"].tolist() + ref["greedy"].tolist()[:-1]
+    rows = {}
+    for threads in THREADS:
+        eng = engines(kind, threads)
+        eng.reset()
+        rows[threads] = eng.eval(ids, all_logits=True)
+        assert_identical(rows[threads], rows[1], f"{kind}, {threads} threads against 1")
 
 
 @pytest.mark.parametrize("kind", TYPES)
-def test_agrees_with_the_avx512_build_within_llama_cpps_spread(kind, engines, references):
-    _, other = references[kind]
-    rows, steps = prefill_then_decode(engines(kind), other["tokens"].tolist(), other["greedy"].tolist()[:-1])
-    err = np.r_[assert_within(rows, other["logits"], CROSS_BUILD_MAX, f"{kind} prompt rows"),
-                assert_within(steps, other["greedy_logits"], CROSS_BUILD_MAX, f"{kind} decode steps")]
-    assert np.median(err) <= CROSS_BUILD_MEDIAN, f"{kind}: median row error {np.median(err):.3g}"
+def test_every_simd_path_gives_the_scalar_paths_bits(kind, reference_dir, references, monkeypatch, simd_restore):
+    """The AVX-512 VNNI, AVX2 (and NEON) kernels against the scalar definition, through the
+    whole forward pass: an engine loaded on each path (each packs what its kernels read)."""
+    ref, _ = references[kind]
+    ids = ref["tokens"].tolist() + ref["greedy"].tolist()[:-1]
+    rows = {}
+    for set_path in simd_paths(monkeypatch):
+        path = set_path()
+        eng = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=256, kv_dtype="f32")
+        rows[path] = np.concatenate([eng.eval(ids[:-8], all_logits=True), eng.eval(ids[-8:], all_logits=True)])
+    for path, got in rows.items():
+        assert_identical(got, rows["scalar"], f"{kind}: the {path} path against the scalar one")
 
 
-def long_run(eng, ref):
-    """The 3,000-token prompt in llama.cpp's batches of 512, then 15 decode steps: the
-    prompt's last rows and the steps' logits."""
-    rows, steps = prefill_then_decode(eng, ref["tokens"].tolist(), ref["greedy"].tolist()[:-1], chunk=512)
+@pytest.fixture
+def simd_restore():
+    prev = lib.sq_set_simd(1)
+    lib.sq_set_simd(prev)
+    yield
+    lib.sq_set_simd(prev)
+
+
+def long_run(eng, ref, chunk: int = 512):
+    """The 3,000-token prompt in batches of `chunk` (llama.cpp's 512), then 15 decode
+    steps: the prompt's last rows and the steps' logits."""
+    rows, steps = prefill_then_decode(eng, ref["tokens"].tolist(), ref["greedy"].tolist()[:-1], chunk=chunk)
     return rows[int(ref["tail_start"]):], steps
 
 
-@pytest.mark.parametrize("threads", LONG_THREADS, ids=lambda n: f"{n}threads")
 @pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_K_M"])
-def test_long_context_gives_llama_cpps_logits(kind, threads, reference_dir, engines):
-    ref = np.load(reference_dir / f"long-tiny-smollm3-{kind}.avx2.npz")
-    tail, steps = long_run(engines(kind, threads, n_ctx=4096), ref)
-    assert_matches(tail, ref["logits_tail"], kind, f"{kind} last prompt rows of 3,000, {threads} threads")
-    assert_matches(steps, ref["greedy_logits"], kind, f"{kind} decode at 3,000+, {threads} threads")
+def test_long_context_stays_within_llama_cpps_spread(kind, reference_dir, engines):
+    """3,000 positions against both builds; and the same bits in batches of 512 at 2 threads
+    as in batches of 700 at 3."""
+    for name in (f"long-tiny-smollm3-{kind}.avx2.npz", f"long-tiny-smollm3-{kind}.npz"):
+        ref = np.load(reference_dir / name)
+        tail, steps = long_run(engines(kind, 2, n_ctx=4096), ref)
+        assert_near_llama_cpp(tail, steps, {"logits": ref["logits_tail"], "greedy_logits": ref["greedy_logits"]},
+                              kind, f"{kind} at 3,000 positions ({name})", median=LONG_MEDIAN,
+                              margin=LONG_MARGIN)
+    other_tail, other_steps = long_run(engines(kind, 3, n_ctx=4096), ref, chunk=700)
+    assert_identical(other_tail, tail, f"{kind}: batches of 700 at 3 threads against 512 at 2")
+    assert_identical(other_steps, steps, f"{kind}: decode after batches of 700 against 512")
 
 
-@pytest.mark.parametrize("kind", ["F32", "Q8_0", "Q4_K_M"])
-def test_long_context_agrees_with_the_avx512_build_within_llama_cpps_spread(kind, reference_dir, engines):
-    other = np.load(reference_dir / f"long-tiny-smollm3-{kind}.npz")
-    tail, steps = long_run(engines(kind, n_ctx=4096), other)
-    err = np.r_[assert_within(tail, other["logits_tail"], CROSS_BUILD_MAX, f"{kind} last prompt rows"),
-                assert_within(steps, other["greedy_logits"], CROSS_BUILD_MAX, f"{kind} decode at 3,000+")]
-    assert np.median(err) <= CROSS_BUILD_MEDIAN, f"{kind}: median row error {np.median(err):.3g}"
+# -- the net is tight ----------------------------------------------------------------------
 
-
-# -- the net is tight: a copy of a reference moved by a little fails the comparison ------
-
-@pytest.mark.parametrize("kind", TYPES)
-def test_a_reference_moved_by_a_little_fails_the_comparison(kind, engines, references):
-    """Our rows pass against the true reference, then fail against a copy with one row
-    moved: by 1e-4 relative for exact types and F32, by twice the bound for F16/BF16, and,
-    where comparison is exact, by one ulp in a single logit."""
+@pytest.mark.parametrize("kind", ["F16", "Q4_K_M"])
+def test_a_row_moved_by_a_little_fails_the_comparisons(kind, engines, references):
+    """The comparisons above fail on a copy of our rows with one logit one ulp away (bits),
+    and on a copy of llama.cpp's with one row moved by twice the bound (spread)."""
     ref, _ = references[kind]
-    rows, _ = prefill_then_decode(engines(kind), ref["tokens"].tolist(), [])
-    truth = ref["logits"]
-    assert_matches(rows, truth, kind, "unmoved")
-    row = len(truth) // 2
-    rng = np.random.default_rng(0)
-    direction = rng.normal(size=truth.shape[1])
-    scale = 1e-4 if kind not in ("F16", "BF16") else 2 * FLOAT_BOUND[kind]
-    moved = truth.copy()
-    moved[row] += (scale * np.linalg.norm(truth[row]) / np.linalg.norm(direction) * direction).astype(np.float32)
-    assert row_errors(moved[row:row + 1], truth[row:row + 1])[0] == pytest.approx(scale, rel=1e-3)
+    rows, steps = prefill_then_decode(engines(kind), ref["tokens"].tolist(), ref["greedy"].tolist()[:-1])
+    row = len(rows) // 2
+    ulp = rows.copy()
+    ulp[row, 7] = np.nextafter(ulp[row, 7], np.float32(np.inf))
+    with pytest.raises(AssertionError, match=f"1 of {len(rows)} rows differ, first at row {row}"):
+        assert_identical(ulp, rows, "one ulp")
+    assert_near_llama_cpp(rows, steps, ref, kind, "unmoved")
+    bound = FLOAT_BOUND.get(kind, CROSS_BUILD_MAX)
+    direction = np.random.default_rng(0).normal(size=rows.shape[1])
+    moved = dict(ref)
+    moved["logits"] = ref["logits"].copy()
+    moved["logits"][row] += (2 * bound * np.linalg.norm(ref["logits"][row]) / np.linalg.norm(direction)
+                             * direction).astype(np.float32)
     with pytest.raises(AssertionError, match=f"row {row}"):
-        assert_matches(rows, moved, kind, "moved")
-    if kind in QUANTIZED:
-        ulp = truth.copy()
-        ulp[row, 7] = np.nextafter(ulp[row, 7], np.float32(np.inf))
-        with pytest.raises(AssertionError, match=f"1 of {len(truth)} rows differ"):
-            assert_matches(rows, ulp, kind, "one ulp")
+        assert_near_llama_cpp(rows, steps, moved, kind, "moved")
 
 
 # -- the compact KV caches (F16, Q8_0) ---------------------------------------------------
@@ -264,26 +301,44 @@ def smollm2_f32(smollm2_gguf):
     return llm_smolq.load(smollm2_gguf, n_ctx=1024, kv_dtype="f32")
 
 
-@pytest.mark.parametrize("index", range(6))  # the six conversations of smollm2-chat-A
-def test_smollm2_chat_references_bit_for_bit(smollm2_chat_cases, smollm2_f32, index):
-    """Teacher-force llama.cpp's greedy continuation of a conversation (F32 KV cache): at
-    every step the top-10 logits it reported are ours exactly, and our argmax is its next id."""
-    assert len(smollm2_chat_cases) == 6
-    case, eng = smollm2_chat_cases[index], smollm2_f32
-    eng.reset()
-    logits = eng.eval(case["prompt_ids"])
-    steps = 0
-    for step, top10 in enumerate(case["top10_per_step"]):
-        ids = [i for i, _ in top10]
-        ref = np.array([v for _, v in top10], np.float32)
-        where = f"{case['messages'][-1]['content'][:30]!r} step {step}"
-        assert np.array_equal(logits[ids].view(np.uint32), ref.view(np.uint32)), (
-            where, np.abs(logits[ids] - ref).max())
-        assert int(logits.argmax()) == case["greedy_ids"][step], where
-        steps += 1
-        if step + 1 < len(case["top10_per_step"]):
-            logits = eng.eval([case["greedy_ids"][step]])
-    assert steps == len(case["greedy_ids"])
+# Teacher-forced on llama.cpp's greedy continuations of six conversations (F32 cache), the
+# top-10 logits it reported against ours at its ids. llama.cpp's two builds against each
+# other, up to where their answers part: at most 0.85 apart, 0.13 at the median. This
+# engine, measured: 1.06 / 0.16 against the AVX2 build, 1.40 / 0.14 against the AVX-512
+# one; its argmax differs from llama.cpp's next id at 8 (4) of 219 steps, all where
+# llama.cpp's top two were at most 0.3 apart.
+CHAT_MAX, CHAT_MEDIAN, CHAT_CLEAR_MARGIN = 1.5, 0.2, 0.5
+
+
+def chat_differences(eng, cases) -> tuple[np.ndarray, list[str]]:
+    """Teacher-forced: |ours - llama.cpp's| at its top-10 ids at every step, and the steps
+    where our argmax is not its next id although its top two were clearly apart."""
+    diffs, flips = [], []
+    for case in cases:
+        eng.reset()
+        logits = eng.eval(case["prompt_ids"])
+        for step, top10 in enumerate(case["top10_per_step"]):
+            ids, ref = [i for i, _ in top10], np.array([v for _, v in top10])
+            diffs.extend(np.abs(logits[ids] - ref))
+            top = np.sort(ref)[-2:]
+            if int(logits.argmax()) != case["greedy_ids"][step] and top[1] - top[0] > CHAT_CLEAR_MARGIN:
+                flips.append(f"{case['messages'][-1]['content'][:30]!r} step {step}")
+            if step + 1 < len(case["top10_per_step"]):
+                logits = eng.eval([case["greedy_ids"][step]])
+    return np.array(diffs), flips
+
+
+@pytest.mark.parametrize("build", ["smollm2-chat-A.avx2.json", "smollm2-chat-A.json"])
+def test_smollm2_chat_stays_within_llama_cpps_spread(build, reference_dir, smollm2_f32):
+    """Real weights, real text: against each of llama.cpp's builds, our logits at its top-10
+    ids within CHAT_MAX at every step and CHAT_MEDIAN at the median, and our argmax its next
+    id wherever its top two are clearly apart."""
+    cases = json.loads((reference_dir / build).read_text())["cases"]
+    assert len(cases) == 6
+    diffs, flips = chat_differences(smollm2_f32, cases)
+    assert len(diffs) == 10 * sum(len(c["greedy_ids"]) for c in cases)
+    assert diffs.max() <= CHAT_MAX and np.median(diffs) <= CHAT_MEDIAN, (build, diffs.max(), np.median(diffs))
+    assert not flips, (build, flips)
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])

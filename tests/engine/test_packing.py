@@ -19,7 +19,7 @@ def file_digest(path) -> str:
 
 
 def run(eng) -> list[np.ndarray]:
-    """A prefill, decode steps, and a batch in step order (a lookup draft's check)."""
+    """A prefill, decode steps, and a small batch (a lookup draft's check)."""
     prompt = [1, 5, 9, 200, 17, 33, 512, 7, 99, 3, 64, 128, 256, 11, 13, 15, 800, 4]
     out = [eng.eval(prompt, all_logits=True)]
     out += [eng.eval([t]) for t in (21, 400, 7)]
