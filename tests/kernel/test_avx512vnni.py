@@ -8,8 +8,9 @@ package, in the `test` extra), which implements them with AVX2 and plain C, and 
 takes the 512-bit registers from SIMDe's stand-ins, and chooses that code on any AVX2 CPU.
 A child python loads that copy and runs the kernel tests (every type's SIMD vec_dot
 against the scalar one, bit for bit, with sq_simd_name() "avx512vnni"), the packed weights'
-tests (native/quants/rows16.c and the engine on them), the engine's tests against
-llama.cpp's reference logits, and the KV cache tests (a prefill's attention on every SIMD
+tests (native/quants/rows16.c and the engine on them), the whole forward pass on every
+path against the scalar one on every reference file, SmolLM2's conversations against
+llama.cpp's, and the KV cache tests (a prefill's attention on every SIMD
 path, bit for bit).
 """
 
@@ -30,20 +31,19 @@ from test_quants import cpu_flags
 pytestmark = pytest.mark.may_skip_in_ci
 
 # The tests the child runs on this build, in parts that a run's workers can share. The
-# long-context tests and the repeats at 1, 3 and 4 threads are left out (each several
+# long-context tests and the repeats at other thread counts are left out (each several
 # minutes under SIMDe), and so are the tests that compute again what another selected test
-# computes (the AVX-512 build's references and the moved references take the same prefill
-# and decode; the thread counts' test on the F16 cache splits the same matrix products
-# over the threads as on the Q8_0 cache). Of the real SmolLM2 conversations one of the six,
-# bit for bit (all six are short prompts, one batch each, through the same kernels; the
-# compact caches' attention on this path is what test_kv_cache checks).
-SKIP = ("not long_context and not 1threads and not 3threads and not 4threads and not avx512_build "
-        "and not moved_by_a_little and not (thread_counts and f16)")
+# computes: every SIMD path against the scalar one, through the whole forward pass, implies
+# this path's logits in every other engine comparison (the main run holds the scalar path
+# to llama.cpp's spread and to every batching); the thread counts' test on the F16 cache
+# (it splits the same matrix products over the threads as on Q8_0).
+# SmolLM2's real weights: the F32 cache's conversations against llama.cpp's AVX2 build.
+SKIP = "not long_context and not (thread_counts and f16)"
 SELECTIONS = {
     "kernels": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/engine/test_packing.py",
                 "-k", SKIP],
-    "engine": ["tests/engine/test_engine_reference.py", "-k", f"{SKIP} and not smollm2_chat"],
-    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_chat_references_bit_for_bit[0]"],
+    "engine": ["tests/engine/test_engine_reference.py", "-k", "simd_path"],
+    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_chat_stays_within_llama_cpps_spread[smollm2-chat-A.avx2.json]"],
     "kv_cache": ["tests/engine/test_kv_cache.py", "-k", SKIP],
 }
 

@@ -25,24 +25,23 @@ from helpers.run_once import once_per_run
 # The selections each child runs: with the SIMD code the CPU supports, in parts that a
 # run's workers can share, and "scalar" with SMOLQ_SIMD=0. The long-context tests and the
 # repeats at other thread counts are left out (minutes each when sanitized), and so are the
-# tests that compute again what another selected test computes (the AVX-512 build's
-# references and the moved references take the same prefill and decode). The scalar
-# vec_dots also run with the SIMD code (test_quants switches to them), so the scalar child
-# adds the engine's scalar paths on one file per activation format. Of the real SmolLM2
-# conversations, one on the F32 cache (the six are short prompts, one batch each, through
-# the same kernels) and all on the Q8_0 cache (the F16 cache's rows are sanitized in the
-# kv_cache part).
-SKIP = ("not long_context and not 1threads and not 3threads and not 4threads and not thread_counts "
-        "and not avx512_build and not moved_by_a_little and not (compact and (K_M or Q5 or Q4_1 or IQ4))")
+# tests that compute again what another selected test computes (the SIMD paths against the
+# scalar one run the same forward passes as every batching; the moved references). The
+# scalar vec_dots also run with the SIMD code (test_quants switches to them), so the scalar
+# child adds the engine's scalar paths on one file per activation format. Of the real
+# SmolLM2 conversations, llama.cpp's AVX2 build's on the F32 cache and on the Q8_0 cache
+# (the F16 cache's rows are sanitized in the kv_cache part).
+SKIP = ("not long_context and not thread_counts and not simd_path and not moved_by_a_little "
+        "and not (compact and (K_M or Q5 or Q4_1 or IQ4))")
 SELECTIONS = {
     "kernels": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/kernel/test_swiglu.py",
                 "tests/engine/test_packing.py", "tests/engine/test_buffer_gate.py", "-k", SKIP],
     "kv_cache": ["tests/engine/test_kv_cache.py", "-k", SKIP],
-    "engine": ["tests/engine/test_engine_reference.py", "-k", f"{SKIP} and not smollm2_chat"],
-    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_chat_references_bit_for_bit[0]",
+    "engine": ["tests/engine/test_engine_reference.py", "-k", f"{SKIP} and not smollm2_chat and not prefill_then_decode"],
+    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_chat_stays_within_llama_cpps_spread[smollm2-chat-A.avx2.json]",
                 "tests/engine/test_engine_reference.py::test_smollm2_chat_references_with_a_compact_cache[q8_0]"],
     "scalar": ["tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits[f32]",
-               *(f"tests/engine/test_engine_reference.py::test_prefill_then_decode_gives_llama_cpps_logits[{kind}-2threads]"
+               *(f"tests/engine/test_engine_reference.py::test_every_batching_gives_the_same_bits[{kind}]"
                  for kind in ("F16", "Q4_0", "Q4_1", "Q4_K_M"))],
 }
 REPORT = re.compile(r"\w+Sanitizer|runtime error: ")
