@@ -12,6 +12,7 @@ import llm_smolq
 from llm_smolq import GGUFError
 from llm_smolq.dev.gguf_mutations import with_metadata
 from make_yarn_reference import CONTEXT, FACTOR, N_CTX, yarn_files
+from test_engine_reference import CROSS_BUILD_MAX, CROSS_BUILD_MEDIAN, assert_within
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "yarn-tiny-Q8_0.npz"
 
@@ -37,7 +38,9 @@ def run(eng, ref, case):
 
 
 @pytest.mark.parametrize("case", ["declared", "asked"])
-def test_yarn_gives_llama_cpps_logits_past_the_trained_context(case, files, reference):
+def test_yarn_stays_within_llama_cpps_spread_past_the_trained_context(case, files, reference):
+    """Against llama.cpp's AVX2 build, held as the reference files are
+    (test_engine_reference.py): measured 1.5e-2 median, 1.8e-2 worst row, the same top-1."""
     extra = {} if case == "declared" else {"rope_scaling": "yarn"}
     eng = llm_smolq.load(files[case], n_ctx=N_CTX, kv_dtype="f32", **extra)
     assert eng.config.rope_scaling.factor == FACTOR and eng.config.rope_scaling.original_context == CONTEXT
@@ -45,7 +48,8 @@ def test_yarn_gives_llama_cpps_logits_past_the_trained_context(case, files, refe
     assert eng.n_past > CONTEXT
     ours = np.concatenate([rows[reference["row_index"]], np.stack(steps)])
     theirs = np.concatenate([reference[f"{case}_rows"], reference[f"{case}_greedy_logits"]])
-    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)), np.abs(ours - theirs).max()
+    err = assert_within(ours, theirs, CROSS_BUILD_MAX, f"YaRN {case}")
+    assert np.median(err) <= CROSS_BUILD_MEDIAN, np.median(err)
 
 
 def test_without_yarn_the_same_positions_are_far_off(files, reference):
