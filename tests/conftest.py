@@ -109,6 +109,17 @@ def smollm2_chat_cases(reference_dir) -> list[dict]:
     return json.loads((reference_dir / "smollm2-chat-A.avx2.json").read_text())["cases"]
 
 
+@pytest.fixture(scope="session")
+def smollm2_greedy(smollm2_gguf, smollm2_chat_cases) -> list[list[int]]:
+    """For each of the six conversations, the engine's greedy answer on the F32 cache, 48
+    tokens at most: what `llm -o temperature 0 -o kv_cache f32 -o max_tokens 48` must print."""
+    import llm_smolq
+    from helpers.greedy import greedy_ids
+
+    engine = llm_smolq.load(smollm2_gguf, n_ctx=1024, kv_dtype="f32")
+    return [greedy_ids(engine, case["prompt_ids"], 48) for case in smollm2_chat_cases]
+
+
 @pytest.fixture
 def france(smollm2_chat_cases) -> dict:
     """The conversation "What is the capital of France?", one user message."""

@@ -158,8 +158,9 @@ def test_the_new_venv_compiled_the_kernel_and_holds_only_the_package(installed):
     assert usage.stdout.startswith("usage: python -m llm_smolq.dev.synth")
 
 
-def test_the_new_venvs_llm_gives_llama_cpps_greedy_answer_on_the_real_model(installed, smollm2_gguf, france,
-                                                                           tmp_path):
+def test_the_new_venvs_llm_gives_the_engines_greedy_answer_on_the_real_model(installed, smollm2_gguf, france,
+                                                                             smollm2_chat_cases, smollm2_greedy,
+                                                                             tmp_path):
     home = tmp_path / "llm-home"
     (home / "smolq").mkdir(parents=True)
     (home / "smolq" / smollm2_gguf.name).symlink_to(smollm2_gguf)
@@ -168,13 +169,19 @@ def test_the_new_venvs_llm_gives_llama_cpps_greedy_answer_on_the_real_model(inst
     plugins = json.loads(run([llm, "plugins"], timeout=120, cwd=tmp_path, env=env).stdout)
     assert "llm-smolq" in [p["name"] for p in plugins]
     (question,) = [m["content"] for m in france["messages"]]
-    # Greedy with the F32 cache: llama.cpp's own tokens (tests/plugin/test_llm_greedy_answers.py).
-    answer = run([llm, "-m", "smollm2-q", "-o", "max_tokens", "8", "-o", "temperature", "0", "-o", "kv_cache", "f32",
+    # Greedy with the F32 cache: the tokens this process's engine gives (the same source,
+    # the same bits; tests/plugin/test_llm_greedy_answers.py).
+    answer = run([llm, "-m", "smollm2-q", "-o", "max_tokens", "6", "-o", "temperature", "0", "-o", "kv_cache", "f32",
                   question], timeout=180, cwd=tmp_path, env=env).stdout.rstrip("\n")
-    assert re.search(r"\w", answer) and france["greedy_text"].startswith(answer), (answer, france["greedy_text"])
+    ours = smollm2_greedy[smollm2_chat_cases.index(france)][:6]
+    assert 2 not in ours, "the answer ends within 6 tokens: ask a question with a longer answer"
+    import llm_smolq  # this process's engine, from the checkout
+
+    expected = llm_smolq.load(smollm2_gguf, n_ctx=64).detokenize(ours)
+    assert re.search(r"\w", answer) and answer == expected, (answer, expected)
     (logged,) = json.loads(run([llm, "logs", "-n", "1", "--json"], timeout=120, cwd=tmp_path, env=env).stdout)
     assert logged["model"] == "smollm2-q" and logged["prompt"] == question and logged["response"] == answer
-    assert logged["output_tokens"] == 8 and logged["response_json"]["finish_reason"] == "length"
+    assert logged["output_tokens"] == 6 and logged["response_json"]["finish_reason"] == "length"
     assert Path(logged["response_json"]["model_file"]) == home / "smolq" / smollm2_gguf.name
 
 

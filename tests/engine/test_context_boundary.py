@@ -12,6 +12,7 @@ import llm_smolq
 from llm_smolq.engine.engine import MAX_BATCH
 from llm_smolq.decode.generate import Completion, generate
 from llm_smolq.decode.sampling import SamplingParams
+from helpers.greedy import greedy_ids
 from helpers.llm_cli import last_logs
 
 N_CTX = 64
@@ -136,11 +137,11 @@ def test_llm_with_one_position_to_spare_answers_two_tokens_and_logs_context(user
     row = last_logs(user_dir)[0]
     assert (row["input_tokens"], row["output_tokens"]) == (n, 2)
     assert json.loads(row["response_json"])["finish_reason"] == "context"
-    # llama.cpp's first two greedy tokens, as text (the answer is longer than two tokens).
-    expected = llm_smolq.load(user_dir / "smolq" / "SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=64).detokenize(
-        france["greedy_ids"][:2])
-    assert result.stdout == expected + "\n"
     assert kernel.forwards == 2  # the prompt's one batch, and the first token's step
+    # The engine's first two greedy tokens on the same (default) cache, as text.
+    engine = llm_smolq.load(user_dir / "smolq" / "SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=64)
+    expected = engine.detokenize(greedy_ids(engine, france["prompt_ids"], 2))
+    assert result.stdout == expected + "\n"
 
 
 @pytest.mark.parametrize("spare", [0, -1])
