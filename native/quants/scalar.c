@@ -1,5 +1,6 @@
-/* quants/scalar.c: the scalar reference of every type: block encodings, row decoders,
- * row dot products, vec_dots, activation quantizers, and the type table.
+/* quants/scalar.c: the scalar code of every type: block encodings, row decoders, row dot
+ * products, the vec_dots that define the engine's products, activation quantizers, and
+ * the type table.
  *
  * Every quantized type gets one section: how its block encodes the values (the
  * block_<type> struct itself is in quants/blocks.h), a one-block decoder,
@@ -7,8 +8,7 @@
  * its vec_dot: the dot product with activations already converted to the block
  * format llama.cpp pairs with the type. Those activation formats (Q8_0, also a
  * weight type, Q8_1 and Q8_K) have sections of their own with their quantizers.
- * The file ends with the integer forms the batched orders take (quants/batch.c) and
- * the type table, one row per type of quants/types.h's lists.
+ * The file ends with the type table, one row per type of quants/types.h's lists.
  *
  * Conventions that hold throughout:
  *  - Multi-byte fields are little-endian, as GGUF stores them; like the rest of
@@ -25,9 +25,9 @@
  *    tiles, which keeps long rows accurate at one double add per tile.
  *  - Decoders hoist per-group scales out of the element loops and shift only
  *    by loop-invariant amounts inside them: the shape compilers vectorize.
- *  - The vec_dot functions follow llama.cpp's CPU backend instead of the gguf
- *    decoders, and are the twins of the SIMD kernels (x86/, arm/), with the same
- *    bits: why, and what that asks of each float step, is in quants/types.h.
+ *  - The vec_dot functions are the definition of the engine's products (quants/types.h):
+ *    an exact integer per block, then block_step. Every SIMD kernel (x86/, arm/) gives
+ *    their bits.
  */
 #include <assert.h>
 #include <stddef.h>
@@ -150,15 +150,15 @@ static inline float dot_any(const float *a, const float *b, int k) {
     }                                                                              \
     DOT_BY_TILES(name, QK, block_##name, dot_lanes)
 
-/* Integer dot products for the vec_dot functions (the llama.cpp path: weights
- * times activations already quantized to 8 bits). A block's codes are widened
+/* Integer dot products for the vec_dot functions (weights times activations already
+ * quantized to 8 bits). A block's codes are widened
  * to int16, the weights with their group scale already multiplied in, and the
  * products summed in int32: the shape GCC compiles to pmaddwd on plain x86-64.
  * (int8 operands read straight from the blocks compile to a slower unpack and
  * pmullw sequence instead.) Folding the scales in is exact: |scale * code| is
  * at most 8064 (Q6_K's unsigned codes) and a super-block's sum stays below 2^28.
- * Being integer, the sum is the same in any order; the float steps around it
- * follow llama.cpp's (quants/types.h). */
+ * Being integer, the sum is the same in any order; block_step below is the one
+ * float operation around it. */
 static inline void widen_i8(const int8_t *restrict q, int16_t *restrict w, int k) {
     for (int j = 0; j < k; j++)
         w[j] = q[j];
