@@ -438,11 +438,75 @@ def expected_vec_dot(qtype: T, raw: np.ndarray, xq: np.ndarray, n: int) -> np.nd
     return terms
 
 
+U = 2.0 ** -24  # float32's unit roundoff
+
+
+def k_scale_min(scales: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: group j's 6-bit scale and min from each block's 12 scale bytes."""
+    q = scales.astype(np.int64)
+    if j < 4:
+        return q[:, j] & 63, q[:, j + 4] & 63
+    return (q[:, j + 4] & 0xF) | ((q[:, j - 4] >> 6) << 4), (q[:, j + 4] >> 4) | ((q[:, j] >> 6) << 4)
+
+
+def element_mins(qtype: T, raw: np.ndarray, n: int) -> np.ndarray:
+    """Each weight's float offset (dmin * min, or Q4_1/Q5_1's m), float64; 0 for the types
+    without one."""
+    blocks = raw.reshape(n // GGML_QUANT_SIZES[qtype][0], -1)
+    half = lambda at: blocks[:, at:at + 2].copy().view(np.float16).astype(np.float64)[:, 0]  # noqa: E731
+    if qtype in (T.Q4_1, T.Q5_1):
+        return np.repeat(half(2), 32)
+    if qtype == T.Q2_K:
+        return (half(82)[:, None] * (blocks[:, :16] >> 4).astype(np.float64)).repeat(16, axis=1).reshape(-1)
+    if qtype in (T.Q4_K, T.Q5_K):
+        mins = np.stack([k_scale_min(blocks[:, 4:16], j)[1] for j in range(8)], axis=1).astype(np.float64)
+        return (half(2)[:, None] * mins).repeat(32, axis=1).reshape(-1)
+    return np.zeros(n)
+
+
+def rounding_bound(qtype: T, raw: np.ndarray, xq: np.ndarray, n: int) -> tuple[float, float]:
+    """The exact dot product of the dequantized rows (float64) and a bound on how far the
+    definition (native/quants/types.h) may round away from it, derived from its steps:
+    every block step rounds its result once (u times each partial sum of its chain), each
+    block's scale product and int-to-float conversion once each (2u times each block's
+    value), the final sum or difference once; and gguf's float32 weights are off the exact
+    ones by at most 3u (|w| + 2 |offset|) each (a scale product, the code's product, the
+    offset's product and subtraction)."""
+    terms = expected_vec_dot(qtype, raw, xq, n)
+    exact = terms.sum()
+    _, xd = c_dequantize(VEC_DOT_TYPE[qtype], xq, n)
+    xd = xd.astype(np.float64)
+    w = dequantize(raw, qtype).astype(np.float64).reshape(-1)
+    qk = GGML_QUANT_SIZES[qtype][0]
+    mins = element_mins(qtype, raw, n)
+    if qtype in (T.Q4_1, T.Q5_1):  # the offset chain adds m * s, s Q8_1's stored sum
+        d, s16, _ = q8_1_fields(xq[:n // 32 * 36])
+        off = mins[::32] * s16.astype(np.float64)
+    else:  # the offset chain takes dmin * min * (the group's activations)
+        off = (mins * xd).reshape(-1, qk).sum(axis=1)
+    blocks = terms[:n].reshape(-1, qk).sum(axis=1)
+    if qtype in (T.Q4_1, T.Q5_1):
+        blocks[-1] += terms[n:].sum()  # the Q8_1 correction (expected_vec_dot's extra term)
+        codes = blocks - off
+    else:
+        codes = blocks + off  # the codes' chain; the row is codes - off
+    partials = np.abs(np.cumsum(codes)).sum() + np.abs(np.cumsum(off)).sum()
+    bound = (U * partials + 2 * U * (np.abs(codes).sum() + np.abs(off).sum())
+             + 3 * U * ((np.abs(w) + 2 * np.abs(mins)) * np.abs(xd)).sum() + U * abs(exact)) * 1.01
+    return exact, bound
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_vec_dot_matches_dequantized(qtype):
+    """The definition against the exact dot product of the dequantized operands: within the
+    bound its steps allow (rounding_bound) for the quantized types, and that bound is tight
+    enough that moving a result by 1e-4 of itself leaves it, for three rows in four at least
+    (the others are results much smaller than their terms); the float
+    types within 1e-5 of sum |w * x|."""
     rng = np.random.default_rng(200 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
-    for n in sizes(qtype) + ([5, 33, 1000] if GGML_QUANT_SIZES[qtype][0] == 1 else []):
+    rows = tight = 0
+    for n in sizes(qtype) + ([5, 33, 1000] if GGML_QUANT_SIZES[qtype][0] == 1 else [4096]):
         for _ in range(3):
             raw = random_row(qtype, n, rng)
             x = activations(n, rng)
@@ -450,9 +514,14 @@ def test_vec_dot_matches_dequantized(qtype):
             assert rc == 0
             xq = buf[:-GUARD]
             got = c_vec_dot(qtype, raw, xq, n)
-            terms = expected_vec_dot(qtype, raw, xq, n)
-            scale = np.abs(terms).sum()
-            assert abs(got - terms.sum()) <= 1e-5 * scale, f"{qtype.name} n={n}"
+            if GGML_QUANT_SIZES[qtype][0] == 1:
+                terms = expected_vec_dot(qtype, raw, xq, n)
+                assert abs(got - terms.sum()) <= 1e-5 * np.abs(terms).sum(), f"{qtype.name} n={n}"
+            else:
+                exact, bound = rounding_bound(qtype, raw, xq, n)
+                assert abs(got - exact) <= bound, f"{qtype.name} n={n}: off by {abs(got - exact):.3g}, bound {bound:.3g}"
+                rows += 1
+                tight += abs(got * 1e-4) > 2 * bound  # a result moved by 1e-4 of itself would fail
             # Sanity: close to the float-activation dot product. (Without the outliers, which
             # coarsen a block's step enough to move a 32-element dot product by a few %.)
             x = rng.standard_normal(n, dtype=np.float32)
@@ -460,6 +529,7 @@ def test_vec_dot_matches_dequantized(qtype):
             got, want = c_vec_dot(qtype, raw, xq, n), c_dot(qtype, raw, x, n)
             scale = np.abs(dequantize(raw, qtype).astype(np.float64).reshape(-1) * x).sum()
             assert abs(got - want) <= 1e-2 * scale, f"{qtype.name} n={n}"
+    assert tight >= 0.75 * rows, f"{qtype.name}: the bound is loose: a 1e-4 move of the result passes in {rows - tight} of {rows} rows"
 
 
 def extreme_row(qtype: T, n: int, fill: int, rng: np.random.Generator) -> np.ndarray:
