@@ -50,18 +50,24 @@ static const sq_simd_vec_dot_fn simd_vec_dot[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
 #endif
 };
 
-/* One row times a whole batch (sq_vec_dot_batch), each output sq_vec_dot's: Q4_K's
- * takes tokens four at a time, Q6_K's from BATCH_MIN_TOKENS. */
+/* One row times a whole batch (sq_vec_dot_batch), each output sq_vec_dot's. On x86-64
+ * Q4_K's takes tokens four at a time (BATCH_TOKENS_BY); NEON's take any count. */
 static const sq_batch_fn simd_batch[SQ_TYPE_SLOTS] = {
     [SQ_Q4_K] = SIMD(batch_dot_q4_K), [SQ_Q6_K] = SIMD(batch_dot_q6_K),
 };
 #endif
 
-/* Batches of up to this many tokens (a lookup draft's check) take the kernels that keep
- * each token's sums in registers (dotn, steps_dot8/16); larger ones (a prompt) the tiled
- * batch kernels of Q4_K and Q6_K, which decode a block once for many tokens. Both give
+/* On x86-64, batches of fewer than BATCH_MIN_TOKENS tokens (a lookup draft's check) take
+ * the kernels that keep each token's sums in registers (dotn, steps_dot8/16); larger ones
+ * (a prompt) the tiled batch kernels of Q4_K and Q6_K, which decode a block once for many
+ * tokens. NEON has only the batch kernels, which decode a block once for up to 32 tokens,
+ * four to a register: from two tokens on they beat a vec_dot per token. Every kernel gives
  * every output sq_vec_dot's bits: the choice is speed alone. */
-enum { BATCH_MIN_TOKENS = 8 };
+#if defined(SQ_NEON)
+enum { BATCH_MIN_TOKENS = 2, BATCH_TOKENS_BY = 1 };
+#else
+enum { BATCH_MIN_TOKENS = 8, BATCH_TOKENS_BY = 4 };
+#endif
 
 #ifdef SQ_X86
 /* Up to SQ_DOTN_MAX activation rows at a time, each with the one-row function's bits;
@@ -204,7 +210,7 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
 #ifdef HAVE_SIMD
     const sq_batch_fn simd = sq_simd_enabled() && n_tokens >= BATCH_MIN_TOKENS ? simd_batch[type] : NULL;
     if (simd) {
-        i = type == SQ_Q4_K ? n_tokens - n_tokens % 4 : n_tokens;
+        i = type == SQ_Q4_K ? n_tokens - n_tokens % BATCH_TOKENS_BY : n_tokens;
         simd(row, xq, xq_stride, i, nb, y, ldy);
     }
 #endif
