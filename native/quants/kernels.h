@@ -1,6 +1,6 @@
 /* quants/kernels.h: how the files of quants/ reach one another.
  *
- *   types.h      the list of types (and why every path gives the same bits)
+ *   types.h      the list of types, and the definition of their products
  *   blocks.h     their block layouts
  *   scalar.c     the scalar definition of every type's products, and the type table
  *   types.c      what the table answers: geometry, decoding, conversion, names
@@ -76,7 +76,9 @@ static inline int64_t sq_whole_blocks(const sq_type_traits *t, int64_t n) {
 /* ---------------------------------------------------------------------------
  * The SIMD kernels
  *
- * sq_vec_dot_<name>_<simd>: the contract of scalar.c's vec_dot_<name> plus a `stop` that
+ * Every one gives every output the bits of scalar.c's vec_dot_<name> for its row and
+ * token (quants/types.h), whatever rows and tokens it takes together; they differ only in
+ * speed. sq_vec_dot_<name>_<simd>: the contract of vec_dot_<name> plus a `stop` that
  * bounds how far ahead a kernel may prefetch weights: the end of the row, or of the
  * last of the rows a mat-vec is going through.
  * ------------------------------------------------------------------------- */
@@ -99,7 +101,7 @@ SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
 #define SQ_DOTN_MAX 9
 typedef void (*sq_vec_dotn_fn)(const void *row, const void *xq, int64_t stride, int n, int64_t nb,
                                const void *stop, float *out);
-/* The step-order kernels below come in two copies (quants/x86/step_order.h), _avx2 and,
+/* The few-token kernels below come in two copies (quants/x86/step_order.h), _avx2 and,
  * for the CPUs of the VNNI vec_dots, _avx512vnni: the same contract and bits. */
 #define SQ_DECLARE_STEP_ORDER(simd)                                                                         \
     void sq_vec_dotn_q4_1_##simd(const void *row, const void *xq, int64_t stride, int n, int64_t nb,        \
@@ -149,40 +151,37 @@ void sq_packed_dot16_q4_1_avx512vnni(const void *group, int64_t row_bytes, const
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-/* Q4_K rows times n_tokens activation rows in llama.cpp's repacked-gemm order
- * (sq_batch_dot_q4_K's bits). */
+/* One Q4_K row times n_tokens (a multiple of 4) activation rows, a block decoded once for
+ * four tokens. */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
-/* Eight Q4_K rows row_bytes apart at once, each with sq_batch_dot_q4_K_avx2's bits:
- * y[t * ldy + r] for r < 8. The next eight rows' bytes are asked of memory up to stop. */
+/* Eight Q4_K rows row_bytes apart at once, the tokens four at a time: y[t * ldy + r] for
+ * r < 8. The next eight rows' bytes are asked of memory up to stop. */
 void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
-/* Q6_K rows times n_tokens activation rows in llama.cpp's tiled order (sq_batch_dot_k's
- * bits). */
+/* One Q6_K row times n_tokens activation rows, a block decoded once for them all. */
 void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
-/* Eight Q6_K rows at once, each with sq_batch_dot_q6_K_avx2's bits: y[t * ldy + r], r < 8.
+/* Eight Q6_K rows at once: y[t * ldy + r], r < 8.
  * The next eight rows' bytes are asked of memory up to stop. */
 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Rows 8 half .. 8 half + 7 (half 0 or 1) of a group of sixteen Q4_K rows packed side by
- * side (quants/rows16.c), in the repacked gemm's order: sq_batch_dot8_q4_K_avx2's bits,
- * y[t * ldy + r] for r < 8. Half 0 asks for the group's bytes ahead, up to stop; half 1
- * finds them in cache. */
+ * side (quants/rows16.c), as sq_batch_dot8_q4_K_avx2 takes them: y[t * ldy + r] for
+ * r < 8. Half 0 asks for the group's bytes ahead, up to stop; half 1 finds them in cache. */
 void sq_packed_batch8_q4_K_avx2(const void *group, int half, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                                 const void *stop, float *y, int64_t ldy);
-/* The whole group (both halves) for n >= 1 tokens, each output with the one-token vec_dot's
- * bits (sq_steps_dot8_q4_K_avx2's), each token's sums kept in registers: a decode step's and
- * a lookup draft's check. y[t * ldy + r] for r < 16; the group's bytes asked for ahead up
+/* The whole group (both halves) for n >= 1 tokens, each token's sums kept in registers: a
+ * decode step's and a lookup draft's check. y[t * ldy + r] for r < 16; the group's bytes asked for ahead up
  * to stop. */
 void sq_packed_dotn16_q4_K_avx2(const void *group, const void *xq, int64_t stride, int n, int64_t nb,
                                 const void *stop, float *y, int64_t ldy);
-/* Sixteen Q4_K rows at once in 512-bit registers (CPUs with AVX-512 VNNI), each with
- * sq_batch_dot8_q4_K_avx2's bits: y[t * ldy + r] for r < 16. The next sixteen rows'
+/* Sixteen Q4_K rows at once in 512-bit registers (CPUs with AVX-512 VNNI), tokens four at a
+ * time: y[t * ldy + r] for r < 16. The next sixteen rows'
  * bytes are asked of memory up to stop. */
 void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-/* Sixteen Q6_K rows the same way, each with sq_batch_dot8_q6_K_avx2's bits. */
+/* Sixteen Q6_K rows the same way, any number of tokens. */
 void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 
@@ -197,7 +196,7 @@ SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx512vnni)
 /* NEON (quants/arm/neon.c). They take the AVX2 ones' `stop` but do not prefetch: that
  * paid off on one x86 core and has not been measured on an arm64 one. */
 SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, neon)
-/* Batches with the bits of sq_batch_dot_q4_K and (for Q6_K) sq_batch_dot_k. */
+/* One row times a batch of any size, a block decoded once for up to 32 tokens. */
 void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                             float *y, int64_t ldy);
 void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
