@@ -1,11 +1,3 @@
-/* quants/x86/step_order.h: a batch of tokens whose every output has the one-token
- * vec_dot's bits (sq_vec_dot_steps_rows: a lookup draft is checked this way, so that its
- * rows are the logits plain decoding computes). Written once and compiled by x86/avx2.c
- * and x86/avx512vnni.c under their TARGET and KERNEL names (vec_dots.h): in the VNNI copy
- * dot_us8 and madd_add are one instruction each, and the compiler has 32 vector registers
- * for the tokens' accumulators. Integer sums are exact, so both copies give the same bits.
- * vec_dots.h and side_by_side.h come first.
- */
 /* quants/x86/step_order.h: the products of a few tokens (a lookup draft's check, a batch
  * smaller than a prompt's), each output with the scalar definition's bits for its row and
  * token (quants/types.h): per block one exact integer per (row, token), then that pair's
@@ -50,9 +42,10 @@ _Static_assert(SQ_DOTN_MAX == 9, "DOTN_FOR_EACH_N has a case for each n up to SQ
 #define DOTN_FIRST(n) ((n) < 8 ? (n) : 8)
 
 /* Blocks taken together for a group of k tokens: as many as fill the eight lanes of one
- * lane_totals tree, lane b * k + t holding block b's integer for token t. With 2 tokens,
- * one tree per block cost a fifth more than the old kernel's float lanes; four blocks per
- * tree share its hadds and the gathering of the scales. */
+ * lane_totals tree, lane b * k + t holding block b's integer for token t. (Q8_0 with 2
+ * tokens and a tree per block ran a fifth slower than the float lanes of the kernels
+ * before the definition; four blocks per tree share its shuffles and the gathering of
+ * the scales, and run faster than those did.) */
 #define DOTN_BLOCKS(k) ((k) == 1 ? 8 : (k) == 2 ? 4 : (k) <= 4 ? 2 : 1)
 
 /* out[t] for t < n from the two groups' lanes. */
@@ -176,8 +169,7 @@ static inline __attribute__((always_inline)) TARGET void dotn_q8_0(const void *r
 DOTN_FOR_EACH_N(q8_0)
 
 /* Q6_K: the 6-bit codes and the group scales of a block assembled once, half a block at
- * a time (the same registers of codes, the same pairs of groups as sq_vec_dot_q6_K's);
- * a token's integer lanes stay in a register across the two halves, starting from the
+ * a time; a token's integer lanes stay in a register across the two halves, starting from the
  * -32 * sc * bsums that takes the codes' offset off. One group of up to eight tokens per
  * lane_totals tree: next to a Q6_K block's products, the tree costs little. */
 static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *row, const void *xq, int64_t stride,
