@@ -57,14 +57,14 @@ static inline TARGET void dotn_store(__m256 first, __m256 second, int n, float *
 }
 
 /* Lane j: v's lane j / k, B values (one per block) spread over their k tokens' lanes. */
-static inline __attribute__((always_inline)) TARGET __m256 spread_blocks(__m256 v, int k) {
+static inline __attribute__((always_inline)) TARGET __m256 dotn_spread(__m256 v, int k) {
     if (k >= 8)
         return _mm256_permutevar8x32_ps(v, _mm256_setzero_si256());
     return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0 / k, 1 / k, 2 / k, 3 / k, 4 / k, 5 / k, 6 / k, 7 / k));
 }
 
 /* v's lanes b * k .. b * k + k - 1 moved down to lanes 0 .. k - 1. */
-static inline __attribute__((always_inline)) TARGET __m256 block_lanes(__m256 v, int k, int b) {
+static inline __attribute__((always_inline)) TARGET __m256 dotn_lanes(__m256 v, int k, int b) {
     if (b == 0)
         return v;
     const int s = b * k;
@@ -74,9 +74,9 @@ static inline __attribute__((always_inline)) TARGET __m256 block_lanes(__m256 v,
 
 /* The block steps of B blocks for k tokens (isum and d in lanes b * k + t): each token's
  * chain, in lane t of sum, takes its blocks in order. */
-static inline __attribute__((always_inline)) TARGET __m256 block_steps(__m256 sum, __m256 isum, __m256 d, int k, int B) {
+static inline __attribute__((always_inline)) TARGET __m256 dotn_steps(__m256 sum, __m256 isum, __m256 d, int k, int B) {
     for (int b = 0; b < B; b++)
-        sum = _mm256_fmadd_ps(block_lanes(isum, k, b), block_lanes(d, k, b), sum);
+        sum = _mm256_fmadd_ps(dotn_lanes(isum, k, b), dotn_lanes(d, k, b), sum);
     return sum;
 }
 
@@ -98,9 +98,9 @@ static inline __attribute__((always_inline)) TARGET void dotn_q4_1_blocks(const 
     const __m256 dx = pair_halves(x, 0, 0, 1, B, 0, sizeof *x), mx = pair_halves(x, 0, 0, 1, B, 2, sizeof *x);
     const __m256 dy = pair_halves(xq, stride, t0, k, B, at, sizeof(block_q8_1));
     const __m256 sy = pair_halves(xq, stride, t0, k, B, at + 2, sizeof(block_q8_1));
-    const __m256 d = _mm256_mul_ps(spread_blocks(dx, k), dy), m = spread_blocks(mx, k);
-    *sum = block_steps(*sum, _mm256_cvtepi32_ps(lane_totals(p, B * k)), d, k, B);
-    *off = block_steps(*off, m, sy, k, B);
+    const __m256 d = _mm256_mul_ps(dotn_spread(dx, k), dy), m = dotn_spread(mx, k);
+    *sum = dotn_steps(*sum, _mm256_cvtepi32_ps(lane_totals(p, B * k)), d, k, B);
+    *off = dotn_steps(*off, m, sy, k, B);
 }
 
 static inline __attribute__((always_inline)) TARGET void dotn_q4_1(const void *row, const void *xq, int64_t stride,
@@ -142,8 +142,8 @@ static inline __attribute__((always_inline)) TARGET __m256 dotn_q8_0_blocks(cons
     }
     const __m256 dx = pair_halves(x, 0, 0, 1, B, 0, sizeof *x);
     const __m256 dy = pair_halves(xq, stride, t0, k, B, i * (int64_t)sizeof(block_q8_0), sizeof(block_q8_0));
-    const __m256 d = _mm256_mul_ps(spread_blocks(dx, k), dy);
-    return block_steps(sum, _mm256_cvtepi32_ps(lane_totals(p, B * k)), d, k, B);
+    const __m256 d = _mm256_mul_ps(dotn_spread(dx, k), dy);
+    return dotn_steps(sum, _mm256_cvtepi32_ps(lane_totals(p, B * k)), d, k, B);
 }
 
 static inline __attribute__((always_inline)) TARGET void dotn_q8_0(const void *row, const void *xq, int64_t stride,
