@@ -345,15 +345,16 @@ TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stri
             }
             for (int j = 0; j < 8; j++)
                 scv[j] = scale_halves(x[i].scales[2 * j], x[i].scales[2 * j + 1]);
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+            /* -32 * sc: |.| <= 4096, so its products with bsums (|.| <= 16 * 127) pair up in int32. */
+            const __m256i minus32sc = _mm256_slli_epi16(
+                _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales))), 5);
             const __m256 d = _mm256_set1_ps(h2f(x[i].d));
             for (int g = 0; 8 * g < nt; g++) {
                 const int k = nt - 8 * g < 8 ? nt - 8 * g : 8, t = t0 + 8 * g;
                 __m256i isum[8];
                 for (int j = 0; j < k; j++) {
                     const block_q8_K *a = token_block(xq, stride, t + j, i);
-                    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
-                    __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+                    __m256i acc = _mm256_madd_epi16(minus32sc, _mm256_loadu_si256((const __m256i *)a->bsums));
                     for (int c = 0; c < 8; c++) {
                         const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * c));
                         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(scv[c], _mm256_maddubs_epi16(q[c], qy)));

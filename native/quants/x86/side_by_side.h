@@ -97,8 +97,8 @@ static inline TARGET void transpose4_halves(const __m256i in[4], __m256i out[4])
  * is inlined, so that only the tree it needs is built); the other lanes unspecified.
  * Exact, so the order of the adds does not matter: it turns the integer lanes of k
  * (block, token) pairs into each pair's block integer, in the float lane where that
- * pair's block step runs. Unpacks and adds, not hadds (two shuffles and an add each, in
- * more micro-ops on some CPUs). */
+ * pair's block step runs. Unpacks and adds: the shuffles and adds an hadd does inside,
+ * without those left over once the zero vectors of k < 8 are folded away. */
 static inline __attribute__((always_inline)) TARGET __m256i lane_totals(const __m256i *v, int k) {
     __m256i w[8];
     for (int j = 0; j < 8; j++)
