@@ -95,10 +95,18 @@ static inline __attribute__((always_inline)) TARGET void dotn_q4_1_blocks(const 
         }
     }
     const int64_t at = i * (int64_t)sizeof(block_q8_1);
-    const __m256 dx = pair_halves(x, 0, 0, 1, B, 0, sizeof *x), mx = pair_halves(x, 0, 0, 1, B, 2, sizeof *x);
     const __m256 dy = pair_halves(xq, stride, t0, k, B, at, sizeof(block_q8_1));
     const __m256 sy = pair_halves(xq, stride, t0, k, B, at + 2, sizeof(block_q8_1));
-    const __m256 d = _mm256_mul_ps(dotn_spread(dx, k), dy), m = dotn_spread(mx, k);
+    __m256 dx, m;  /* each lane's block's d and m */
+    if (B == 1) {
+        const __m128 dm = h2f_pair(&x->d);
+        dx = _mm256_broadcastss_ps(dm);
+        m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+    } else {
+        dx = dotn_spread(pair_halves(x, 0, 0, 1, B, 0, sizeof *x), k);
+        m = dotn_spread(pair_halves(x, 0, 0, 1, B, 2, sizeof *x), k);
+    }
+    const __m256 d = _mm256_mul_ps(dx, dy);
     *sum = dotn_steps(*sum, _mm256_cvtepi32_ps(lane_totals(p, B * k)), d, k, B);
     *off = dotn_steps(*off, m, sy, k, B);
 }
