@@ -618,32 +618,56 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
  * integer vectors reduced eight at a time. Their d is an f16 of the weights' and Q8_K's
  * float. */
 
-/* Q3_K: q = low2 - 4 * (hbit clear) is taken as maddubs(low2, y) - maddubs(4 or 0, y),
- * both unsigned times signed; the pair sums are at most 2 * 4 * 128. */
+/* Q3_K's 16 group scales, sc - 32, as bytes in group order, from their 12 packed bytes
+ * (blocks.h's sq_q3_K_scale gives them one at a time): low 4 bits from the nibbles of
+ * words 0 and 1, high 2 bits from word 2, four groups a word. The 12 bytes are read as
+ * the block's last 16 (two bytes of qs before them, d after), nothing past the block. */
+static inline TARGET __m128i q3_K_scales(const block_q3_K *x) {
+    const uint8_t *p = (const uint8_t *)x + offsetof(block_q3_K, scales) - 2;
+    const __m128i v = _mm_srli_si128(_mm_loadu_si128((const __m128i *)p), 2);
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)), _mm_setr_epi32(0, 0, 4, 4)),
+                                     _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2)), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
+}
+
+/* Even groups' scales (int16) in the low 128 bits, odd groups' in the high: the scales of
+ * groups g and g+1, which a register of 32 codes holds one per half, are then one byte
+ * shuffle away (broadcast_word). Q3_K and Q6_K. */
+static inline TARGET __m256i scale_pairs(__m128i sc8) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
+}
+
+/* Q3_K: the codes q = low2 + 4 * hbit - 4 multiply the activations as q + 4 (0..7,
+ * unsigned: pair sums at most 2 * 7 * 127), and 4 * sum(sc * bsum) comes off, which
+ * leaves the block's sum(sc * q * qy) exact. The low bits are laid out as in Q2_K; the
+ * high bit of element 32c + b of half h is bit 4h + c of hmask[b], shifted to bit 2.
+ * The two halves in two sums: VNNI's accumulating vpdpwssd waits on the one before. */
 static inline TARGET __m256i ints_q3_K(const void *xv, const void *yv) {
     const block_q3_K *x = xv;
     const block_q8_K *y = yv;
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), zero = _mm256_setzero_si256();
-    int sc[16];
-    for (int g = 0; g < 16; g++)
-        sc[g] = sq_q3_K_scale(x->scales, g);
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    const __m128i sc8 = q3_K_scales(x);
+    const __m256i sc_pairs = scale_pairs(sc8);
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
     const __m256i hbits = _mm256_loadu_si256((const __m256i *)x->hmask);
-    /* Low bits laid out as in Q2_K; the high bit of element 32c + b of half h
-     * is bit 4h + c of hmask[b]. */
-    __m256i sumi = _mm256_setzero_si256();
+    __m256i acc[2];
+    acc[0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bsums), 2));
+    acc[1] = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+        __m256i sumi = acc[h];
         for (int c = 0; c < 4; c++) {
-            const int g = 8 * h + 2 * c;
-            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
-            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + c)));
-            const __m256i minus4 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), zero), m4);
+            const int b = 4 * h + c; /* the high bit's position, to go to bit 2 */
+            const __m256i hb = b >= 2 ? _mm256_srli_epi16(hbits, b - 2) : _mm256_slli_epi16(hbits, 2 - b);
+            const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3), _mm256_and_si256(hb, m4));
             const __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * c));
-            const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(lo, qy), _mm256_maddubs_epi16(minus4, qy));
-            sumi = madd_add(sumi, scale_halves(sc[g], sc[g + 1]), p16);
+            sumi = madd_add(sumi, broadcast_word(sc_pairs, 4 * h + c), _mm256_maddubs_epi16(q, qy));
         }
+        acc[h] = sumi;
     }
-    return sumi;
+    return _mm256_add_epi32(acc[0], acc[1]);
 }
 
 static inline TARGET __m128 scales_q3_K(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n) {
@@ -662,11 +686,7 @@ static inline TARGET __m256i ints_q6_K(const void *xv, const void *yv) {
     const block_q8_K *y = yv;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    /* Even groups' scales in the low 128 bits, odd groups' in the high: the scales of
-     * groups g and g+1 (a register of codes, one per half) are one byte shuffle away. */
-    const __m256i sc_pairs = _mm256_cvtepi8_epi16(
-        _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8), sc_pairs = scale_pairs(sc8);
     const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
     __m256i acc[2];
     acc[0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
