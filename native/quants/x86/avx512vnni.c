@@ -55,21 +55,27 @@ static inline TARGET void transpose8_halves(v16i q[8]) {
     }
 }
 
-/* prefetch_ahead for a piece of a packed group's run: the same requests, and where the
- * piece's requests all lie before stop, as they do but near a matrix's end, one
- * comparison for the piece rather than one per request (decode's sixteen-row kernels spent
- * as many instructions on those as on their products). */
-static inline __attribute__((always_inline)) TARGET void prefetch_run(const uint8_t *piece, int bytes, const void *stop) {
-    if ((uintptr_t)piece + PREFETCH_AHEAD + (uintptr_t)bytes > (uintptr_t)stop) {
-        prefetch_ahead(piece, bytes, stop);
-        return;
-    }
+/* prefetch_ahead's requests for a piece of a packed group's run, from `ahead` bytes on
+ * rather than PREFETCH_AHEAD; where all of them lie before stop (everywhere but near a
+ * matrix's end) with one comparison for the piece rather than one per request: decode's
+ * sixteen-row kernels spent as many instructions on those as on their products. */
+static inline __attribute__((always_inline)) TARGET void prefetch_run(const uint8_t *piece, int bytes, int ahead,
+                                                                     const void *stop) {
+    const uintptr_t far = (uintptr_t)piece + (uintptr_t)ahead, near = (uintptr_t)piece + PREFETCH_NEAR;
+    const int checked = far + (uintptr_t)bytes > (uintptr_t)stop;
     for (int k = 0; k < bytes; k += 64) {
-        _mm_prefetch((const char *)piece + PREFETCH_AHEAD + k, PREFETCH_INTO);
-        if (PREFETCH_NEAR)
-            _mm_prefetch((const char *)piece + PREFETCH_NEAR + k, _MM_HINT_T0);
+        if (!checked || far + (uintptr_t)k < (uintptr_t)stop)
+            _mm_prefetch((const char *)(far + (uintptr_t)k), PREFETCH_INTO);
+        if (PREFETCH_NEAR && (!checked || near + (uintptr_t)k < (uintptr_t)stop))
+            _mm_prefetch((const char *)(near + (uintptr_t)k), _MM_HINT_T0);
     }
 }
+
+/* How far ahead the packed Q4_K and Q6_K kernels ask for their runs. Streamed from memory
+ * (100 MB of rows of 2,048 columns, one thread), 12 KiB ahead read them at 1 token 1.3x
+ * (Q4_K) and 1.5x (Q6_K) as fast as PREFETCH_AHEAD's 3 KiB, and at 2 tokens 1.4x and 2.1x;
+ * 24 KiB no faster. Decode's Q4_1 and Q8_0 gained nothing from it (Q8_0 lost 15%). */
+#define PACKED_AHEAD_K 12288
 
 /* A 32-bit word of activation codes in every lane. */
 static inline TARGET v16i word16(const int8_t *p) {
@@ -226,6 +232,26 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
     return isum;
 }
 
+/* q4_K_codes16 and q4_K_span16 at once for one token and a packed group: each register of
+ * codes goes from its load straight to its products. (Put side by side first, the sixteen
+ * registers of a span went to the stack and back.) */
+static inline __attribute__((always_inline)) TARGET v16i q4_K_packed_span16(const uint8_t *rows, int64_t i, int c,
+                                                                            const int8_t *aq, v16i sc_low,
+                                                                            v16i sc_high) {
+    const uint8_t *words = rows + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (4 + 8 * c);
+    const v16i m4 = V16(set1_epi8)(0x0f);
+    v16i low[2], high[2];  /* alternate words, each group's products in two halves as q4_K_span16's */
+    low[0] = low[1] = high[0] = high[1] = V16(setzero_si512)();
+    for (int j = 0; j < 8; j++) {
+        const v16i q = V16(loadu_si512)(words + 64 * j);
+        low[j & 1] = dpbusd_word(low[j & 1], V16(and_si512)(q, m4), aq + 4 * j);
+        high[j & 1] = dpbusd_word(high[j & 1], V16(and_si512)(V16(srli_epi16)(q, 4), m4), aq + 32 + 4 * j);
+    }
+    const v16i lows = V16(dpwssd_epi32)(V16(dpwssd_epi32)(V16(setzero_si512)(), low[0], sc_low), low[1], sc_low);
+    const v16i highs = V16(dpwssd_epi32)(V16(dpwssd_epi32)(V16(setzero_si512)(), high[0], sc_high), high[1], sc_high);
+    return V16(add_epi32)(lows, highs);
+}
+
 /* Sixteen Q4_K rows (row_bytes apart, or a packed group) times n_tokens activation rows,
  * each output the scalar definition's bits for its row and token (quants/types.h): per
  * block one exact integer total of scale times products and one of mins times bsums, each
@@ -235,20 +261,21 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
  * isum for the block's last span; the min totals are taken at the block's end, a group at
  * a time, from the bsums as they lie in memory. vpdpbusd forms a group's products in eight
  * instructions, where the AVX2 kernels take sixteen for half the rows.
- * TILE tokens at a time: 16 for a few (a lookup draft's check, decode's packed groups), 64
- * for a prompt (batch), which also asks for each token's next block a block ahead: a
- * batch of long rows outgrows L2, and the hardware does not follow one block from each of
- * 64 token rows at a time. y[t * ldy + r] for r < 16.
- * The next sixteen rows' bytes (packed: the bytes ahead of the group's run) are asked of
- * memory up to stop a piece per span, in their order in memory: asked a block's worth at
- * a time, rows of 2,048 columns streamed from memory no faster than the eight-row
- * kernel's, where in cache they ran 30% faster; spread out, the 3B shape's Q4_K rows at 8
- * tokens took 190 ms where they took 250 (one thread). */
+ * TILE tokens at a time: 1 for decode (a packed group, each span's codes straight from the
+ * loads to the products: q4_K_packed_span16), 16 for a few tokens (a lookup draft's
+ * check), 64 for a prompt (batch), which also asks for each token's next block a block
+ * ahead: a batch of long rows outgrows L2, and the hardware does not follow one block from
+ * each of 64 token rows at a time. y[t * ldy + r] for r < 16.
+ * The bytes to come are asked of memory up to stop a piece per span, in their order in
+ * memory: from the file's layout the next sixteen rows', from a packed group those
+ * PACKED_AHEAD_K ahead of the span. Asked a block's worth at a time, rows of 2,048 columns
+ * streamed from memory no faster than the eight-row kernel's, where in cache they ran 30%
+ * faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where they took 250
+ * (one thread). */
 static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
     const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed, const int batch) {
+    float *y, int64_t ldy, const int packed, const int TILE) {
     enum { MAX_TILE = 64 };
-    const int TILE = batch ? 64 : 16;
     const uint8_t *next16 = rows + 16 * row_bytes;
     const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
@@ -262,21 +289,28 @@ static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
             v16f d_rows, dmin_rows;
             q4_K_headers16(rows, row_bytes, i, packed, scale, min2, &d_rows, &dmin_rows);
             for (int c = 0; c < 4; c++) {
-                v16i code[2][8];
-                q4_K_codes16(rows, row_bytes, i, c, packed, code);
                 if (t0 == 0 && packed)  /* one stream: ahead of a quarter of the run per span */
                     prefetch_run(rows + i * 16 * (int64_t)sizeof(block_q4_K) + c * 4 * (int64_t)sizeof(block_q4_K),
-                                   4 * (int)sizeof(block_q4_K), stop);
+                                 4 * (int)sizeof(block_q4_K), PACKED_AHEAD_K, stop);
                 else if (t0 == 0)
                     prefetch_next_rows(next16, 4 * i + c, piece, stop);
+                if (TILE == 1) {
+                    const int8_t *aq = token_block(xq, stride, 0, i)->qs + 64 * c;
+                    const v16i span = q4_K_packed_span16(rows, i, c, aq, scale[2 * c], scale[2 * c + 1]);
+                    isum[0] = c ? V16(add_epi32)(isum[0], span) : span;
+                    continue;
+                }
+                v16i code[2][8];
+                q4_K_codes16(rows, row_bytes, i, c, packed, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], c ? isum[t] : V16(setzero_si512)());
+                    const v16i span = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], V16(setzero_si512)());
+                    isum[t] = c ? V16(add_epi32)(isum[t], span) : span;
                 }
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                if (batch && i + 1 < nb)
+                if (TILE == 64 && i + 1 < nb)
                     prefetch_block_q8_K(a + 1);
                 v16i imin = V16(setzero_si512)();
                 for (int g = 0; g < 8; g++)
@@ -293,22 +327,25 @@ static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
 
 TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 0);
+    rows16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);
 }
 
 TARGET void sq_packed_dot16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                             int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 0);
+    if (n_tokens == 1)
+        rows16_q4_K(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
+    else
+        rows16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);
 }
 
 TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 1);
+    rows16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);
 }
 
 TARGET void sq_packed_batch16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                               int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 1);
+    rows16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);
 }
 
 /* ---------------------------------------------------------------------------
@@ -359,7 +396,10 @@ static inline __attribute__((always_inline)) TARGET void q4_1_block16(const uint
  * by the row's d times the token's, and the offset chain's fmaf(m, s); y = sum + off. CHUNK
  * blocks are put side by side at a time (1 for decode: a block's codes straight from the
  * loads to the products; 32 for a few tokens, which then each run through them). y[t *
- * ldy + r] for r < 16; the next sixteen rows' bytes are asked of memory up to stop. */
+ * ldy + r] for r < 16. The bytes to come are asked of memory up to stop as the blocks are
+ * read: from the file's layout the next sixteen rows' (prefetch_next_rows), from a packed
+ * group those a chunk beyond PREFETCH_AHEAD, since a chunk's blocks are read at once (from
+ * memory, one thread, 2 tokens: 1.3-1.5x as fast as at PREFETCH_AHEAD alone). */
 static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
     const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
     float *y, int64_t ldy, const int packed, const int CHUNK) {
@@ -369,6 +409,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
     v16f sum_tokens[TILE], off_tokens[TILE];
     const uint8_t *next = rows + 16 * row_bytes;
     const int64_t share = 16 * (int64_t)sizeof(block_q4_1);  /* of the next rows, per block */
+    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
@@ -377,7 +418,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
                 if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
-                    prefetch_run(rows + (i0 + k) * share, (int)share, stop);
+                    prefetch_run(rows + (i0 + k) * share, (int)share, ahead, stop);
                 else if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
                 q4_1_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k], &m_rows[k]);
@@ -453,7 +494,7 @@ static inline TARGET v16i q8_0_offset16(const int8_t *qs) {
 
 /* Sixteen Q8_0 rows (or a packed group), as steps_dot16_q4_1 does Q4_1's: per block the
  * exact sum of the codes (plus 128) times the token's, less the offset's share
- * (q8_0_offset16), and its block step. */
+ * (q8_0_offset16), and its block step; y = sum. */
 static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
     const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
     float *y, int64_t ldy, const int packed, const int CHUNK) {
@@ -463,6 +504,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
     v16f sum_tokens[TILE];
     const uint8_t *next = rows + 16 * row_bytes;
     const int64_t share = 16 * (int64_t)sizeof(block_q8_0);  /* of the next rows, per block */
+    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
@@ -471,7 +513,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
                 if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
-                    prefetch_run(rows + (i0 + k) * share, (int)share, stop);
+                    prefetch_run(rows + (i0 + k) * share, (int)share, ahead, stop);
                 else if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
                 q8_0_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k]);
@@ -592,16 +634,17 @@ static inline __attribute__((always_inline)) TARGET void q6_K_chunk16(const uint
  * the scale times vpdpbusd's sum of the unsigned codes' 16 products (|.| <= 16 * 63 * 128,
  * times the scale by vpmulld), the offset taken off through the bsums (q6_K_scales16);
  * then the block step by the row's d times the token's. A chunk's eight registers of codes
- * stay while the tile's tokens go by, each token's isum waiting in memory for the block's
- * last chunk. TILE tokens at a time: 16 for a few (a lookup draft's check, decode's packed
- * groups), 64 for a prompt (batch), which also asks for each token's next block a block
- * ahead. y[t * ldy + r] for r < 16; the next sixteen rows' bytes (packed: the bytes ahead
- * of the group's run) are asked of memory up to stop a piece per chunk. */
+ * stay while the tile's tokens go by, each token's isum waiting for the block's last chunk.
+ * (88 multiplies per block and token, where the eight lanes per row of before took 136:
+ * vpmaddubsw and vpdpwssd per four codes.) TILE tokens at a time: 1 for decode (a
+ * packed group; the token's sums stay in registers), 16 for a few (a lookup draft's
+ * check), 64 for a prompt (batch), which also asks for each token's next block a block
+ * ahead. y[t * ldy + r] for r < 16; the bytes to come are asked of memory up to stop a
+ * piece per chunk, as rows16_q4_K asks for them. */
 static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
     const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed, const int batch) {
+    float *y, int64_t ldy, const int packed, const int TILE) {
     enum { MAX_TILE = 64, RUN = 16 * (int)sizeof(block_q6_K) };
-    const int TILE = batch ? 64 : 16;
     const uint8_t *next16 = rows + 16 * row_bytes;
     const int64_t piece = 16 * row_bytes / (nb > 0 ? 8 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
@@ -616,7 +659,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
             q6_K_scales16(rows, row_bytes, i, packed, scale, off, &d_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                if (batch && i + 1 < nb)
+                if (TILE == 64 && i + 1 < nb)
                     prefetch_block_q8_K(a + 1);
                 v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
                 for (int p = 0; p < 8; p += 2) {
@@ -630,7 +673,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
                 v16i code[8];
                 q6_K_chunk16(rows, row_bytes, i, k, packed, code);
                 if (t0 == 0 && packed)  /* one stream: ahead of an eighth of the run per chunk */
-                    prefetch_run(rows + i * RUN + k * (RUN / 8), RUN / 8, stop);
+                    prefetch_run(rows + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop);
                 else if (t0 == 0)
                     prefetch_next_rows(next16, 8 * i + k, piece, stop);
                 for (int t = 0; t < nt; t++) {
@@ -656,22 +699,25 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
 
 TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 0);
+    rows16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);
 }
 
 TARGET void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                             int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 0);
+    if (n_tokens == 1)
+        rows16_q6_K(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
+    else
+        rows16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);
 }
 
 TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 1);
+    rows16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);
 }
 
 TARGET void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                               int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 1);
+    rows16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);
 }
 
 #else
