@@ -390,6 +390,40 @@ static inline __attribute__((always_inline)) TARGET void q4_1_block16(const uint
     }
 }
 
+/* T tokens (1 to 4; a[u]: token u's activation blocks from the chunk's first) through nc
+ * blocks of sixteen Q4_1 rows side by side, sum[u] and off[u] their chains: each register
+ * of codes loaded once for the T (one at a time, the loads of the codes outnumbered the
+ * products' instructions). */
+static inline __attribute__((always_inline)) TARGET void q4_1_tokens16(const int T, const block_q8_1 *const a[4],
+                                                                      int nc, const v16i codes[][8],
+                                                                      const v16f d_rows[], const v16f m_rows[],
+                                                                      v16f sum[], v16f off[]) {
+    v16f s[4], o[4];
+    for (int u = 0; u < T; u++) {
+        s[u] = sum[u];
+        o[u] = off[u];
+    }
+    for (int k = 0; k < nc; k++) {
+        v16i part[4][2];  /* alternate words' products: two chains per token */
+        for (int u = 0; u < T; u++) {
+            part[u][0] = V16(set1_epi32)(EXACT_FLOAT_BIAS);
+            part[u][1] = V16(setzero_si512)();
+        }
+        for (int l = 0; l < 8; l++)
+            for (int u = 0; u < T; u++)
+                part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[k][l], a[u][k].qs + 4 * l);
+        for (int u = 0; u < T; u++) {
+            const v16f d = V16(mul_ps)(d_rows[k], f16_lanes(a[u][k].d));
+            s[u] = V16(fmadd_ps)(biased_to_float(V16(add_epi32)(part[u][0], part[u][1])), d, s[u]);
+            o[u] = V16(fmadd_ps)(m_rows[k], f16_lanes(a[u][k].s), o[u]);
+        }
+    }
+    for (int u = 0; u < T; u++) {
+        sum[u] = s[u];
+        off[u] = o[u];
+    }
+}
+
 /* Sixteen Q4_1 rows (row_bytes apart, or a packed group) times n_tokens activation rows,
  * each output the scalar definition's bits for its row and token (quants/types.h): per
  * block the exact sum of codes times the token's codes in each row's lane, its block step
@@ -423,21 +457,20 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
                     prefetch_next_rows(next, i0 + k, share, stop);
                 q4_1_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k], &m_rows[k]);
             }
-            for (int t = 0; t < nt; t++) {
-                const block_q8_1 *a = (const block_q8_1 *)token_row(xq, stride, t0 + t) + i0;
-                v16f sum = sum_tokens[t], off = off_tokens[t];
-                for (int k = 0; k < nc; k++) {
-                    v16i even = V16(set1_epi32)(EXACT_FLOAT_BIAS), odd = V16(setzero_si512)();
-                    for (int l = 0; l < 8; l += 2) {
-                        even = dpbusd_word(even, codes[k][l], a[k].qs + 4 * l);
-                        odd = dpbusd_word(odd, codes[k][l + 1], a[k].qs + 4 * l + 4);
-                    }
-                    const v16f d = V16(mul_ps)(d_rows[k], f16_lanes(a[k].d));
-                    sum = V16(fmadd_ps)(biased_to_float(V16(add_epi32)(even, odd)), d, sum);
-                    off = V16(fmadd_ps)(m_rows[k], f16_lanes(a[k].s), off);
-                }
-                sum_tokens[t] = sum;
-                off_tokens[t] = off;
+            for (int t = 0; t < nt;) {
+                const block_q8_1 *a[4];
+                const int T = nt - t >= 4 ? 4 : nt - t;
+                for (int u = 0; u < T; u++)
+                    a[u] = (const block_q8_1 *)token_row(xq, stride, t0 + t + u) + i0;
+                if (T == 4)
+                    q4_1_tokens16(4, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
+                else if (T == 3)
+                    q4_1_tokens16(3, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
+                else if (T == 2)
+                    q4_1_tokens16(2, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
+                else
+                    q4_1_tokens16(1, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
+                t += T;
             }
         }
         for (int t = 0; t < nt; t++)
@@ -480,16 +513,42 @@ static inline __attribute__((always_inline)) TARGET void q8_0_block16(const uint
         codes[l] = V16(xor_si512)(codes[l], V16(set1_epi8)((char)0x80));
 }
 
-/* 128 times the sum of an activation block's 32 codes, in every lane: what the codes'
- * offset of 128 (q8_0_block16) adds to each row's sum, |.| <= 2^19. Each 128-bit quarter
- * sums words j and j + 4 of the codes in its lane j, then its four lanes. */
+/* 128 times (the sum of an activation block's 32 codes + 4096), in every lane: what the
+ * codes' offset of 128 (q8_0_block16) adds to each row's sum, plus 2^19 (|.| <= 2^20).
+ * vpsadbw sums the codes plus 128, unsigned, eight at a time; the rest is 128-bit work
+ * but the broadcast. */
 static inline TARGET v16i q8_0_offset16(const int8_t *qs) {
-    const v16i c128 = V16(set1_epi8)((char)0x80);
-    const v16i lo = V16(broadcast_i32x4)(AS128I(_mm_loadu_si128((const __m128i *)qs)));
-    const v16i hi = V16(broadcast_i32x4)(AS128I(_mm_loadu_si128((const __m128i *)(qs + 16))));
-    v16i s = V16(dpbusd_epi32)(V16(dpbusd_epi32)(V16(setzero_si512)(), c128, lo), c128, hi);
-    s = V16(add_epi32)(s, V16(shuffle_epi32)(s, (_MM_PERM_ENUM)0x4e));
-    return V16(add_epi32)(s, V16(shuffle_epi32)(s, (_MM_PERM_ENUM)0xb1));
+    const __m256i biased = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)qs), _mm256_set1_epi8((char)0x80));
+    const __m256i sums = _mm256_sad_epu8(biased, _mm256_setzero_si256());
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+    t = _mm_slli_epi32(_mm_add_epi64(t, _mm_unpackhi_epi64(t, t)), 7);
+    return V16(broadcastd_epi32)(AS128I(t));
+}
+
+/* q4_1_tokens16 for Q8_0: T tokens (1 to 4) through nc blocks of sixteen rows, sum[u]
+ * token u's chain. */
+static inline __attribute__((always_inline)) TARGET void q8_0_tokens16(const int T, const block_q8_0 *const a[4],
+                                                                      int nc, const v16i codes[][8],
+                                                                      const v16f d_rows[], v16f sum[]) {
+    v16f s[4];
+    for (int u = 0; u < T; u++)
+        s[u] = sum[u];
+    for (int k = 0; k < nc; k++) {
+        v16i part[4][2];
+        for (int u = 0; u < T; u++) {
+            part[u][0] = V16(set1_epi32)(1 << 19);  /* q8_0_offset16's extra 128 * 4096 */
+            part[u][1] = V16(setzero_si512)();
+        }
+        for (int l = 0; l < 8; l++)
+            for (int u = 0; u < T; u++)
+                part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[k][l], a[u][k].qs + 4 * l);
+        for (int u = 0; u < T; u++) {
+            const v16i isum = V16(sub_epi32)(V16(add_epi32)(part[u][0], part[u][1]), q8_0_offset16(a[u][k].qs));
+            s[u] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), V16(mul_ps)(d_rows[k], f16_lanes(a[u][k].d)), s[u]);
+        }
+    }
+    for (int u = 0; u < T; u++)
+        sum[u] = s[u];
 }
 
 /* Sixteen Q8_0 rows (or a packed group), as steps_dot16_q4_1 does Q4_1's: per block the
@@ -518,19 +577,20 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
                     prefetch_next_rows(next, i0 + k, share, stop);
                 q8_0_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k]);
             }
-            for (int t = 0; t < nt; t++) {
-                const block_q8_0 *a = (const block_q8_0 *)token_row(xq, stride, t0 + t) + i0;
-                v16f sum = sum_tokens[t];
-                for (int k = 0; k < nc; k++) {
-                    v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
-                    for (int l = 0; l < 8; l += 2) {
-                        even = dpbusd_word(even, codes[k][l], a[k].qs + 4 * l);
-                        odd = dpbusd_word(odd, codes[k][l + 1], a[k].qs + 4 * l + 4);
-                    }
-                    const v16i isum = V16(sub_epi32)(V16(add_epi32)(even, odd), q8_0_offset16(a[k].qs));
-                    sum = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), V16(mul_ps)(d_rows[k], f16_lanes(a[k].d)), sum);
-                }
-                sum_tokens[t] = sum;
+            for (int t = 0; t < nt;) {
+                const block_q8_0 *a[4];
+                const int T = nt - t >= 4 ? 4 : nt - t;
+                for (int u = 0; u < T; u++)
+                    a[u] = (const block_q8_0 *)token_row(xq, stride, t0 + t + u) + i0;
+                if (T == 4)
+                    q8_0_tokens16(4, a, nc, codes, d_rows, sum_tokens + t);
+                else if (T == 3)
+                    q8_0_tokens16(3, a, nc, codes, d_rows, sum_tokens + t);
+                else if (T == 2)
+                    q8_0_tokens16(2, a, nc, codes, d_rows, sum_tokens + t);
+                else
+                    q8_0_tokens16(1, a, nc, codes, d_rows, sum_tokens + t);
+                t += T;
             }
         }
         for (int t = 0; t < nt; t++)
