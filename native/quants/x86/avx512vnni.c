@@ -237,7 +237,7 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
  * registers of a span went to the stack and back, and decode took 1.3x as long.) */
 static inline __attribute__((always_inline)) TARGET v16i q4_K_packed_span16(const uint8_t *rows, int64_t i, int c,
                                                                             const int8_t *aq, v16i sc_low,
-                                                                            v16i sc_high) {
+                                                                            v16i sc_high, v16i isum) {
     const uint8_t *words = rows + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (4 + 8 * c);
     const v16i m4 = V16(set1_epi8)(0x0f);
     v16i low[2], high[2];  /* the two groups' chains of alternate words, as q4_K_span16's */
@@ -247,8 +247,8 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_packed_span16(cons
         low[j & 1] = dpbusd_word(low[j & 1], V16(and_si512)(q, m4), aq + 4 * j);
         high[j & 1] = dpbusd_word(high[j & 1], V16(and_si512)(V16(srli_epi16)(q, 4), m4), aq + 32 + 4 * j);
     }
-    return V16(add_epi32)(V16(mullo_epi32)(V16(add_epi32)(low[0], low[1]), sc_low),
-                          V16(mullo_epi32)(V16(add_epi32)(high[0], high[1]), sc_high));
+    isum = V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(low[0], low[1]), sc_low));
+    return V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(high[0], high[1]), sc_high));
 }
 
 /* Sixteen Q4_K rows (row_bytes apart, or a packed group) times n_tokens activation rows,
@@ -295,16 +295,15 @@ static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
                     prefetch_next_rows(next16, 4 * i + c, piece, stop);
                 if (TILE == 1) {
                     const int8_t *aq = token_block(xq, stride, 0, i)->qs + 64 * c;
-                    const v16i span = q4_K_packed_span16(rows, i, c, aq, scale[2 * c], scale[2 * c + 1]);
-                    isum[0] = c ? V16(add_epi32)(isum[0], span) : span;
+                    isum[0] = q4_K_packed_span16(rows, i, c, aq, scale[2 * c], scale[2 * c + 1],
+                                                 c ? isum[0] : V16(setzero_si512)());
                     continue;
                 }
                 v16i code[2][8];
                 q4_K_codes16(rows, row_bytes, i, c, packed, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    const v16i span = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], V16(setzero_si512)());
-                    isum[t] = c ? V16(add_epi32)(isum[t], span) : span;
+                    isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], c ? isum[t] : V16(setzero_si512)());
                 }
             }
             for (int t = 0; t < nt; t++) {
