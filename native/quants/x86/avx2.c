@@ -1,11 +1,13 @@
-/* quants/x86/avx2.c: the x86 vec_dots (x86/vec_dots.h) and the step-order kernels
+/* quants/x86/avx2.c: the x86 vec_dots (x86/vec_dots.h) and the few-token kernels
  * (x86/step_order.h) compiled for AVX2/FMA/F16C, and the AVX2 batched products of a
  * prefill: several activation rows, or several weight rows, at once.
  *
- * The batched products serve CPUs with AVX-512 VNNI as well (the same bits on either),
- * and quants/dispatch.c calls them whichever vec_dot copy is in use, except that a
- * prefill's Q4_K and Q6_K rows go sixteen at a time through x86/avx512vnni.c's 512-bit products
- * where the CPU has it. Each has the bits of quants/batch.c's order for its type.
+ * The batched products serve CPUs with AVX-512 VNNI as well, and quants/dispatch.c calls
+ * them whichever vec_dot copy is in use, except that a prefill's Q4_K and Q6_K rows go
+ * sixteen at a time through x86/avx512vnni.c's 512-bit products where the CPU has it.
+ * Every output has the scalar definition's bits for its row and token (quants/types.h):
+ * per block one exact integer per (row, token), then the block step, in block order, with
+ * a (row, token) pair per float lane.
  */
 #include "simd.h"
 
@@ -16,107 +18,83 @@
 #include "quants/x86/step_order.h"
 
 /* ---------------------------------------------------------------------------
- * Q4_K: the repacked gemm's order (quants/batch.c), for one row and for eight
+ * Q4_K: one row, and eight, times a prompt's tokens
  * ------------------------------------------------------------------------- */
 
-/* One token's four span sums of a Q4_K block (64 elements each, exact, as floats) and
- * its four min terms mn[2c] * (bsums[4c] + bsums[4c+1]) + mn[2c+1] * (bsums[4c+2] + bsums[4c+3]). */
-static inline TARGET void q4_K_span_sums(const block_q8_K *a, const __m256i lo[4], const __m256i hi[4],
-                                       const __m256i scv[8], __m128i mins, __m128 *sums, __m128 *min_terms) {
-    __m256i p[4];
+/* One token's Q4_K block against one row: its code products, scaled, in eight int32 lanes
+ * (isum), and its min terms mn[g] * (bsums[2g] + bsums[2g+1]) in lane g (imin). mins16
+ * holds each min twice, for the two bsums of its group. */
+static inline __attribute__((always_inline)) TARGET void q4_K_block_lanes(const block_q8_K *a, const __m256i lo[4],
+                                                                          const __m256i hi[4], const __m256i scv[8],
+                                                                          __m256i mins16, __m256i *isum, __m256i *imin) {
+    __m256i p = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
         const __m256i a_lo = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c));
         const __m256i a_hi = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c + 32));
-        p[c] = _mm256_add_epi32(_mm256_madd_epi16(scv[2 * c], _mm256_maddubs_epi16(lo[c], a_lo)),
-                                _mm256_madd_epi16(scv[2 * c + 1], _mm256_maddubs_epi16(hi[c], a_hi)));
+        p = madd_add(p, scv[2 * c], _mm256_maddubs_epi16(lo[c], a_lo));
+        p = madd_add(p, scv[2 * c + 1], _mm256_maddubs_epi16(hi[c], a_hi));
     }
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    *sums = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)a->bsums),
-                                      _mm_loadu_si128((const __m128i *)(a->bsums + 8)));
-    *min_terms = _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs));
+    *isum = p;
+    *imin = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)a->bsums));
 }
 
-/* Q4_K times n_tokens activation rows (stride bytes apart) in the order of llama.cpp's
- * repacked gemm, as quants/batch.c's sq_batch_dot_q4_K: per 64 elements (groups 2c and 2c+1) an
- * exact integer sum for the codes and one for the mins, each fma'd into its chain.
- * The codes are split into nibbles once per block for a tile of rows. */
+/* Q4_K times n_tokens activation rows (stride bytes apart), y[t * ldy] with sq_vec_dot's
+ * bits for token t: per block each token's exact integers for the codes and the mins
+ * (q4_K_block_lanes), reduced eight tokens at a time by lane_totals into the float lanes
+ * where those tokens' two chains run. The codes are split into nibbles once per block
+ * for a tile of tokens. */
 TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                                  float *y, int64_t ldy) {
-    enum { TILE = 16 };
+    enum { TILE = 16, GROUPS = TILE / 8 };
     const block_q4_K *x = row;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        float sumf[TILE] = {0}, summ[TILE] = {0};
+        __m256 sumf[GROUPS], summ[GROUPS];
+        for (int g = 0; g < GROUPS; g++)
+            sumf[g] = summ[g] = _mm256_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
-            uint8_t sc_mn[16];
-            _mm_storeu_si128((__m128i *)sc_mn, k_scales_mins(x[i].scales));
-            const uint8_t *sc = sc_mn, *mn = sc_mn + 8;
-            __m256i lo[4], hi[4];
+            const __m128i sm = k_scales_mins(x[i].scales);  /* 8 scales, 8 mins */
+            uint8_t sc[8];
+            _mm_storel_epi64((__m128i *)sc, sm);
+            __m256i lo[4], hi[4], scv[8];
             for (int c = 0; c < 4; c++) {
                 const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
                 lo[c] = _mm256_and_si256(q4, m4);
                 hi[c] = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
             }
-            __m256i scv[8];
             for (int g = 0; g < 8; g++)
                 scv[g] = _mm256_set1_epi16(sc[g]);
-            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
-            const float dw = h2f(x[i].d), dminw = h2f(x[i].dmin);
-            int t = 0;
-            /* Eight tokens at a time, one per float lane: their sums are transposed so
-             * that each lane runs its token's chain with the scalar loop's fmas. */
-            for (; t + 8 <= nt; t += 8) {
-                __m128 fs[8], fm[8];
-                float ad[8];
-                for (int k = 0; k < 8; k++) {
-                    const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t + k) * stride) + i;
-                    q4_K_span_sums(a, lo, hi, scv, mins, &fs[k], &fm[k]);
-                    ad[k] = a->d;
-                }
-                _MM_TRANSPOSE4_PS(fs[0], fs[1], fs[2], fs[3]);
-                _MM_TRANSPOSE4_PS(fs[4], fs[5], fs[6], fs[7]);
-                _MM_TRANSPOSE4_PS(fm[0], fm[1], fm[2], fm[3]);
-                _MM_TRANSPOSE4_PS(fm[4], fm[5], fm[6], fm[7]);
-                const __m256 a_d = _mm256_loadu_ps(ad);
-                const __m256 d = _mm256_mul_ps(_mm256_set1_ps(dw), a_d), dmin = _mm256_mul_ps(_mm256_set1_ps(dminw), a_d);
-                __m256 vf = _mm256_loadu_ps(sumf + t), vm = _mm256_loadu_ps(summ + t);
-                for (int c = 0; c < 4; c++) {
-                    vf = _mm256_fmadd_ps(_mm256_set_m128(fs[4 + c], fs[c]), d, vf);
-                    vm = _mm256_fmadd_ps(_mm256_set_m128(fm[4 + c], fm[c]), dmin, vm);
-                }
-                _mm256_storeu_ps(sumf + t, vf);
-                _mm256_storeu_ps(summ + t, vm);
-            }
-            for (; t < nt; t++) {
-                const block_q8_K *a = (const block_q8_K *)((const uint8_t *)xq + (t0 + t) * stride) + i;
-                __m128 vs, vmn;
-                q4_K_span_sums(a, lo, hi, scv, mins, &vs, &vmn);
-                float fs[4], fm[4];
-                _mm_storeu_ps(fs, vs);
-                _mm_storeu_ps(fm, vmn);
-                const float d = dw * a->d, dmin = dminw * a->d;
-                for (int c = 0; c < 4; c++) {
-                    sumf[t] = __builtin_fmaf(fs[c], d, sumf[t]);
-                    summ[t] = __builtin_fmaf(fm[c], dmin, summ[t]);
-                }
+            const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+            const __m256 dw = _mm256_set1_ps(h2f(x[i].d)), dminw = _mm256_set1_ps(h2f(x[i].dmin));
+            for (int g = 0; 8 * g < nt; g++) {
+                const int k = nt - 8 * g < 8 ? nt - 8 * g : 8, t = t0 + 8 * g;
+                __m256i isum[8], imin[8];
+                for (int j = 0; j < k; j++)
+                    q4_K_block_lanes(token_block(xq, stride, t + j, i), lo, hi, scv, mins16, &isum[j], &imin[j]);
+                const __m256 a_d = _mm256_castsi256_ps(token_words(xq, stride, t, k, i * (int64_t)sizeof(block_q8_K)));
+                sumf[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_totals(isum, k)), _mm256_mul_ps(dw, a_d), sumf[g]);
+                summ[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_totals(imin, k)), _mm256_mul_ps(dminw, a_d), summ[g]);
             }
         }
+        float out[TILE];
+        for (int g = 0; g < GROUPS; g++)
+            _mm256_storeu_ps(out + 8 * g, _mm256_sub_ps(sumf[g], summ[g]));
         for (int t = 0; t < nt; t++)
-            y[(t0 + t) * ldy] = sumf[t] - summ[t];
+            y[(t0 + t) * ldy] = out[t];
     }
 }
 
-/* Eight Q4_K rows (row_bytes apart) times n_tokens activation rows, as sq_batch_dot_q4_K_avx2
- * computes each row (same bits: exact integer sums, the same fmas per 64 elements), with
- * the rows in the float lanes instead of tokens: per block the 8 rows' codes are put
- * side by side, 4 consecutive elements of each row in one 32-bit word, so that an
- * activation word broadcast to all lanes multiplies all 8 rows at once and every sum
- * stays in its row's lane, with no horizontal reduction. A group's eight registers of
- * codes stay in registers while every token of the tile goes by (token by token, with
- * the codes reloaded for each, 2048-wide rows took a tenth longer; 11008-wide ones, whose
- * activations come from L3, no longer). y[t * ldy + r] for r < 8. */
+/* Eight Q4_K rows (row_bytes apart) times n_tokens activation rows, each output with the
+ * definition's bits for its row and token, with the rows in the float lanes: per block the
+ * 8 rows' codes are put side by side, 4 consecutive elements of each row in one 32-bit
+ * word, so that an activation word broadcast to all lanes multiplies all 8 rows at once
+ * and every sum stays in its row's lane, with no horizontal reduction. A group's eight
+ * registers of codes stay in registers while every token of the tile goes by, adding its
+ * products to the token's block integer (isum, in memory between groups: token by token,
+ * with the codes reloaded for each, 2048-wide rows took a tenth longer; 11008-wide ones,
+ * whose activations come from L3, no longer); then each token's block steps.
+ * y[t * ldy + r] for r < 8. */
 static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
     const void *rows, int64_t row_bytes, const int packed, int half, const void *xq, int64_t stride, int n_tokens,
     int64_t nb, const void *stop, float *y, int64_t ldy) {
@@ -128,6 +106,7 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         __m256 sumf[TILE], summ[TILE];
+        __m256i isum[TILE];
         for (int t = 0; t < nt; t++)
             sumf[t] = summ[t] = _mm256_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
@@ -140,24 +119,21 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
                     prefetch_next_rows(next, i, share, stop);
                 q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
             }
-            __m256 d[TILE], dmin[TILE];
+            for (int g = 0; g < 8; g++)
+                for (int t = 0; t < nt; t++) {
+                    const __m256i s = q4_K_group8(token_block(xq, stride, t0 + t, i)->qs + 32 * g, codes[g / 2][g % 2], scale[g]);
+                    isum[t] = g ? _mm256_add_epi32(isum[t], s) : s;
+                }
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 if (i + 1 < nb)
                     prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
-                d[t] = _mm256_mul_ps(d_rows, _mm256_set1_ps(a->d));
-                dmin[t] = _mm256_mul_ps(dmin_rows, _mm256_set1_ps(a->d));
-            }
-            for (int c = 0; c < 4; c++) {
-                __m256i first[TILE];  /* group 2c's sums, waiting for group 2c + 1's */
-                for (int t = 0; t < nt; t++)
-                    first[t] = q4_K_group8(token_block(xq, stride, t0 + t, i)->qs + 64 * c, codes[c][0], scale[2 * c]);
-                for (int t = 0; t < nt; t++) {
-                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                    const __m256i isum = _mm256_add_epi32(first[t], q4_K_group8(a->qs + 64 * c + 32, codes[c][1], scale[2 * c + 1]));
-                    sumf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d[t], sumf[t]);
-                    summ[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_K_min8(a, c, mins[c])), dmin[t], summ[t]);
-                }
+                __m256i imin = q4_K_min8(a, 0, mins[0]);
+                for (int c = 1; c < 4; c++)
+                    imin = _mm256_add_epi32(imin, q4_K_min8(a, c, mins[c]));
+                const __m256 a_d = _mm256_set1_ps(a->d);
+                sumf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d_rows, a_d), sumf[t]);
+                summ[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin_rows, a_d), summ[t]);
             }
         }
         for (int t = 0; t < nt; t++)
@@ -178,7 +154,7 @@ TARGET void sq_packed_batch8_q4_K_avx2(const void *group, int half, const void *
 }
 
 /* ---------------------------------------------------------------------------
- * Q4_K rows packed side by side, a few tokens in one-token steps
+ * Q4_K rows packed side by side, a few tokens
  * ------------------------------------------------------------------------- */
 
 /* At most PASS tokens go through the codes at a time: with more, their int16 sums and
@@ -186,7 +162,8 @@ TARGET void sq_packed_batch8_q4_K_avx2(const void *group, int half, const void *
 enum { PASS = 4 };
 
 /* A packed group of sixteen Q4_K rows times n (1..PASS) tokens, each output with the
- * one-token vec_dot's bits (sq_steps_dot8_q4_K_avx2's), y[t * ldy + r] for r < 16.
+ * definition's bits for its row and token, y[t * ldy + r] for r < 16: per block each
+ * (row, token) pair's exact integers for the codes and the mins, then its block steps.
  * Unlike that kernel, no block's codes are kept in memory: a group of 32 elements is read
  * a word at a time, its nibbles taken out, and every token's products added into that
  * token's int16 sums, held in registers until the group's scale multiplies them; a token
@@ -228,7 +205,7 @@ static inline __attribute__((always_inline)) TARGET void packed_dotn16_q4_K(cons
                         s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(code, _mm256_set1_epi32(w)));
                     }
                 }
-                /* |s16| <= 8 * 3840: q4_K_group8's bound */
+                /* |s16| <= 8 * 3840: nibble_pairs8's bound */
                 for (int t = 0; t < n; t++)
                     isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s16[t], scale[g]));
             }
@@ -263,15 +240,17 @@ TARGET void sq_packed_dotn16_q4_K_avx2(const void *group, const void *xq, int64_
 }
 
 /* ---------------------------------------------------------------------------
- * Q6_K: the tiled order (quants/batch.c), for eight rows and for one
+ * Q6_K: eight rows, and one, times a prompt's tokens
  * ------------------------------------------------------------------------- */
 
-/* Eight Q6_K rows at once in the tiled order of sq_batch_dot_q6_K_avx2, each row with its
- * bits: per block the exact sum s1 = sum(scale * code * a) - 32 * sum(scale * bsums), then
- * y = fma(d * s1, a->d, y). As in sq_batch_dot8_q4_K_avx2, the rows sit in the lanes (4
- * consecutive codes of each row per 32-bit word) and activation words are broadcast.
- * Two maddubs results fit an int16 (2 * 2 * 63 * 128 = 32256), so pairs are summed
- * before each group's scale multiplies them. y[t * ldy + r] for r < 8. */
+/* Eight Q6_K rows times n_tokens activation rows, each output with the definition's bits
+ * for its row and token: per block the exact isum = sum(scale * code * a) - 32 *
+ * sum(scale * bsums) (the codes' offset taken off whole), then the block step
+ * y = fma(isum, d * a->d, y), y itself holding the chain between blocks. As in
+ * sq_batch_dot8_q4_K_avx2, the rows sit in the lanes (4 consecutive codes of each row per
+ * 32-bit word) and activation words are broadcast. Two maddubs results fit an int16
+ * (2 * 2 * 63 * 128 = 32256), so pairs are summed before each group's scale multiplies
+ * them. y[t * ldy + r] for r < 8. */
 TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { AHEAD = 4 };  /* tokens: each token's activation block is asked for this far ahead */
@@ -326,54 +305,71 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
                 const int32_t pair = (int32_t)((uint32_t)(uint16_t)a->bsums[2 * p] | (uint32_t)(uint16_t)a->bsums[2 * p + 1] << 16);
                 off = _mm256_add_epi32(off, _mm256_madd_epi16(bs_scale[p], _mm256_set1_epi32(pair)));
             }
-            const __m256i s1 = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));
+            const __m256i isum = _mm256_sub_epi32(acc, _mm256_slli_epi32(off, 5));
             float *yt = y + t * ldy;
-            _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_mul_ps(d_rows, _mm256_cvtepi32_ps(s1)), _mm256_set1_ps(a->d),
+            _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d_rows, _mm256_set1_ps(a->d)),
                                                  _mm256_loadu_ps(yt)));
         }
     }
 }
 
-/* Q6_K times n_tokens activation rows (stride bytes apart) in llama.cpp's tiled
- * order, as quants/batch.c's sq_batch_dot_k: per block the exact integer
- * s1 = sum(sc * (q - 32) * qy), formed as sum(sc * q * qy) - 32 * sum(sc * bsum), then
- * y = fma(d * s1, dy, y). The 6-bit codes are assembled once per block for all rows. */
+/* Q6_K times n_tokens activation rows (stride bytes apart), y[t * ldy] with sq_vec_dot's
+ * bits for token t: per block each token's exact isum = sum(sc * q * qy) - 32 *
+ * sum(sc * bsum) in int32 lanes, reduced eight tokens at a time by lane_totals into the
+ * float lanes where those tokens' chains run. The 6-bit codes are assembled once per
+ * block for a tile of tokens. */
 TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                                  float *y, int64_t ldy) {
+    enum { TILE = 16, GROUPS = TILE / 8 };
     const block_q6_K *x = row;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
-    for (int t = 0; t < n_tokens; t++)
-        y[t * ldy] = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        /* Chunk 4h + k holds elements 128h + 32k .. +32, groups 2(4h + k) and 2(4h + k) + 1. */
-        __m256i q[8], scv[8];
-        for (int h = 0; h < 2; h++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
-            q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-        }
-        for (int j = 0; j < 8; j++)
-            scv[j] = scale_halves(x[i].scales[2 * j], x[i].scales[2 * j + 1]);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        const float d = h2f(x[i].d);
-        for (int t = 0; t < n_tokens; t++) {
-            const block_q8_K *a = token_block(xq, stride, t, i);
-            __m256i acc = _mm256_setzero_si256();
-            for (int j = 0; j < 8; j++) {
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(scv[j], _mm256_maddubs_epi16(q[j], qy)));
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        __m256 sum[GROUPS];
+        for (int g = 0; g < GROUPS; g++)
+            sum[g] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            /* Chunk 4h + k holds elements 128h + 32k .. +32, groups 2(4h + k) and 2(4h + k) + 1. */
+            __m256i q[8], scv[8];
+            for (int h = 0; h < 2; h++) {
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+                q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+                q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+                q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+                q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
             }
-            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
-            const int32_t s1 = hsum8_i32(acc) - 32 * hsum8_i32(off);
-            y[t * ldy] = __builtin_fmaf(d * (float)s1, a->d, y[t * ldy]);
+            for (int j = 0; j < 8; j++)
+                scv[j] = scale_halves(x[i].scales[2 * j], x[i].scales[2 * j + 1]);
+            /* -32 * sc: |.| <= 4096, so its products with bsums (|.| <= 16 * 127) pair up in int32. */
+            const __m256i minus32sc = _mm256_slli_epi16(
+                _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales))), 5);
+            const __m256 d = _mm256_set1_ps(h2f(x[i].d));
+            for (int g = 0; 8 * g < nt; g++) {
+                const int k = nt - 8 * g < 8 ? nt - 8 * g : 8, t = t0 + 8 * g;
+                __m256i isum[8];
+                for (int j = 0; j < k; j++) {
+                    const block_q8_K *a = token_block(xq, stride, t + j, i);
+                    __m256i acc = _mm256_madd_epi16(minus32sc, _mm256_loadu_si256((const __m256i *)a->bsums));
+                    for (int c = 0; c < 8; c++) {
+                        const __m256i qy = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * c));
+                        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(scv[c], _mm256_maddubs_epi16(q[c], qy)));
+                    }
+                    isum[j] = acc;
+                }
+                const __m256 a_d = _mm256_castsi256_ps(token_words(xq, stride, t, k, i * (int64_t)sizeof(block_q8_K)));
+                sum[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_totals(isum, k)), _mm256_mul_ps(d, a_d), sum[g]);
+            }
         }
+        float out[TILE];
+        for (int g = 0; g < GROUPS; g++)
+            _mm256_storeu_ps(out + 8 * g, sum[g]);
+        for (int t = 0; t < nt; t++)
+            y[(t0 + t) * ldy] = out[t];
     }
 }
 

@@ -1,15 +1,18 @@
 /* quants/x86/avx512vnni.c: for CPUs with AVX-512 VNNI, VL and BW, the vec_dot kernels
- * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni) and the step-order kernels of
- * x86/step_order.h; a prefill's Q4_K and Q6_K products sixteen rows at a time in 512-bit
- * registers (sq_batch_dot16_*_avx512vnni), and a lookup draft's check of Q4_K, Q4_1, Q8_0
- * and Q6_K rows the same way (sq_steps_dot16_*_avx512vnni).
+ * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni) and the step kernels of
+ * x86/step_order.h, compiled for this CPU; and the products of Q4_1, Q8_0, Q4_K and Q6_K
+ * rows sixteen at a time in 512-bit registers, one row per 32-bit lane, so that an
+ * activation word broadcast to every lane meets the same four codes of all sixteen rows:
+ * from the file's layout (sq_steps_dot16_*, and a prompt's Q4_K and Q6_K products,
+ * sq_batch_dot16_*) or from a group packed by quants/rows16.c (sq_packed_dot16_*, which
+ * decode runs, and sq_packed_batch16_*).
  *
- * The vec_dots and x86/step_order.h's kernels keep to 256-bit registers and give the AVX2
- * copy's bits; vpdpbusd and vpdpwssd each stand for two integer instructions of the AVX2
- * copy. The sixteen-row kernels give the eight-row kernels' bits (x86/avx2.c's batched
- * orders, x86/step_order.h's step order) for each of their rows, and the Q6_K check the
- * one-token vec_dot's: the integer sums are exact, however they are formed, and the float
- * steps are the same, lane by lane.
+ * Each gives the scalar definition's bits (quants/types.h) for every row and token: a
+ * lane forms a block's exact integer sum however the instructions group the products,
+ * then takes the block step, one fused multiply-add by the row's d times the token's,
+ * block by block; the offset chains of Q4_1 and Q4_K beside it. The step kernels and the
+ * batch kernels of a type differ only in their tiles of tokens and how they ask for
+ * memory.
  *
  * Built with SQ_VNNI_VIA_SIMDE (cffi_build/build_kernel.py, SMOLQ_VNNI_VIA_SIMDE), the
  * VNNI instructions, and the 512-bit ones, come from SIMDe, and the file runs on any AVX2
@@ -28,9 +31,6 @@
 /* Rows 0..7 from lo's lanes, rows 8..15 from hi's. */
 static inline TARGET v16i join_i(__m256i lo, __m256i hi) {
     return V16(inserti64x4)(V16(castsi256_si512)(AS256I(lo)), AS256I(hi), 1);
-}
-static inline TARGET v16f join_f(__m256 lo, __m256 hi) {
-    return V16(castsi512_ps)(join_i(_mm256_castps_si256(lo), _mm256_castps_si256(hi)));
 }
 
 /* Rows r (low half) and r + 8 (high half) of q in, word j of those sixteen rows out:
@@ -55,14 +55,27 @@ static inline TARGET void transpose8_halves(v16i q[8]) {
     }
 }
 
-/* Block i's share of the sixteen rows after the sixteen at rows, asked of memory up to
- * stop while these are read (prefetch_next_rows for each eight). */
-static inline __attribute__((always_inline)) TARGET void prefetch_next16(const void *rows, int64_t row_bytes, int64_t i, int64_t nb, const void *stop) {
-    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;
-    const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
-    prefetch_next_rows(next, i, share, stop);
-    prefetch_next_rows(next + 8 * row_bytes, i, share, stop);
+/* prefetch_ahead's requests for a piece of a packed group's run, from `ahead` bytes on
+ * rather than PREFETCH_AHEAD; where all of them lie before stop (everywhere but near a
+ * matrix's end) with one comparison for the piece rather than one per request: decode's
+ * sixteen-row kernels spent as many instructions on those as on their products. */
+static inline __attribute__((always_inline)) TARGET void prefetch_run(const uint8_t *piece, int bytes, int ahead,
+                                                                     const void *stop) {
+    const uintptr_t far = (uintptr_t)piece + (uintptr_t)ahead, near = (uintptr_t)piece + PREFETCH_NEAR;
+    const int checked = far + (uintptr_t)bytes > (uintptr_t)stop;
+    for (int k = 0; k < bytes; k += 64) {
+        if (!checked || far + (uintptr_t)k < (uintptr_t)stop)
+            _mm_prefetch((const char *)(far + (uintptr_t)k), PREFETCH_INTO);
+        if (PREFETCH_NEAR && (!checked || near + (uintptr_t)k < (uintptr_t)stop))
+            _mm_prefetch((const char *)(near + (uintptr_t)k), _MM_HINT_T0);
+    }
 }
+
+/* How far ahead the packed Q4_K and Q6_K kernels ask for their runs. Streamed from memory
+ * (100 MB of rows of 2,048 columns, one thread), 12 KiB ahead read them at 1 token 1.3x
+ * (Q4_K) and 1.5x (Q6_K) as fast as PREFETCH_AHEAD's 3 KiB, and at 2 tokens 1.4x and 2.1x;
+ * 24 KiB no faster. Decode's Q4_1 and Q8_0 gained nothing from it (Q8_0 lost 15%). */
+#define PACKED_AHEAD_K 12288
 
 /* A 32-bit word of activation codes in every lane. */
 static inline TARGET v16i word16(const int8_t *p) {
@@ -123,14 +136,28 @@ static inline TARGET void bytes32_side_by_side(const uint8_t *p, int64_t row_byt
     transpose8_halves(q);
 }
 
+/* The two f16 halves of each lane of pairs (a block's d, and its m or dmin, of sixteen
+ * rows) as floats: first lane r from lane r's low half, second from its high half. */
+static inline TARGET void halves16(v16i pairs, v16f *first, v16f *second) {
+    const v16i halves = V16(permutexvar_epi64)(
+        V16(setr_epi64)(0, 2, 4, 6, 1, 3, 5, 7),
+        V16(packus_epi32)(V16(and_si512)(pairs, V16(set1_epi32)(0xffff)), V16(srli_epi32)(pairs, 16)));
+    *first = V16(cvtph_ps)(V16(castsi512_si256)(halves));
+    *second = V16(cvtph_ps)(V16(extracti64x4_epi64)(halves, 1));
+}
+
+/* The f16 at h in every lane, as a float. */
+static inline TARGET v16f f16_lanes(uint16_t h) {
+    return V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
+}
+
 /* ---------------------------------------------------------------------------
  * Q4_K: sixteen rows side by side
  * ------------------------------------------------------------------------- */
 
 /* The headers (d, dmin, and the twelve bytes of 6-bit scales and mins) of block i of
  * sixteen Q4_K rows side by side, the scales and mins unpacked as k_scales_mins does one
- * row's: scale[g] lane r holds row r's scale of group g in its low 16 bits and zero above,
- * so that vpdpwssd by it multiplies an int16 sum by the scale; min2[g] holds row r's min of
+ * row's: scale[g] lane r holds row r's scale of group g; min2[g] holds row r's min of
  * group g in both 16-bit halves, so that vpdpwssd by it multiplies the sum of two bsums;
  * d and dmin each row's. */
 static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes,
@@ -162,14 +189,9 @@ static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const ui
     if (packed) {
         *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
         *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
-        return;
+    } else {
+        halves16(w[0], d, dmin);  /* word 0: the f16 d (low half) and dmin (high) */
     }
-    /* The f16 d (low half of w[0]) and dmin (high half), sixteen of each. */
-    const v16i halves = V16(permutexvar_epi64)(
-        V16(setr_epi64)(0, 2, 4, 6, 1, 3, 5, 7),
-        V16(packus_epi32)(V16(and_si512)(w[0], V16(set1_epi32)(0xffff)), V16(srli_epi32)(w[0], 16)));
-    *d = V16(cvtph_ps)(V16(castsi512_si256)(halves));
-    *dmin = V16(cvtph_ps)(V16(extracti64x4_epi64)(halves, 1));
 }
 
 /* Span c (elements 64c .. 64c + 63) of block i of sixteen Q4_K rows side by side:
@@ -192,9 +214,10 @@ static inline __attribute__((always_inline)) TARGET void q4_K_codes16(const uint
 
 /* Span c of one token's activation block (aq: its 64 codes) against sixteen rows' codes
  * (q4_K_codes16): isum plus, for each row, the scale of group 2c times the group's 32
- * products, and the same for group 2c + 1. A group's products are summed in two halves of
- * 16 (alternate words), |.| <= 16 * 15 * 128 < 2^15, so that vpdpwssd by the scale word
- * (zero in its high half) multiplies each half exactly: no vpmulld. */
+ * products, and the same for group 2c + 1. A group's products are summed in two chains of
+ * alternate words, then their sum (|.| <= 32 * 15 * 128) times the scale by vpmulld: one
+ * multiply per group where vpdpwssd by the scale took one per chain (each chain's sum below
+ * 2^15, the scale in the low half of a word), 9 tokens 6% faster, 64 tokens 10%. */
 static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_t *aq, const v16i code[2][8],
                                                                      v16i sc_low, v16i sc_high, v16i isum) {
     for (int h = 0; h < 2; h++) {
@@ -204,112 +227,80 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
             odd = dpbusd_word(odd, code[h][j + 1], aq + 32 * h + 4 * j + 4);
         }
         const v16i sc = h ? sc_high : sc_low;
-        isum = V16(dpwssd_epi32)(V16(dpwssd_epi32)(isum, even, sc), odd, sc);
+        isum = V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(even, odd), sc));
     }
     return isum;
 }
 
-/* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each row with
- * sq_batch_dot8_q4_K_avx2's bits, in the same order: per block and span c (groups 2c
- * and 2c + 1), one exact integer sum of scale times products, fma'd by the row's d times
- * the token's into its chain, and one of mins times bsums into the other. A span's codes
- * are put side by side sixteen rows at once (q4_K_codes16), its scales and mins by the
- * eight-row steps, and its sixteen registers of codes stay in registers while every
- * token of the tile goes by. vpdpbusd forms a group's products in eight instructions,
- * where the AVX2 kernel takes sixteen for half the rows (maddubs and the int16 adds
- * after). y[t * ldy + r] for r < 16; the next sixteen rows' bytes are asked of memory up
- * to stop. */
-static inline __attribute__((always_inline)) TARGET void batch_dot16_q4_K(
-    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed) {
-    enum { TILE = 64 };
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
-        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        v16f sumf[TILE], summ[TILE], d[TILE], dmin[TILE];
-        for (int t = 0; t < nt; t++)
-            sumf[t] = summ[t] = V16(setzero_ps)();
-        for (int64_t i = 0; i < nb; i++) {
-            if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
-                prefetch_ahead(rows + i * 16 * (int64_t)sizeof(block_q4_K), 16 * (int)sizeof(block_q4_K), stop);
-            else if (t0 == 0)
-                prefetch_next16(rows, row_bytes, i, nb, stop);
-            v16i scale[8], min2[8];
-            v16f d_rows, dmin_rows;
-            q4_K_headers16(rows, row_bytes, i, packed, scale, min2, &d_rows, &dmin_rows);
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                if (i + 1 < nb)
-                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
-                d[t] = V16(mul_ps)(d_rows, V16(set1_ps)(a->d));
-                dmin[t] = V16(mul_ps)(dmin_rows, V16(set1_ps)(a->d));
-            }
-            for (int c = 0; c < 4; c++) {
-                v16i code[2][8];
-                q4_K_codes16(rows, row_bytes, i, c, packed, code);
-                for (int t = 0; t < nt; t++) {
-                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                    const v16i isum = q4_K_span16(a->qs + 64 * c, code, scale[2 * c], scale[2 * c + 1], V16(setzero_si512)());
-                    const v16i imin = dpwssd_pair(dpwssd_pair(V16(setzero_si512)(), min2[2 * c], a->bsums + 4 * c),
-                                                  min2[2 * c + 1], a->bsums + 4 * c + 2);
-                    sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), d[t], sumf[t]);
-                    summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), dmin[t], summ[t]);
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sumf[t], summ[t]));
+/* q4_K_codes16 and q4_K_span16 at once for one token and a packed group: each register of
+ * codes goes from its load straight to its products. (Put side by side first, the sixteen
+ * registers of a span went to the stack and back, and decode took 1.3x as long.) */
+static inline __attribute__((always_inline)) TARGET v16i q4_K_packed_span16(const uint8_t *rows, int64_t i, int c,
+                                                                            const int8_t *aq, v16i sc_low,
+                                                                            v16i sc_high, v16i isum) {
+    const uint8_t *words = rows + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (4 + 8 * c);
+    const v16i m4 = V16(set1_epi8)(0x0f);
+    v16i low[2], high[2];  /* the two groups' chains of alternate words, as q4_K_span16's */
+    low[0] = low[1] = high[0] = high[1] = V16(setzero_si512)();
+    for (int j = 0; j < 8; j++) {
+        const v16i q = V16(loadu_si512)(words + 64 * j);
+        low[j & 1] = dpbusd_word(low[j & 1], V16(and_si512)(q, m4), aq + 4 * j);
+        high[j & 1] = dpbusd_word(high[j & 1], V16(and_si512)(V16(srli_epi16)(q, 4), m4), aq + 32 + 4 * j);
     }
+    isum = V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(low[0], low[1]), sc_low));
+    return V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(high[0], high[1]), sc_high));
 }
 
-TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    batch_dot16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0);
-}
-
-TARGET void sq_packed_batch16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                              int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    batch_dot16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1);
-}
-
-/* Sixteen Q4_K rows (row_bytes apart) times n_tokens activation rows, each output with
- * the one-token vec_dot's bits for its row and token (the step order of
- * KERNEL(steps_dot8_q4_K), x86/step_order.h): per block one exact integer total of scale
- * times products and one of mins times bsums, each fma'd by the row's d (dmin) times the
- * token's into its chain. The spans are put side by side as sq_batch_dot16_q4_K_avx512vnni
- * puts them, a span's sixteen registers of codes kept while the tile's tokens go by; the
- * headers sixteen rows at once (q4_K_headers16). Each token's code total waits in isum for
- * the block's last span; its min total is taken at the block's end, a group at a time,
- * from the bsums as they lie in memory. A lookup draft's check runs its Q4_K rows here.
- * y[t * ldy + r] for r < 16.
- * The next sixteen rows' bytes are asked of memory up to stop a piece per span, in their
- * order in memory: asked a block's worth at a time (as prefetch_next16 does), rows of
- * 2,048 columns streamed from memory no faster than the eight-row kernel's, where in cache
- * they ran 30% faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where
- * they took 250 (one thread). */
-static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_K(
+/* Sixteen Q4_K rows (row_bytes apart, or a packed group) times n_tokens activation rows,
+ * each output the scalar definition's bits for its row and token (quants/types.h): per
+ * block one exact integer total of scale times products and one of mins times bsums, each
+ * taken through its chain's block step by the row's d (dmin) times the token's; y = sum -
+ * off. A span's codes are put side by side sixteen rows at once (q4_K_codes16) and its
+ * sixteen registers stay while the tile's tokens go by, each token's code total waiting in
+ * isum for the block's last span; the min totals are taken at the block's end, a group at
+ * a time, from the bsums as they lie in memory. vpdpbusd forms a group's products in eight
+ * instructions, where the AVX2 kernels take sixteen for half the rows.
+ * TILE tokens at a time: 1 for decode (a packed group, each span's codes straight from the
+ * loads to the products: q4_K_packed_span16), 16 for a few tokens (a lookup draft's
+ * check), 64 for a prompt (batch), which also asks for each token's next block a block
+ * ahead: a batch of long rows outgrows L2, and the hardware does not follow one block from
+ * each of 64 token rows at a time. y[t * ldy + r] for r < 16.
+ * The bytes to come are asked of memory up to stop a piece per span, in their order in
+ * memory: from the file's layout the next sixteen rows', from a packed group those
+ * PACKED_AHEAD_K ahead of the span. Asked a block's worth at a time, rows of 2,048 columns
+ * streamed from memory no faster than the eight-row kernel's, where in cache they ran 30%
+ * faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where they took 250
+ * (one thread). */
+static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
     const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed) {
-    enum { TILE = 16 };
+    float *y, int64_t ldy, const int packed, const int TILE) {
+    enum { MAX_TILE = 64 };
     const uint8_t *next16 = rows + 16 * row_bytes;
     const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        v16f sumf[TILE], summ[TILE];
-        v16i isum[TILE];
+        v16f sum[MAX_TILE], off[MAX_TILE];
+        v16i isum[MAX_TILE];
         for (int t = 0; t < nt; t++)
-            sumf[t] = summ[t] = V16(setzero_ps)();
+            sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             v16i scale[8], min2[8];
             v16f d_rows, dmin_rows;
             q4_K_headers16(rows, row_bytes, i, packed, scale, min2, &d_rows, &dmin_rows);
             for (int c = 0; c < 4; c++) {
-                v16i code[2][8];
-                q4_K_codes16(rows, row_bytes, i, c, packed, code);
                 if (t0 == 0 && packed)  /* one stream: ahead of a quarter of the run per span */
-                    prefetch_ahead(rows + i * 16 * (int64_t)sizeof(block_q4_K) + c * 4 * (int64_t)sizeof(block_q4_K),
-                                   4 * (int)sizeof(block_q4_K), stop);
+                    prefetch_run(rows + i * 16 * (int64_t)sizeof(block_q4_K) + c * 4 * (int64_t)sizeof(block_q4_K),
+                                 4 * (int)sizeof(block_q4_K), PACKED_AHEAD_K, stop);
                 else if (t0 == 0)
                     prefetch_next_rows(next16, 4 * i + c, piece, stop);
+                if (TILE == 1) {
+                    const int8_t *aq = token_block(xq, stride, 0, i)->qs + 64 * c;
+                    isum[0] = q4_K_packed_span16(rows, i, c, aq, scale[2 * c], scale[2 * c + 1],
+                                                 c ? isum[0] : V16(setzero_si512)());
+                    continue;
+                }
+                v16i code[2][8];
+                q4_K_codes16(rows, row_bytes, i, c, packed, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
                     isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], c ? isum[t] : V16(setzero_si512)());
@@ -317,128 +308,160 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_K(
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (TILE == 64 && i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);
                 v16i imin = V16(setzero_si512)();
                 for (int g = 0; g < 8; g++)
                     imin = dpwssd_pair(imin, min2[g], a->bsums + 2 * g);
                 const v16f a_d = V16(set1_ps)(a->d);
-                sumf[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sumf[t]);
-                summ[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), V16(mul_ps)(dmin_rows, a_d), summ[t]);
+                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sum[t]);
+                off[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), V16(mul_ps)(dmin_rows, a_d), off[t]);
             }
         }
         for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sumf[t], summ[t]));
+            V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sum[t], off[t]));
     }
 }
 
 TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    steps_dot16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0);
+    rows16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);
 }
 
 TARGET void sq_packed_dot16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                             int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    steps_dot16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1);
+    if (n_tokens == 1)
+        rows16_q4_K(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
+    else
+        rows16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);
+}
+
+TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    rows16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);
+}
+
+TARGET void sq_packed_batch16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                              int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    rows16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);
 }
 
 /* ---------------------------------------------------------------------------
- * Q4_1 and Q8_0 draft checks: sixteen rows side by side
+ * Q4_1 and Q8_0: sixteen rows side by side
  * ------------------------------------------------------------------------- */
 
-/* An integer sum started at EXACT_FLOAT_BIAS (the bits of the float 1.5 * 2^23) has the
- * bits of the float 1.5 * 2^23 + sum while |sum| < 2^22; subtracting 1.5 * 2^23 then gives
- * the sum exactly, as vcvtdq2ps would. A Q4_1 lane's sum is four products, at most
- * 4 * 15 * 128 in size, and the subtraction issues on two ports where the conversion has
- * one: the Q4_1 check kernel below ran 2-3% faster with it. (The Q8_0 one, whose start
- * differs per lane, ran slower.) */
-#define EXACT_FLOAT_BIAS 0x4B400000
-static inline TARGET v16f biased_to_float(v16i biased) {
-    return V16(sub_ps)(V16(castsi512_ps)(biased), V16(set1_ps)(12582912.0f));
-}
-
-/* lane_sums8 (x86/step_order.h) for sixteen rows: the eight lane registers summed in
- * sq_hsum8_avx2's order, each row's sum in its lane. */
-static inline TARGET v16f lane_sums16(const v16f A[8]) {
-    return V16(add_ps)(V16(add_ps)(V16(add_ps)(A[0], A[4]), V16(add_ps)(A[2], A[6])),
-                       V16(add_ps)(V16(add_ps)(A[1], A[5]), V16(add_ps)(A[3], A[7])));
-}
-
-/* Block i of sixteen Q4_1 rows, the lanes of q4_1_side_by_side for all sixteen: from the
- * file's layout (rows row_bytes apart), or from a group packed side by side
+/* Block i of sixteen Q4_1 rows side by side: codes[l] lane r holds the four codes of row r
+ * that meet word l of the activation block (codes[j] the low nibbles of qs word j,
+ * elements 4j..4j+3; codes[j + 4] its high nibbles, elements 16 + 4j..); d and m each
+ * row's. From the file's layout (rows row_bytes apart), or from a group packed side by side
  * (quants/rows16.c), where each register's bytes are one load. */
 static inline __attribute__((always_inline)) TARGET void q4_1_block16(const uint8_t *rows, int64_t row_bytes,
                                                                     int64_t i, const int packed, v16i codes[8],
                                                                     v16f *d_rows, v16f *m_rows) {
-    if (!packed) {
-        __m256i lo[8], hi[8];
-        __m256 d_half[2], m_half[2];
-        q4_1_side_by_side(rows, row_bytes, i, lo, &d_half[0], &m_half[0]);
-        q4_1_side_by_side(rows + 8 * row_bytes, row_bytes, i, hi, &d_half[1], &m_half[1]);
-        for (int l = 0; l < 8; l++)
-            codes[l] = join_i(lo[l], hi[l]);
-        *d_rows = join_f(d_half[0], d_half[1]);
-        *m_rows = join_f(m_half[0], m_half[1]);
-        return;
+    v16i w[4];  /* w[j] lane r: qs word j of row r */
+    if (packed) {
+        const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q4_1);
+        *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+        *m_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
+        for (int j = 0; j < 4; j++)
+            w[j] = V16(loadu_si512)(run + 64 + 64 * j);
+    } else {
+        uint32_t dm[16];
+        for (int r = 0; r < 16; r++)
+            memcpy(&dm[r], rows + r * row_bytes + i * (int64_t)sizeof(block_q4_1), 4);  /* d, m */
+        halves16(V16(loadu_si512)(dm), d_rows, m_rows);
+        words16_side_by_side(((const block_q4_1 *)rows + i)->qs, row_bytes, w);
     }
-    const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q4_1);
     const v16i m4 = V16(set1_epi8)(0x0f);
-    *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
-    *m_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
     for (int j = 0; j < 4; j++) {
-        const v16i word = V16(loadu_si512)(run + 64 + 64 * j);
-        codes[j] = V16(and_si512)(word, m4);                             /* low nibbles: lane j */
-        codes[j + 4] = V16(and_si512)(V16(srli_epi16)(word, 4), m4);  /* high: lane j + 4 */
+        codes[j] = V16(and_si512)(w[j], m4);
+        codes[j + 4] = V16(and_si512)(V16(srli_epi16)(w[j], 4), m4);
+    }
+}
+
+/* T tokens (1 to 4; a[u]: token u's activation blocks from the chunk's first) through nc
+ * blocks of sixteen Q4_1 rows side by side, sum[u] and off[u] their chains. Each register
+ * of codes is loaded once for the T: token by token, a load for every vpdpbusd, 9 tokens
+ * took 1.3x as long, 64 tokens 1.4x. */
+static inline __attribute__((always_inline)) TARGET void q4_1_tokens16(const int T, const block_q8_1 *const a[4],
+                                                                      int nc, const v16i codes[][8],
+                                                                      const v16f d_rows[], const v16f m_rows[],
+                                                                      v16f sum[], v16f off[]) {
+    v16f s[4], o[4];
+    for (int u = 0; u < T; u++) {
+        s[u] = sum[u];
+        o[u] = off[u];
+    }
+    for (int k = 0; k < nc; k++) {
+        v16i part[4][2];  /* alternate words' products: two chains per token */
+        for (int u = 0; u < T; u++)
+            part[u][0] = part[u][1] = V16(setzero_si512)();
+        for (int l = 0; l < 8; l++)
+            for (int u = 0; u < T; u++)
+                part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[k][l], a[u][k].qs + 4 * l);
+        for (int u = 0; u < T; u++) {
+            const v16f d = V16(mul_ps)(d_rows[k], f16_lanes(a[u][k].d));
+            s[u] = V16(fmadd_ps)(V16(cvtepi32_ps)(V16(add_epi32)(part[u][0], part[u][1])), d, s[u]);
+            o[u] = V16(fmadd_ps)(m_rows[k], f16_lanes(a[u][k].s), o[u]);
+        }
+    }
+    for (int u = 0; u < T; u++) {
+        sum[u] = s[u];
+        off[u] = o[u];
     }
 }
 
 /* Sixteen Q4_1 rows (row_bytes apart, or a packed group) times n_tokens activation rows,
- * each output with the one-token vec_dot's bits: KERNEL(steps_dot8_q4_1) of
- * x86/step_order.h with rows 0..7 and 8..15 joined in one register, so that each
- * instruction of a token's steps does sixteen rows. y[t * ldy + r] for r < 16; the next
- * sixteen rows' bytes are asked of memory up to stop. */
+ * each output the scalar definition's bits for its row and token (quants/types.h): per
+ * block the exact sum of codes times the token's codes in each row's lane, its block step
+ * by the row's d times the token's, and the offset chain's fmaf(m, s); y = sum + off. CHUNK
+ * blocks are put side by side at a time (1 for decode: a block's codes straight from the
+ * loads to the products; 32 for a few tokens, which then each run through them). y[t *
+ * ldy + r] for r < 16. The bytes to come are asked of memory up to stop as the blocks are
+ * read: from the file's layout the next sixteen rows' (prefetch_next_rows), from a packed
+ * group those a chunk beyond PREFETCH_AHEAD, since a chunk's blocks are read at once (from
+ * memory, one thread, 2 tokens: 1.3-1.5x as fast as at PREFETCH_AHEAD alone). */
 static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
-    const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
+    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
     float *y, int64_t ldy, const int packed, const int CHUNK) {
     enum { TILE = 16 };
-    v16i codes[32][8];  /* CHUNK (1 or 32) blocks side by side */
+    v16i codes[32][8];
     v16f d_rows[32], m_rows[32];
-    v16f acc_tokens[TILE][9];  /* a token's 8 lane registers, then its sum of m * s */
-    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;
+    v16f sum_tokens[TILE], off_tokens[TILE];
+    const uint8_t *next = rows + 16 * row_bytes;
     const int64_t share = 16 * (int64_t)sizeof(block_q4_1);  /* of the next rows, per block */
+    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
-            for (int l = 0; l < 9; l++)
-                acc_tokens[t][l] = V16(setzero_ps)();
+            sum_tokens[t] = off_tokens[t] = V16(setzero_ps)();
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
                 if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
-                    prefetch_ahead((const uint8_t *)rows + (i0 + k) * share, (int)share, stop);
+                    prefetch_run(rows + (i0 + k) * share, (int)share, ahead, stop);
                 else if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
                 q4_1_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k], &m_rows[k]);
             }
-            for (int t = 0; t < nt; t++) {
-                const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
-                v16f acc[8], summs = acc_tokens[t][8];
-                for (int l = 0; l < 8; l++)
-                    acc[l] = acc_tokens[t][l];
-                for (int k = 0; k < nc; k++) {
-                    const __m128 ds = h2f_pair(&a[k].d);  /* the token's d, s */
-                    const v16f d = V16(mul_ps)(d_rows[k], V16(set1_ps)(_mm_cvtss_f32(ds)));
-                    summs = V16(add_ps)(summs, V16(mul_ps)(m_rows[k], V16(set1_ps)(_mm_cvtss_f32(_mm_movehdup_ps(ds)))));
-                    for (int l = 0; l < 8; l++) {
-                        const v16i p = dpbusd_word(V16(set1_epi32)(EXACT_FLOAT_BIAS), codes[k][l], a[k].qs + 4 * l);
-                        acc[l] = V16(fmadd_ps)(d, biased_to_float(p), acc[l]);
-                    }
-                }
-                for (int l = 0; l < 8; l++)
-                    acc_tokens[t][l] = acc[l];
-                acc_tokens[t][8] = summs;
+            for (int t = 0; t < nt;) {
+                const block_q8_1 *a[4];
+                const int T = nt - t >= 4 ? 4 : nt - t;
+                for (int u = 0; u < T; u++)
+                    a[u] = (const block_q8_1 *)token_row(xq, stride, t0 + t + u) + i0;
+                if (T == 4)
+                    q4_1_tokens16(4, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
+                else if (T == 3)
+                    q4_1_tokens16(3, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
+                else if (T == 2)
+                    q4_1_tokens16(2, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
+                else
+                    q4_1_tokens16(1, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
+                t += T;
             }
         }
         for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, V16(add_ps)(lane_sums16(acc_tokens[t]), acc_tokens[t][8]));
+            V16(storeu_ps)(y + (t0 + t) * ldy, V16(add_ps)(sum_tokens[t], off_tokens[t]));
     }
 }
 
@@ -449,79 +472,116 @@ TARGET void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, 
 
 TARGET void sq_packed_dot16_q4_1_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                             int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens == 1)  /* decode: a block's codes straight from the loads to the products */
+    if (n_tokens == 1)
         steps_dot16_q4_1(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
     else
         steps_dot16_q4_1(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 32);
 }
 
-/* Block i of sixteen Q8_0 rows, as q8_0_side_by_side gives them (codes offset to
- * unsigned) for all sixteen: from the file's layout or a packed group. */
+/* Block i of sixteen Q8_0 rows side by side: codes[l] lane r holds row r's codes 4l..4l+3,
+ * each plus 128 so that it multiplies as an unsigned byte; d each row's. From the file's
+ * layout or a packed group. */
 static inline __attribute__((always_inline)) TARGET void q8_0_block16(const uint8_t *rows, int64_t row_bytes,
                                                                     int64_t i, const int packed, v16i codes[8],
                                                                     v16f *d_rows) {
-    if (!packed) {
-        __m256i lo[8], hi[8];
-        __m256 d_half[2];
-        q8_0_side_by_side(rows, row_bytes, i, lo, &d_half[0]);
-        q8_0_side_by_side(rows + 8 * row_bytes, row_bytes, i, hi, &d_half[1]);
+    if (packed) {
+        const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q8_0);
+        *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
         for (int l = 0; l < 8; l++)
-            codes[l] = join_i(lo[l], hi[l]);
-        *d_rows = join_f(d_half[0], d_half[1]);
-        return;
+            codes[l] = V16(loadu_si512)(run + 32 + 64 * l);
+    } else {
+        uint16_t d[16];
+        for (int r = 0; r < 16; r++)
+            memcpy(&d[r], rows + r * row_bytes + i * (int64_t)sizeof(block_q8_0), 2);
+        *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)d)));
+        bytes32_side_by_side((const uint8_t *)((const block_q8_0 *)rows + i)->qs, row_bytes, codes);
     }
-    const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q8_0);
-    *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
     for (int l = 0; l < 8; l++)
-        codes[l] = V16(xor_si512)(V16(loadu_si512)(run + 32 + 64 * l), V16(set1_epi8)((char)0x80));
+        codes[l] = V16(xor_si512)(codes[l], V16(set1_epi8)((char)0x80));
 }
 
-/* Sixteen Q8_0 rows (or a packed group), as KERNEL(steps_dot8_q8_0) of x86/step_order.h
- * does eight: codes offset to unsigned, each lane's sum started at -128 times its four
- * activations' sum. */
+/* 128 times (the sum of an activation block's 32 codes + 4096), in every lane: what the
+ * codes' offset of 128 (q8_0_block16) adds to each row's sum, plus 2^19 (|.| <= 2^20).
+ * vpsadbw sums the codes plus 128, unsigned, eight at a time; the rest is 128-bit work
+ * but the broadcast. */
+static inline TARGET v16i q8_0_offset16(const int8_t *qs) {
+    const __m256i biased = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)qs), _mm256_set1_epi8((char)0x80));
+    const __m256i sums = _mm256_sad_epu8(biased, _mm256_setzero_si256());
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+    t = _mm_slli_epi32(_mm_add_epi64(t, _mm_unpackhi_epi64(t, t)), 7);
+    return V16(broadcastd_epi32)(AS128I(t));
+}
+
+/* q4_1_tokens16 for Q8_0: T tokens (1 to 4) through nc blocks of sixteen rows, sum[u]
+ * token u's chain. */
+static inline __attribute__((always_inline)) TARGET void q8_0_tokens16(const int T, const block_q8_0 *const a[4],
+                                                                      int nc, const v16i codes[][8],
+                                                                      const v16f d_rows[], v16f sum[]) {
+    v16f s[4];
+    for (int u = 0; u < T; u++)
+        s[u] = sum[u];
+    for (int k = 0; k < nc; k++) {
+        v16i part[4][2];
+        for (int u = 0; u < T; u++) {
+            part[u][0] = V16(set1_epi32)(1 << 19);  /* q8_0_offset16's extra 128 * 4096 */
+            part[u][1] = V16(setzero_si512)();
+        }
+        for (int l = 0; l < 8; l++)
+            for (int u = 0; u < T; u++)
+                part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[k][l], a[u][k].qs + 4 * l);
+        for (int u = 0; u < T; u++) {
+            const v16i isum = V16(sub_epi32)(V16(add_epi32)(part[u][0], part[u][1]), q8_0_offset16(a[u][k].qs));
+            s[u] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), V16(mul_ps)(d_rows[k], f16_lanes(a[u][k].d)), s[u]);
+        }
+    }
+    for (int u = 0; u < T; u++)
+        sum[u] = s[u];
+}
+
+/* Sixteen Q8_0 rows (or a packed group), as steps_dot16_q4_1 does Q4_1's: per block the
+ * exact sum of the codes (plus 128) times the token's, less the offset's share
+ * (q8_0_offset16), and its block step; y = sum. */
 static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
-    const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
+    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
     float *y, int64_t ldy, const int packed, const int CHUNK) {
     enum { TILE = 16 };
-    v16i codes[32][8];  /* CHUNK (1 or 32) blocks side by side */
+    v16i codes[32][8];
     v16f d_rows[32];
-    v16f acc_tokens[TILE][8];  /* a token's 8 lane registers */
-    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;
+    v16f sum_tokens[TILE];
+    const uint8_t *next = rows + 16 * row_bytes;
     const int64_t share = 16 * (int64_t)sizeof(block_q8_0);  /* of the next rows, per block */
+    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
-            for (int l = 0; l < 8; l++)
-                acc_tokens[t][l] = V16(setzero_ps)();
+            sum_tokens[t] = V16(setzero_ps)();
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
                 if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
-                    prefetch_ahead((const uint8_t *)rows + (i0 + k) * share, (int)share, stop);
+                    prefetch_run(rows + (i0 + k) * share, (int)share, ahead, stop);
                 else if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
                 q8_0_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k]);
             }
-            for (int t = 0; t < nt; t++) {
-                const block_q8_0 *a = (const block_q8_0 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
-                v16f acc[8];
-                for (int l = 0; l < 8; l++)
-                    acc[l] = acc_tokens[t][l];
-                for (int k = 0; k < nc; k++) {
-                    const v16f d = V16(mul_ps)(d_rows[k], V16(set1_ps)(h2f(a[k].d)));
-                    int32_t start[8];
-                    q8_0_starts(a[k].qs, start);
-                    for (int l = 0; l < 8; l++) {
-                        const v16i p = dpbusd_word(V16(set1_epi32)(start[l]), codes[k][l], a[k].qs + 4 * l);
-                        acc[l] = V16(fmadd_ps)(d, V16(cvtepi32_ps)(p), acc[l]);
-                    }
-                }
-                for (int l = 0; l < 8; l++)
-                    acc_tokens[t][l] = acc[l];
+            for (int t = 0; t < nt;) {
+                const block_q8_0 *a[4];
+                const int T = nt - t >= 4 ? 4 : nt - t;
+                for (int u = 0; u < T; u++)
+                    a[u] = (const block_q8_0 *)token_row(xq, stride, t0 + t + u) + i0;
+                if (T == 4)
+                    q8_0_tokens16(4, a, nc, codes, d_rows, sum_tokens + t);
+                else if (T == 3)
+                    q8_0_tokens16(3, a, nc, codes, d_rows, sum_tokens + t);
+                else if (T == 2)
+                    q8_0_tokens16(2, a, nc, codes, d_rows, sum_tokens + t);
+                else
+                    q8_0_tokens16(1, a, nc, codes, d_rows, sum_tokens + t);
+                t += T;
             }
         }
         for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, lane_sums16(acc_tokens[t]));
+            V16(storeu_ps)(y + (t0 + t) * ldy, sum_tokens[t]);
     }
 }
 
@@ -532,276 +592,137 @@ TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, 
 
 TARGET void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                             int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens == 1)  /* decode: a block's codes straight from the loads to the products */
+    if (n_tokens == 1)
         steps_dot16_q8_0(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
     else
         steps_dot16_q8_0(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 32);
 }
 
 /* ---------------------------------------------------------------------------
- * Q6_K draft checks: sixteen rows side by side
- * ------------------------------------------------------------------------- */
-
-/* Words w0..w0+7 of a packed Q6_K run (quants/rows16.c: the sixteen d, then word j of
- * the sixteen rows at 32 + 64j): ql's are words 0-31, qh's 32-47, the scales' 48-51. */
-static inline TARGET void q6_K_words16(const uint8_t *run, int w0, v16i q[8]) {
-    for (int j = 0; j < 8; j++)
-        q[j] = V16(loadu_si512)(run + 32 + 64 * (w0 + j));
-}
-
-static inline TARGET void q6_K_scale_words16(const uint8_t *run, v16i w[4]) {
-    for (int j = 0; j < 4; j++)
-        w[j] = V16(loadu_si512)(run + 32 + 64 * (48 + j));
-}
-
-/* Block i of sixteen Q6_K rows side by side, in the lanes of sq_vec_dot_q6_K_avx2: code[8k + m]
- * lane r holds row r's 6-bit codes 32k + 4m .. +3 (k = 4h + c: register q[c] of half h in
- * that kernel), scale2[g] its scale of group g in both 16-bit halves, off[m] its scales of
- * groups 2m and 2m + 1 times -32 (the offset's lane m, taken from the bsums), d its d. The
- * low nibbles and the high bits are put side by side as they lie, then assembled into
- * codes sixteen rows at once. */
-static inline __attribute__((always_inline)) TARGET void q6_K_block16(const uint8_t *rows, int64_t row_bytes,
-                                                                     int64_t i, const int packed, v16i code[64],
-                                                                     v16i scale2[16], v16i off[8], v16f *d) {
-    const block_q6_K *x = (const block_q6_K *)rows + i;
-    const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q6_K);  /* packed: d, then the words */
-    const v16i m4 = V16(set1_epi8)(0x0f), top2 = V16(set1_epi8)(0x30);
-    for (int h = 0; h < 2; h++) {
-        v16i l0[8], l1[8], hb[8];
-        if (packed) {
-            q6_K_words16(run, 16 * h, l0);      /* ql bytes 64h .. */
-            q6_K_words16(run, 16 * h + 8, l1);  /* ql bytes 64h + 32 .. */
-            q6_K_words16(run, 32 + 8 * h, hb);  /* qh bytes 32h .. */
-        } else {
-            bytes32_side_by_side(x->ql + 64 * h, row_bytes, l0);
-            bytes32_side_by_side(x->ql + 64 * h + 32, row_bytes, l1);
-            bytes32_side_by_side(x->qh + 32 * h, row_bytes, hb);
-        }
-        v16i *q = code + 32 * h;
-        for (int m = 0; m < 8; m++) {
-            /* (low nibble & 0x0f) | high bits already at bits 4-5: ternary-logic 0xea is (a & b) | c */
-            q[m] = V16(ternarylogic_epi32)(l0[m], m4, V16(and_si512)(V16(slli_epi32)(hb[m], 4), top2), 0xea);
-            q[8 + m] = V16(ternarylogic_epi32)(l1[m], m4, V16(and_si512)(V16(slli_epi32)(hb[m], 2), top2), 0xea);
-            q[16 + m] = V16(ternarylogic_epi32)(V16(srli_epi32)(l0[m], 4), m4, V16(and_si512)(hb[m], top2), 0xea);
-            q[24 + m] = V16(ternarylogic_epi32)(V16(srli_epi32)(l1[m], 4), m4,
-                                                V16(and_si512)(V16(srli_epi32)(hb[m], 2), top2), 0xea);
-        }
-    }
-    v16i w[4];  /* w[j] lane r: scales 4j..4j+3 of row r */
-    if (packed)
-        q6_K_scale_words16(run, w);
-    else
-        words16_side_by_side((const uint8_t *)x->scales, row_bytes, w);
-    for (int b = 0; b < 4; b++) {
-        /* byte b of each lane into bytes 1 and 3, then each 16-bit half shifted down with its sign */
-        const v16i twice = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(-1, b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1,
-                                                                     8 + b, -1, 12 + b, -1, 12 + b)));
-        for (int j = 0; j < 4; j++)
-            scale2[4 * j + b] = V16(srai_epi16)(V16(shuffle_epi8)(w[j], twice), 8);
-    }
-    for (int p = 0; p < 2; p++) {
-        /* bytes 2p and 2p + 1 of each lane into bytes 1 and 3: groups 4j + 2p and 4j + 2p + 1 */
-        const v16i pair = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(-1, 2 * p, -1, 2 * p + 1, -1, 4 + 2 * p, -1, 5 + 2 * p,
-                                                                    -1, 8 + 2 * p, -1, 9 + 2 * p, -1, 12 + 2 * p, -1,
-                                                                    13 + 2 * p)));
-        for (int j = 0; j < 4; j++)
-            off[2 * j + p] = V16(mullo_epi16)(V16(srai_epi16)(V16(shuffle_epi8)(w[j], pair), 8), V16(set1_epi16)(-32));
-    }
-    if (packed) {
-        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
-        return;
-    }
-    uint16_t dh[16];
-    for (int r = 0; r < 16; r++)
-        dh[r] = ((const block_q6_K *)(rows + r * row_bytes) + i)->d;
-    *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)dh)));
-}
-
-/* Block k of a chunk side by side (q6_K_block16) against block k of n (1 or 2) tokens'
- * activations a[u] + k: each token's eight lanes fma'd into acc[u]. Two tokens share each
- * load of the codes and scales. The next rows' lines are asked for as the chunks go by. */
-static inline __attribute__((always_inline)) TARGET void q6_K_block_tokens16(
-    const int n, const v16i code[64], const v16i scale2[16], const v16i off[8], v16f d_rows,
-    const block_q8_K *const a[2], int k, v16f acc[][8], const uint8_t **ahead, int lines_per_slot, const void *stop) {
-    v16i lane[2][8];
-    for (int u = 0; u < n; u++)
-        for (int m = 0; m < 8; m++)
-            lane[u][m] = dpwssd_pair(V16(setzero_si512)(), off[m], a[u][k].bsums + 2 * m);
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) {
-        for (int p = 0; p < n * lines_per_slot; p++, *ahead += 64)
-            if ((uintptr_t)*ahead < (uintptr_t)stop)
-                _mm_prefetch((const char *)*ahead, PREFETCH_INTO);
-        for (int m = 0; m < 8; m++) {
-            const v16i c = code[8 * j + m], sc = scale2[2 * j + m / 4];
-            for (int u = 0; u < n; u++)
-                lane[u][m] = V16(dpwssd_epi32)(lane[u][m], V16(maddubs_epi16)(c, word16(a[u][k].qs + 32 * j + 4 * m)), sc);
-        }
-    }
-    for (int u = 0; u < n; u++) {
-        const v16f d = V16(mul_ps)(V16(set1_ps)(a[u][k].d), d_rows);
-        for (int m = 0; m < 8; m++)
-            acc[u][m] = V16(fmadd_ps)(d, V16(cvtepi32_ps)(lane[u][m]), acc[u][m]);
-    }
-}
-
-/* Sixteen Q6_K rows (row_bytes apart) times n_tokens activation rows, each output with the
- * one-token vec_dot's bits for its row and token: sq_vec_dot_q6_K_avx2's eight int32 lanes
- * per row, each register here one lane of sixteen rows. A lane's sum is exact however it
- * is formed: per block the offset (vpdpwssd of the scale pairs times -32 by a pair of
- * bsums), then per four codes of a row vpmaddubsw and vpdpwssd by the group's scale, as
- * that kernel pairs them; then the lane is fma'd by d times the token's d, lane by lane,
- * and the lanes summed in sq_hsum8's order at the end. CHUNK blocks are put side by side
- * at a time (q6_K_block16), then the tokens go through them two by two
- * (q6_K_block_tokens16). In 512-bit registers the multiplies of sixteen rows issue on two
- * ports (measured here), as the 256-bit ones of eight do; before, a check decoded each
- * Q6_K row once per token (dotn). y[t * ldy + r] for r < 16; the next sixteen rows' bytes
- * are asked of memory up to stop a line or so at a time as the first tile's tokens go by
- * (asked a block at a time, the requests stalled the kernel). */
-static inline __attribute__((always_inline)) TARGET void steps_dot16_q6_K(
-    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed, const int CHUNK) {
-    enum { TILE = 16 };
-    v16i code[4][64], scale2[4][16], off[4][8];  /* CHUNK (1 or 4) blocks side by side */
-    v16f d_rows[4];
-    v16f acc_tokens[TILE][8];  /* a token's 8 lane registers */
-    /* The file's layout: the next sixteen rows, as this group's are read. Packed, one
-     * stream: PREFETCH_AHEAD bytes ahead of the reads, as decode's vec_dots ask, and a
-     * check a chunk further, since it reads a chunk's blocks at once and only then lets
-     * the tokens go through them (from PREFETCH_AHEAD alone most of a chunk was asked for
-     * as it was read: one thread, 8 tokens, rows of 2,048 columns from memory, 7.2 GB/s,
-     * a chunk ahead 8.7, two 8.4). */
-    const int64_t lead = packed ? PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * 16 * (int64_t)sizeof(block_q6_K) : 0) : 16 * row_bytes;
-    const uint8_t *ahead = rows + lead;
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
-        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        /* The next rows' lines, asked for a few at a time: lines_per_slot per block, token
-         * and chunk of 32 codes of the first tile. */
-        const int64_t slots = nb * nt * 8, lines = (16 * row_bytes + 63) / 64;
-        const int lines_per_slot = t0 == 0 && slots > 0 ? (int)((lines + slots - 1) / slots) : 0;
-        for (int t = 0; t < nt; t++)
-            for (int m = 0; m < 8; m++)
-                acc_tokens[t][m] = V16(setzero_ps)();
-        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
-            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
-            for (int k = 0; k < nc; k++)
-                q6_K_block16(rows, row_bytes, i0 + k, packed, code[k], scale2[k], off[k], &d_rows[k]);
-            for (int t = 0; t < nt; t += 2) {
-                const block_q8_K *a[2] = {token_block(xq, stride, t0 + t, i0),
-                                          token_block(xq, stride, t0 + (t + 1 < nt ? t + 1 : t), i0)};
-                for (int k = 0; k < nc; k++) {
-                    if (t + 1 < nt)
-                        q6_K_block_tokens16(2, code[k], scale2[k], off[k], d_rows[k], a, k, acc_tokens + t, &ahead,
-                                            lines_per_slot, stop);
-                    else
-                        q6_K_block_tokens16(1, code[k], scale2[k], off[k], d_rows[k], a, k, acc_tokens + t, &ahead,
-                                            lines_per_slot, stop);
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, lane_sums16(acc_tokens[t]));
-    }
-}
-
-TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    steps_dot16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 4);
-}
-
-TARGET void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens == 1)  /* decode: each block's codes straight from the loads to the products */
-        steps_dot16_q6_K(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
-    else
-        steps_dot16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 4);
-}
-
-/* ---------------------------------------------------------------------------
  * Q6_K: sixteen rows side by side
  * ------------------------------------------------------------------------- */
 
-/* Sixteen Q6_K rows (row_bytes apart) times n_tokens activation rows, each row with
- * sq_batch_dot8_q6_K_avx2's bits, in the same order: per block the exact sum s1 =
- * sum(scale * code * a) - 32 * sum(scale * bsums), then y = fma(d * s1, a->d, y). The
- * chunks of 32 codes are put side by side by the eight-row steps, rows 0..7 and 8..15
- * joined in one register, and a chunk's eight registers stay in registers while every
- * token of the tile goes by; a 16-element group's products (|.| <= 16 * 63 * 128) are
- * summed by vpdpbusd, then multiplied by its scale. y[t * ldy + r] for r < 16; the next
- * sixteen rows' bytes are asked of memory up to stop. */
-/* Chunk k (codes 32k .. 32k + 31) of block i of a packed group of sixteen Q6_K rows, as
- * q6_K_side_by_side gives eight: code[j] lane r holds row r's codes 32k + 4j .. +3. */
-static inline TARGET void q6_K_packed_chunk16(const uint8_t *run, int k, v16i code[8]) {
-    const v16i m4 = V16(set1_epi8)(0x0f), m2 = V16(set1_epi8)(3);
-    const int h = k / 4, part = k % 4;  /* codes 128h + 32 part .. */
-    v16i l[8], hb[8];
-    q6_K_words16(run, 16 * h + 8 * (part & 1), l);
-    q6_K_words16(run, 32 + 8 * h, hb);
-    for (int j = 0; j < 8; j++) {
-        const v16i low = V16(and_si512)(part < 2 ? l[j] : V16(srli_epi16)(l[j], 4), m4);
-        const v16i high = V16(and_si512)(V16(srli_epi16)(hb[j], 2 * part), m2);
-        code[j] = V16(or_si512)(low, V16(slli_epi16)(high, 4));
+/* The scales and d of block i of sixteen Q6_K rows side by side: scale[g] lane r holds row
+ * r's scale of group g (codes 16g..16g+15), sign-extended; off[p] its scales of groups 2p
+ * and 2p + 1, each times -32, as two int16 (|.| <= 4096), so that vpdpwssd by a pair of
+ * bsums takes the codes' offset of 32 off a block's sum; d each row's. A packed run
+ * (quants/rows16.c) holds the sixteen d, then word j of the sixteen rows at 32 + 64j: ql's
+ * are words 0-31, qh's 32-47, the scales' 48-51. */
+static inline __attribute__((always_inline)) TARGET void q6_K_scales16(const uint8_t *rows, int64_t row_bytes,
+                                                                      int64_t i, const int packed, v16i scale[16],
+                                                                      v16i off[8], v16f *d) {
+    v16i w[4];  /* w[j] lane r: scales 4j..4j+3 of row r */
+    if (packed) {
+        const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q6_K);
+        for (int j = 0; j < 4; j++)
+            w[j] = V16(loadu_si512)(run + 32 + 64 * (48 + j));
+        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+    } else {
+        words16_side_by_side((const uint8_t *)((const block_q6_K *)rows + i)->scales, row_bytes, w);
+        uint16_t dh[16];
+        for (int r = 0; r < 16; r++)
+            dh[r] = ((const block_q6_K *)(rows + r * row_bytes) + i)->d;
+        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)dh)));
+    }
+    for (int g = 0; g < 16; g++)  /* byte g % 4, with its sign */
+        scale[g] = V16(srai_epi32)(V16(slli_epi32)(w[g / 4], 24 - 8 * (g % 4)), 24);
+    for (int p = 0; p < 8; p++) {
+        /* bytes b and b + 1 of each lane into bytes 1 and 3, shifted down with their signs */
+        const int b = 2 * (p % 2);
+        const v16i pair = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(-1, b, -1, b + 1, -1, 4 + b, -1, 5 + b, -1, 8 + b,
+                                                                    -1, 9 + b, -1, 12 + b, -1, 13 + b)));
+        off[p] = V16(mullo_epi16)(V16(srai_epi16)(V16(shuffle_epi8)(w[p / 2], pair), 8), V16(set1_epi16)(-32));
     }
 }
 
-static inline __attribute__((always_inline)) TARGET void batch_dot16_q6_K(
+/* Chunk k (codes 32k .. 32k + 31) of block i of sixteen Q6_K rows side by side: code[j]
+ * lane r holds row r's 6-bit codes 32k + 4j .. +3, the low four bits from ql (bytes 64h +
+ * 32(k & 1) .. of the block, h = k / 4: their low nibbles for k % 4 < 2, else their high
+ * ones), the top two from bits 2(k % 4) of qh's bytes 32h ... Packed, each register's bytes
+ * are one load; from the file's layout, rows r and r + 8 share a register, their codes are
+ * assembled as they lie, and one transpose puts them side by side. */
+static inline __attribute__((always_inline)) TARGET void q6_K_chunk16(const uint8_t *rows, int64_t row_bytes,
+                                                                     int64_t i, int k, const int packed, v16i code[8]) {
+    const int h = k / 4, part = k % 4;
+    v16i l[8], hb[8];
+    if (packed) {
+        const uint8_t *words = rows + i * 16 * (int64_t)sizeof(block_q6_K) + 32;
+        for (int j = 0; j < 8; j++) {
+            l[j] = V16(loadu_si512)(words + 64 * (16 * h + 8 * (part & 1) + j));
+            hb[j] = V16(loadu_si512)(words + 64 * (32 + 8 * h + j));
+        }
+    } else {
+        for (int r = 0; r < 8; r++) {
+            const block_q6_K *x = (const block_q6_K *)(rows + r * row_bytes) + i;
+            const block_q6_K *x8 = (const block_q6_K *)(rows + (r + 8) * row_bytes) + i;
+            l[r] = join_i(_mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32 * (part & 1))),
+                          _mm256_loadu_si256((const __m256i *)(x8->ql + 64 * h + 32 * (part & 1))));
+            hb[r] = join_i(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * h)),
+                           _mm256_loadu_si256((const __m256i *)(x8->qh + 32 * h)));
+        }
+    }
+    const v16i m4 = V16(set1_epi8)(0x0f), top2 = V16(set1_epi8)(0x30);
+    for (int j = 0; j < 8; j++) {
+        const v16i low = part < 2 ? l[j] : V16(srli_epi32)(l[j], 4);
+        const v16i high = part == 0   ? V16(slli_epi32)(hb[j], 4)
+                          : part == 1 ? V16(slli_epi32)(hb[j], 2)
+                          : part == 2 ? hb[j]
+                                      : V16(srli_epi32)(hb[j], 2);
+        /* (low & 0x0f) | (high & 0x30): ternary-logic 0xea is (a & b) | c */
+        code[j] = V16(ternarylogic_epi32)(low, m4, V16(and_si512)(high, top2), 0xea);
+    }
+    if (!packed)
+        transpose8_halves(code);
+}
+
+/* Sixteen Q6_K rows (row_bytes apart, or a packed group) times n_tokens activation rows,
+ * each output the scalar definition's bits for its row and token (quants/types.h): per
+ * block the exact isum = sum(scale * (code - 32) * a), formed as the sum over groups of
+ * the scale times vpdpbusd's sum of the unsigned codes' 16 products (|.| <= 16 * 63 * 128,
+ * times the scale by vpmulld), the offset taken off through the bsums (q6_K_scales16);
+ * then the block step by the row's d times the token's. A chunk's eight registers of codes
+ * stay while the tile's tokens go by, each token's isum waiting for the block's last chunk.
+ * (88 multiplies per block and token, where the eight lanes per row of before took 136:
+ * vpmaddubsw and vpdpwssd per four codes.) TILE tokens at a time: 1 for decode (a
+ * packed group; the token's sums stay in registers), 16 for a few (a lookup draft's
+ * check), 64 for a prompt (batch), which also asks for each token's next block a block
+ * ahead. y[t * ldy + r] for r < 16; the bytes to come are asked of memory up to stop a
+ * piece per chunk, as rows16_q4_K asks for them. */
+static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
     const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed) {
-    enum { TILE = 64 };
-    const uint8_t *upper = rows + 8 * row_bytes;  /* rows 8..15 */
+    float *y, int64_t ldy, const int packed, const int TILE) {
+    enum { MAX_TILE = 64, RUN = 16 * (int)sizeof(block_q6_K) };
+    const uint8_t *next16 = rows + 16 * row_bytes;
+    const int64_t piece = 16 * row_bytes / (nb > 0 ? 8 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        v16f sum[TILE];
-        v16i acc[TILE];
+        v16f sum[MAX_TILE];
+        v16i isum[MAX_TILE];
         for (int t = 0; t < nt; t++)
             sum[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
-            const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q6_K);  /* packed */
-            if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
-                prefetch_ahead(run, 16 * (int)sizeof(block_q6_K), stop);
-            else if (t0 == 0)
-                prefetch_next16(rows, row_bytes, i, nb, stop);
-            /* Per group its scale, per pair of groups (scale 2p, scale 2p+1) as int16, per row d. */
-            int32_t sc_lanes[16][16], pair_lanes[8][16];
-            float dr[16];
-            if (packed) {
-                v16i w[4];  /* w[j] lane r: scales 4j..4j+3 of row r */
-                q6_K_scale_words16(run, w);
-                for (int g = 0; g < 16; g++)  /* byte g % 4, with its sign */
-                    V16(storeu_si512)(sc_lanes[g], V16(srai_epi32)(V16(slli_epi32)(w[g / 4], 24 - 8 * (g % 4)), 24));
-                for (int p = 0; p < 8; p++) {
-                    /* bytes b and b + 1 of each lane into bytes 1 and 3, shifted down with their signs */
-                    const int b = 2 * (p % 2);
-                    const v16i pair = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(-1, b, -1, b + 1, -1, 4 + b, -1, 5 + b, -1, 8 + b,
-                                                                                -1, 9 + b, -1, 12 + b, -1, 13 + b)));
-                    V16(storeu_si512)(pair_lanes[p], V16(srai_epi16)(V16(shuffle_epi8)(w[p / 2], pair), 8));
+            v16i scale[16], off[8];
+            v16f d_rows;
+            q6_K_scales16(rows, row_bytes, i, packed, scale, off, &d_rows);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (TILE == 64 && i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);
+                v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
+                for (int p = 0; p < 8; p += 2) {
+                    even = dpwssd_pair(even, off[p], a->bsums + 2 * p);
+                    odd = dpwssd_pair(odd, off[p + 1], a->bsums + 2 * p + 2);
                 }
-                V16(storeu_ps)(dr, V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run))));
-            } else {
-                for (int r = 0; r < 16; r++) {
-                    const block_q6_K *x = (const block_q6_K *)(rows + r * row_bytes) + i;
-                    for (int g = 0; g < 16; g++)
-                        sc_lanes[g][r] = x->scales[g];
-                    for (int p = 0; p < 8; p++)
-                        pair_lanes[p][r] = (int32_t)((uint16_t)x->scales[2 * p] | (uint32_t)(uint16_t)x->scales[2 * p + 1] << 16);
-                    dr[r] = h2f(x->d);
-                }
+                isum[t] = V16(add_epi32)(even, odd);
             }
-            const v16f d_rows = V16(loadu_ps)(dr);
-            for (int t = 0; t < nt; t++)
-                acc[t] = V16(setzero_si512)();
-            for (int k = 0; k < 8; k++) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {  /* unrolled: each chunk's shifts are its own */
                 v16i code[8];
-                if (packed) {
-                    q6_K_packed_chunk16(run, k, code);
-                } else {
-                    __m256i lo[8], hi[8];
-                    q6_K_side_by_side(rows, row_bytes, i, k, lo);
-                    q6_K_side_by_side(upper, row_bytes, i, k, hi);
-                    for (int j = 0; j < 8; j++)
-                        code[j] = join_i(lo[j], hi[j]);
-                }
-                const v16i sc0 = V16(loadu_si512)(sc_lanes[2 * k]), sc1 = V16(loadu_si512)(sc_lanes[2 * k + 1]);
+                q6_K_chunk16(rows, row_bytes, i, k, packed, code);
+                if (t0 == 0 && packed)  /* one stream: ahead of an eighth of the run per chunk */
+                    prefetch_run(rows + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop);
+                else if (t0 == 0)
+                    prefetch_next_rows(next16, 8 * i + k, piece, stop);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 32 * k;
                     v16i g0 = V16(setzero_si512)(), g1 = V16(setzero_si512)();
@@ -809,20 +730,13 @@ static inline __attribute__((always_inline)) TARGET void batch_dot16_q6_K(
                         g0 = dpbusd_word(g0, code[j], aq + 4 * j);
                         g1 = dpbusd_word(g1, code[j + 4], aq + 16 + 4 * j);
                     }
-                    acc[t] = V16(add_epi32)(acc[t], V16(add_epi32)(V16(mullo_epi32)(g0, sc0), V16(mullo_epi32)(g1, sc1)));
+                    isum[t] = V16(add_epi32)(isum[t], V16(add_epi32)(V16(mullo_epi32)(g0, scale[2 * k]),
+                                                                     V16(mullo_epi32)(g1, scale[2 * k + 1])));
                 }
             }
             for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                if (i + 1 < nb)
-                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
-                v16i off = V16(setzero_si512)();
-                for (int p = 0; p < 8; p++) {
-                    const int32_t pair = (int32_t)((uint32_t)(uint16_t)a->bsums[2 * p] | (uint32_t)(uint16_t)a->bsums[2 * p + 1] << 16);
-                    off = V16(add_epi32)(off, V16(madd_epi16)(V16(loadu_si512)(pair_lanes[p]), V16(set1_epi32)(pair)));
-                }
-                const v16i s1 = V16(sub_epi32)(acc[t], V16(slli_epi32)(off, 5));
-                sum[t] = V16(fmadd_ps)(V16(mul_ps)(d_rows, V16(cvtepi32_ps)(s1)), V16(set1_ps)(a->d), sum[t]);
+                const v16f d = V16(mul_ps)(d_rows, V16(set1_ps)(token_block(xq, stride, t0 + t, i)->d));
+                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), d, sum[t]);
             }
         }
         for (int t = 0; t < nt; t++)
@@ -830,14 +744,27 @@ static inline __attribute__((always_inline)) TARGET void batch_dot16_q6_K(
     }
 }
 
+TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    rows16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);
+}
+
+TARGET void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    if (n_tokens == 1)
+        rows16_q6_K(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
+    else
+        rows16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);
+}
+
 TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    batch_dot16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0);
+    rows16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);
 }
 
 TARGET void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                               int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    batch_dot16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1);
+    rows16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);
 }
 
 #else

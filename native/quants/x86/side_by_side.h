@@ -1,9 +1,11 @@
 /* quants/x86/side_by_side.h: the steps the batched products share, written once and
  * compiled by each file that includes it (x86/avx2.c, and x86/avx512vnni.c for its
  * 512-bit products and its copy of x86/step_order.h) under that file's TARGET: where a
- * token's activation block lies, prefetches, and eight weight rows' blocks put side by
- * side, a row per 32-bit lane, so that an activation word broadcast to every lane
- * multiplies all the rows.
+ * token's activation block lies, prefetches, several tokens' integer lanes reduced to one
+ * integer per token, and eight weight rows' blocks put side by side, a row per 32-bit
+ * lane, so that an activation word broadcast to every lane multiplies all the rows.
+ * Either way each float lane ends up with one (row, token) pair, whose block steps it
+ * takes in block order: the definition of quants/types.h.
  * vec_dots.h comes first (k_scales_mins, TARGET).
  */
 #ifndef SMOLQ_QUANTS_X86_SIDE_BY_SIDE_H
@@ -22,14 +24,62 @@ static inline const block_q8_K *token_block(const void *xq, int64_t stride, int 
     return (const block_q8_K *)token_row(xq, stride, t) + i;
 }
 
-/* The two f16 halves of pairs[r] (a block's d, and its m or dmin) for rows r = 0..7,
- * converted eight at a time: first[r] and second[r]. */
-static inline TARGET void halves_of_eight(const uint32_t pairs[8], __m256 *first, __m256 *second) {
-    const __m256i both = _mm256_loadu_si256((const __m256i *)pairs);
+/* The two f16 halves of each 32-bit lane of both (a block's d, and its m, dmin or s),
+ * converted eight at a time: first[r] the low half of lane r, second[r] the high. */
+static inline TARGET void halves_of_words(__m256i both, __m256 *first, __m256 *second) {
     const __m256i halves = _mm256_permute4x64_epi64(
         _mm256_packus_epi32(_mm256_and_si256(both, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(both, 16)), 0xd8);
     *first = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
     *second = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+}
+
+/* halves_of_words for the pairs of rows r = 0..7 held in memory. */
+static inline TARGET void halves_of_eight(const uint32_t pairs[8], __m256 *first, __m256 *second) {
+    halves_of_words(_mm256_loadu_si256((const __m256i *)pairs), first, second);
+}
+
+/* Lane b * k + t, for b < B and t < k (B * k <= 8, constants where this is inlined): the
+ * 32-bit word at + b * block_bytes bytes into token t0 + t's activation row; 0 in the
+ * other lanes. The d (and s) of B blocks of k tokens, for the lanes where their block
+ * steps run; with stride 0 and k = 1, the words of B blocks of one row. The words are
+ * paired in general registers and moved over 64 bits at a time: fewer vector
+ * instructions than inserting them one by one. */
+static inline __attribute__((always_inline)) TARGET __m256i pair_words(const void *xq, int64_t stride, int t0, int k,
+                                                                       int B, int64_t at, int block_bytes) {
+    uint64_t q[4];
+    for (int j = 0; j < 8; j += 2) {
+        uint32_t w[2] = {0, 0};
+        for (int h = 0; h < 2; h++)
+            if (j + h < B * k)
+                memcpy(&w[h], (const uint8_t *)token_row(xq, stride, t0 + (j + h) % k) + at +
+                                  (int64_t)((j + h) / k) * block_bytes, 4);
+        q[j / 2] = (uint64_t)w[0] | (uint64_t)w[1] << 32;
+    }
+    return _mm256_set_epi64x((long long)q[3], (long long)q[2], (long long)q[1], (long long)q[0]);
+}
+
+/* pair_words' lanes for an f16 (a block's d) at each place, widened to float. */
+static inline __attribute__((always_inline)) TARGET __m256 pair_halves(const void *xq, int64_t stride, int t0, int k,
+                                                                       int B, int64_t at, int block_bytes) {
+    uint64_t q[2];
+    for (int j = 0; j < 8; j += 4) {
+        uint64_t v = 0;
+        for (int h = 0; h < 4; h++)
+            if (j + h < B * k) {
+                uint16_t half;
+                memcpy(&half, (const uint8_t *)token_row(xq, stride, t0 + (j + h) % k) + at +
+                                  (int64_t)((j + h) / k) * block_bytes, 2);
+                v |= (uint64_t)half << 16 * h;
+            }
+        q[j / 4] = v;
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)q[1], (long long)q[0]));
+}
+
+/* Lane t < k: the word `at` bytes into token t0 + t's row (pair_words of one block). */
+static inline __attribute__((always_inline)) TARGET __m256i token_words(const void *xq, int64_t stride, int t0, int k,
+                                                                        int64_t at) {
+    return pair_words(xq, stride, t0, k, 1, at, 0);
 }
 
 /* in[r % 4] holds four 32-bit words of row r in its low half (r < 4) or its high half
@@ -41,6 +91,29 @@ static inline TARGET void transpose4_halves(const __m256i in[4], __m256i out[4])
     out[1] = _mm256_unpackhi_epi64(t0, t2);
     out[2] = _mm256_unpacklo_epi64(t1, t3);
     out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* Lane j: the sum of v[j]'s eight int32 lanes, for j < k (k <= 8, a constant where this
+ * is inlined, so that only the tree it needs is built); the other lanes unspecified.
+ * Exact, so the order of the adds does not matter: it turns the integer lanes of k
+ * (block, token) pairs into each pair's block integer, in the float lane where that
+ * pair's block step runs. Unpacks and adds: the shuffles and adds an hadd does inside,
+ * without those left over once the zero vectors of k < 8 are folded away. */
+static inline __attribute__((always_inline)) TARGET __m256i lane_totals(const __m256i *v, int k) {
+    __m256i w[8];
+    for (int j = 0; j < 8; j++)
+        w[j] = j < k ? v[j] : _mm256_setzero_si256();
+    __m256i q[2];  /* per 128-bit half: the half-sums of v[4h], v[4h+1], v[4h+2], v[4h+3] */
+    for (int h = 0; h < (k > 4 ? 2 : 1); h++) {
+        const __m256i *u = w + 4 * h;
+        /* a: u0 0+2, u1 0+2, u0 1+3, u1 1+3 (per half); c the same for u2, u3 */
+        const __m256i a = _mm256_add_epi32(_mm256_unpacklo_epi32(u[0], u[1]), _mm256_unpackhi_epi32(u[0], u[1]));
+        const __m256i c = _mm256_add_epi32(_mm256_unpacklo_epi32(u[2], u[3]), _mm256_unpackhi_epi32(u[2], u[3]));
+        q[h] = _mm256_add_epi32(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
+    }
+    if (k <= 4)
+        return _mm256_zextsi128_si256(_mm_add_epi32(_mm256_castsi256_si128(q[0]), _mm256_extracti128_si256(q[0], 1)));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(q[0], q[1], 0x20), _mm256_permute2x128_si256(q[0], q[1], 0x31));
 }
 
 /* Block i's share (`share` bytes) of the eight rows that follow the ones being worked on,
@@ -161,21 +234,29 @@ static inline __attribute__((always_inline)) TARGET void q4_K_packed_side_by_sid
         }
 }
 
-/* Group g (32 elements) of one token's activation block against eight rows side by side:
- * each row's exact sum of the group's products times its scale. code[j] is codes[c][h][j]
- * of q4_K_side_by_side (g = 2c + h); each activation word is broadcast to all eight rows.
- * The pair sums of the 8 maddubs fit an int16: |.| <= 8 * 3840. */
-static inline __attribute__((always_inline)) TARGET __m256i q4_K_group8(const int8_t *aq, const __m256i code[8],
-                                                                        __m256i scale) {
+/* 32 activations against the nibbles of eight rows side by side: code[j] holds codes
+ * 4j..4j+3 of every row (one row per 32-bit lane), aq the 32 activation codes, each word
+ * of them broadcast to all eight rows. The result: each row's products, in two int16 per
+ * lane, to be summed by a madd. The pair sums of the 8 maddubs fit an int16:
+ * |.| <= 8 * 2 * 15 * 128 = 30720. */
+static inline __attribute__((always_inline)) TARGET __m256i nibble_pairs8(const int8_t *aq, const __m256i code[8]) {
     __m256i p[8];
     for (int j = 0; j < 8; j++) {
         int32_t w;
         memcpy(&w, aq + 4 * j, 4);
         p[j] = _mm256_maddubs_epi16(code[j], _mm256_set1_epi32(w));
     }
-    const __m256i s16 = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
-                                         _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
-    return _mm256_madd_epi16(s16, scale);
+    return _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+                            _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
+}
+
+/* Group g (32 elements) of one token's activation block against eight rows side by side:
+ * each row's exact sum of the group's products times its scale (two int16 per lane, as
+ * q4_K_scales_side_by_side gives it). code[j] is codes[c][h][j] of q4_K_side_by_side
+ * (g = 2c + h). */
+static inline __attribute__((always_inline)) TARGET __m256i q4_K_group8(const int8_t *aq, const __m256i code[8],
+                                                                        __m256i scale) {
+    return _mm256_madd_epi16(nibble_pairs8(aq, code), scale);
 }
 
 /* Span c's min term for eight rows: the bsums of its four 16-element quarters, paired. */

@@ -1,27 +1,31 @@
-/* quants/x86/step_order.h: a batch of tokens whose every output has the one-token
- * vec_dot's bits (sq_vec_dot_steps_rows: a lookup draft is checked this way, so that its
- * rows are the logits plain decoding computes). Written once and compiled by x86/avx2.c
- * and x86/avx512vnni.c under their TARGET and KERNEL names (vec_dots.h): in the VNNI copy
- * dot_us8 and madd_add are one instruction each, and the compiler has 32 vector registers
- * for the tokens' accumulators. Integer sums are exact, so both copies give the same bits.
+/* quants/x86/step_order.h: the products of a few tokens (a lookup draft's check, a batch
+ * smaller than a prompt's), each output with the scalar definition's bits for its row and
+ * token (quants/types.h): per block one exact integer per (row, token), then that pair's
+ * block step, in block order. A float lane holds one (row, token) pair: here a token, for
+ * one row (dotn), or a row, for eight side by side (steps_dot8).
+ * Written once and compiled by x86/avx2.c and x86/avx512vnni.c under their TARGET and
+ * KERNEL names (vec_dots.h): in the VNNI copy dot_us8 and madd_add are one instruction
+ * each, and the compiler has 32 vector registers for the tokens' sums. Integer sums are
+ * exact, so both copies give the same bits.
  * vec_dots.h and side_by_side.h come first.
  */
 #ifndef SMOLQ_QUANTS_X86_STEP_ORDER_H
 #define SMOLQ_QUANTS_X86_STEP_ORDER_H
 
 /* ---------------------------------------------------------------------------
- * A few activation rows at once, each with the one-row vec_dot's bits
+ * A few activation rows times one weight row
  * ------------------------------------------------------------------------- */
 
 /* sq_vec_dotn_*: n activation rows (stride bytes apart, 1 <= n <= SQ_DOTN_MAX) times one
- * weight row, out[t] rounded exactly as that type's vec_dot rounds row t alone: the
- * block's codes are unpacked once for the n, and each token keeps its own lanes. They
- * prefetch as the vec_dots do, up to stop.
+ * weight row, out[t] with sq_vec_dot's bits for token t. The block's codes are unpacked
+ * once for the n; each token's products go into int32 lanes of its own, which
+ * lane_totals reduces to one integer per (block, token) in the float lane of that pair's
+ * block step. They prefetch as the vec_dots do, up to stop.
  *
  * KERNEL(vec_dotn_<name>) from the body dotn_<name>, inlined for each n with n a constant:
- * then every token's accumulators stay in registers (a loop over a variable n kept
- * them in memory, and each block's fmas waited on a store and a load). */
-_Static_assert(SQ_DOTN_MAX == 9, "DOTN_FOR_EACH_N has a case for each n up to SQ_DOTN_MAX");
+ * then every token's sums stay in registers (a loop over a variable n kept them in
+ * memory, and each block waited on a store and a load). */
+_Static_assert(SQ_DOTN_MAX == 9, "DOTN_FOR_EACH_N has a case for each n up to SQ_DOTN_MAX, two registers of lanes hold them");
 #define DOTN_CASE(name, k) case k: dotn_##name(row, xq, stride, k, nb, stop, out); break;
 #define DOTN_FOR_EACH_N(name)                                                                        \
     TARGET void KERNEL(vec_dotn_##name)(const void *row, const void *xq, int64_t stride, int n, int64_t nb, \
@@ -33,82 +37,166 @@ _Static_assert(SQ_DOTN_MAX == 9, "DOTN_FOR_EACH_N has a case for each n up to SQ
         }                                                                                            \
     }
 
+/* The tokens of a group, whose chains run in the lanes of one float register: n < 8 in
+ * the first, or 8, then n - 8 in the second. */
+#define DOTN_FIRST(n) ((n) < 8 ? (n) : 8)
+
+/* Blocks taken together for a group of k tokens: as many as fill the eight lanes of one
+ * lane_totals tree, lane b * k + t holding block b's integer for token t. (Q8_0 with 2
+ * tokens and a tree per block ran a fifth slower than the float lanes of the kernels
+ * before the definition; four blocks per tree share its shuffles and the gathering of
+ * the scales, and run faster than those did.) */
+#define DOTN_BLOCKS(k) ((k) == 1 ? 8 : (k) == 2 ? 4 : (k) <= 4 ? 2 : 1)
+
+/* out[t] for t < n from the two groups' lanes. */
+static inline TARGET void dotn_store(__m256 first, __m256 second, int n, float *out) {
+    float all[16];
+    _mm256_storeu_ps(all, first);
+    _mm256_storeu_ps(all + 8, second);
+    memcpy(out, all, (size_t)n * sizeof(float));
+}
+
+/* Lane j: v's lane j / k, B values (one per block) spread over their k tokens' lanes. */
+static inline __attribute__((always_inline)) TARGET __m256 dotn_spread(__m256 v, int k) {
+    if (k >= 8)
+        return _mm256_permutevar8x32_ps(v, _mm256_setzero_si256());
+    return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0 / k, 1 / k, 2 / k, 3 / k, 4 / k, 5 / k, 6 / k, 7 / k));
+}
+
+/* v's lanes b * k .. b * k + k - 1 moved down to lanes 0 .. k - 1. */
+static inline __attribute__((always_inline)) TARGET __m256 dotn_lanes(__m256 v, int k, int b) {
+    if (b == 0)
+        return v;
+    const int s = b * k;
+    return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(s & 7, (s + 1) & 7, (s + 2) & 7, (s + 3) & 7, (s + 4) & 7,
+                                                         (s + 5) & 7, (s + 6) & 7, (s + 7) & 7));
+}
+
+/* The block steps of B blocks for k tokens (isum and d in lanes b * k + t): each token's
+ * chain, in lane t of sum, takes its blocks in order. */
+static inline __attribute__((always_inline)) TARGET __m256 dotn_steps(__m256 sum, __m256 isum, __m256 d, int k, int B) {
+    for (int b = 0; b < B; b++)
+        sum = _mm256_fmadd_ps(dotn_lanes(isum, k, b), dotn_lanes(d, k, b), sum);
+    return sum;
+}
+
+/* Q4_1, blocks x[0 .. B - 1] (block i onwards of the row) for tokens t0 .. t0 + k - 1:
+ * sum = fma(isum, d * dy, sum) and off = fma(m, sy, off) per block, in the tokens' lanes. */
+static inline __attribute__((always_inline)) TARGET void dotn_q4_1_blocks(const block_q4_1 *x, const void *xq,
+                                                                          int64_t stride, int t0, const int k,
+                                                                          const int B, int64_t i, __m256 *sum,
+                                                                          __m256 *off) {
+    __m256i p[8];
+    for (int b = 0; b < B; b++) {
+        const __m256i qx = nibbles32(x[b].qs);
+        for (int t = 0; t < k; t++) {
+            const block_q8_1 *y = (const block_q8_1 *)token_row(xq, stride, t0 + t) + i + b;
+            p[b * k + t] = dot_us8(qx, _mm256_loadu_si256((const __m256i *)y->qs));
+        }
+    }
+    const int64_t at = i * (int64_t)sizeof(block_q8_1);
+    const __m256 dy = pair_halves(xq, stride, t0, k, B, at, sizeof(block_q8_1));
+    const __m256 sy = pair_halves(xq, stride, t0, k, B, at + 2, sizeof(block_q8_1));
+    __m256 dx, m;  /* each lane's block's d and m */
+    if (B == 1) {
+        const __m128 dm = h2f_pair(&x->d);
+        dx = _mm256_broadcastss_ps(dm);
+        m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+    } else {
+        dx = dotn_spread(pair_halves(x, 0, 0, 1, B, 0, sizeof *x), k);
+        m = dotn_spread(pair_halves(x, 0, 0, 1, B, 2, sizeof *x), k);
+    }
+    const __m256 d = _mm256_mul_ps(dx, dy);
+    *sum = dotn_steps(*sum, _mm256_cvtepi32_ps(lane_totals(p, B * k)), d, k, B);
+    *off = dotn_steps(*off, m, sy, k, B);
+}
+
 static inline __attribute__((always_inline)) TARGET void dotn_q4_1(const void *row, const void *xq, int64_t stride,
                                                                    const int n, int64_t nb, const void *stop,
                                                                    float *out) {
     const block_q4_1 *x = row;
-    __m256 acc[SQ_DOTN_MAX];
-    __m128 summs[SQ_DOTN_MAX];
-    for (int t = 0; t < n; t++) {
-        acc[t] = _mm256_setzero_ps();
-        summs[t] = _mm_setzero_ps();
+    const int B = DOTN_BLOCKS(DOTN_FIRST(n));
+    __m256 sum0 = _mm256_setzero_ps(), off0 = sum0, sum1 = sum0, off1 = sum0;
+    int64_t i = 0;
+    for (; i + B <= nb; i += B) {
+        prefetch_ahead(x + i, B * (int)sizeof *x, stop);
+        dotn_q4_1_blocks(x + i, xq, stride, 0, DOTN_FIRST(n), B, i, &sum0, &off0);
+        if (n > 8)
+            dotn_q4_1_blocks(x + i, xq, stride, 8, n - 8, B, i, &sum1, &off1);
     }
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const __m128 xs = h2f_pair(&x[i].d);
-        const __m256i qx = nibbles32(x[i].qs);
-        for (int t = 0; t < n; t++) {
-            const block_q8_1 *y = (const block_q8_1 *)token_row(xq, stride, t) + i;
-            const __m128 scales = _mm_mul_ps(xs, h2f_pair(&y->d));
-            summs[t] = _mm_add_ps(summs[t], scales);
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
-            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot_us8(qx, qy)), acc[t]);
-        }
+    for (; i < nb; i++) {  /* the last nb % B */
+        dotn_q4_1_blocks(x + i, xq, stride, 0, DOTN_FIRST(n), 1, i, &sum0, &off0);
+        if (n > 8)
+            dotn_q4_1_blocks(x + i, xq, stride, 8, n - 8, 1, i, &sum1, &off1);
     }
-    for (int t = 0; t < n; t++)
-        out[t] = sq_hsum8_avx2(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(summs[t]));
+    dotn_store(_mm256_add_ps(sum0, off0), _mm256_add_ps(sum1, off1), n, out);
 }
 DOTN_FOR_EACH_N(q4_1)
 
-/* Q8_0: |x| once per block; each token's y takes x's signs. */
+/* Q8_0, blocks x[0 .. B - 1] (block i onwards of the row) for tokens t0 .. t0 + k - 1:
+ * sum = fma(isum, d * dy, sum) per block, in the tokens' lanes. |x| once per block; each
+ * token's y takes x's signs. */
+static inline __attribute__((always_inline)) TARGET __m256 dotn_q8_0_blocks(const block_q8_0 *x, const void *xq,
+                                                                            int64_t stride, int t0, const int k,
+                                                                            const int B, int64_t i, __m256 sum) {
+    __m256i p[8];
+    for (int b = 0; b < B; b++) {
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        const __m256i ax = _mm256_sign_epi8(qx, qx);
+        for (int t = 0; t < k; t++) {
+            const block_q8_0 *y = (const block_q8_0 *)token_row(xq, stride, t0 + t) + i + b;
+            p[b * k + t] = dot_us8(ax, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), qx));
+        }
+    }
+    const __m256 dx = pair_halves(x, 0, 0, 1, B, 0, sizeof *x);
+    const __m256 dy = pair_halves(xq, stride, t0, k, B, i * (int64_t)sizeof(block_q8_0), sizeof(block_q8_0));
+    const __m256 d = _mm256_mul_ps(dotn_spread(dx, k), dy);
+    return dotn_steps(sum, _mm256_cvtepi32_ps(lane_totals(p, B * k)), d, k, B);
+}
+
 static inline __attribute__((always_inline)) TARGET void dotn_q8_0(const void *row, const void *xq, int64_t stride,
                                                                    const int n, int64_t nb, const void *stop,
                                                                    float *out) {
     const block_q8_0 *x = row;
-    __m256 acc[SQ_DOTN_MAX];
-    for (int t = 0; t < n; t++)
-        acc[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const float dx = h2f(x[i].d);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256i ax = _mm256_sign_epi8(qx, qx);
-        for (int t = 0; t < n; t++) {
-            const block_q8_0 *y = (const block_q8_0 *)token_row(xq, stride, t) + i;
-            const __m256 d = _mm256_set1_ps(dx * h2f(y->d));
-            const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), qx);
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(ax, sy)), acc[t]);
-        }
+    const int B = DOTN_BLOCKS(DOTN_FIRST(n));
+    __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0;
+    int64_t i = 0;
+    for (; i + B <= nb; i += B) {
+        prefetch_ahead(x + i, B * (int)sizeof *x, stop);
+        sum0 = dotn_q8_0_blocks(x + i, xq, stride, 0, DOTN_FIRST(n), B, i, sum0);
+        if (n > 8)
+            sum1 = dotn_q8_0_blocks(x + i, xq, stride, 8, n - 8, B, i, sum1);
     }
-    for (int t = 0; t < n; t++)
-        out[t] = sq_hsum8_avx2(acc[t]);
+    for (; i < nb; i++) {  /* the last nb % B */
+        sum0 = dotn_q8_0_blocks(x + i, xq, stride, 0, DOTN_FIRST(n), 1, i, sum0);
+        if (n > 8)
+            sum1 = dotn_q8_0_blocks(x + i, xq, stride, 8, n - 8, 1, i, sum1);
+    }
+    dotn_store(sum0, sum1, n, out);
 }
 DOTN_FOR_EACH_N(q8_0)
 
 /* Q6_K: the 6-bit codes and the group scales of a block assembled once, half a block at
- * a time, in the lanes of sq_vec_dot_q6_K_avx2 (the same registers of codes, the same
- * pairs of groups); a token's integer lanes stay in a register across the two halves. */
+ * a time; a token's integer lanes stay in a register across the two halves, starting from the
+ * -32 * sc * bsums that takes the codes' offset off. One group of up to eight tokens per
+ * lane_totals tree: next to a Q6_K block's products, the tree costs little. */
 static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *row, const void *xq, int64_t stride,
                                                                    const int n, int64_t nb, const void *stop,
                                                                    float *out) {
     const block_q6_K *x = row;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
-    __m256 acc[SQ_DOTN_MAX];
-    for (int t = 0; t < n; t++)
-        acc[t] = _mm256_setzero_ps();
+    __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0;
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         /* The scale of group 2j over the low 128 bits, of group 2j + 1 over the high. */
         const __m256i sc_pairs = _mm256_cvtepi8_epi16(
             _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
-        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        /* -32 * sc: |.| <= 4096, so its products with bsums (|.| <= 16 * 127) pair up in int32. */
+        const __m256i minus32sc = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(sc8)), 5);
         __m256i sumi[SQ_DOTN_MAX];
-        for (int t = 0; t < n; t++) {
-            const block_q8_K *a = token_block(xq, stride, t, i);
-            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsums));
-            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
-        }
+        for (int t = 0; t < n; t++)
+            sumi[t] = _mm256_madd_epi16(minus32sc, _mm256_loadu_si256((const __m256i *)token_block(xq, stride, t, i)->bsums));
         for (int h = 0; h < 2; h++) {
             /* q[c]: elements 128h + 32c .. +31, groups 8h + 2c (bytes 0..15) and 8h + 2c + 1. */
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
@@ -131,22 +219,36 @@ static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *r
                 }
             }
         }
-        const float dx = h2f(x[i].d);
-        for (int t = 0; t < n; t++) {
-            const block_q8_K *a = token_block(xq, stride, t, i);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(a->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-        }
+        const __m256 dx = _mm256_set1_ps(h2f(x[i].d));
+        const int64_t at = i * (int64_t)sizeof(block_q8_K);  /* each token's d */
+        sum0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_totals(sumi, DOTN_FIRST(n))),
+                               _mm256_mul_ps(dx, _mm256_castsi256_ps(token_words(xq, stride, 0, DOTN_FIRST(n), at))), sum0);
+        if (n > 8)
+            sum1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_totals(sumi + 8, n - 8)),
+                                   _mm256_mul_ps(dx, _mm256_castsi256_ps(token_words(xq, stride, 8, n - 8, at))), sum1);
     }
-    for (int t = 0; t < n; t++)
-        out[t] = sq_hsum8_avx2(acc[t]);
+    dotn_store(sum0, sum1, n, out);
 }
 DOTN_FOR_EACH_N(q6_K)
 
-/* The eight lane registers of eight rows (register l: float lane l of each row) summed in
- * sq_hsum8_avx2's order, each row's sum in its lane. */
-static inline TARGET __m256 lane_sums8(const __m256 A[8]) {
-    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(A[0], A[4]), _mm256_add_ps(A[2], A[6])),
-                         _mm256_add_ps(_mm256_add_ps(A[1], A[5]), _mm256_add_ps(A[3], A[7])));
+/* The sum of the products of 32 activations with the nibbles of eight rows side by side
+ * (nibble_pairs8's), exact in each row's int32 lane. The VNNI copy sums a lane's four
+ * products straight into int32 with vpdpbusd (two chains, so that each waits on half the
+ * instructions). */
+static inline __attribute__((always_inline)) TARGET __m256i nibble_dot8(const int8_t *aq, const __m256i code[8]) {
+#ifdef SQ_X86_VNNI
+    __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j += 2) {
+        int32_t w0, w1;
+        memcpy(&w0, aq + 4 * j, 4);
+        memcpy(&w1, aq + 4 * j + 4, 4);
+        even = vnni_dpbusd(even, code[j], _mm256_set1_epi32(w0));
+        odd = vnni_dpbusd(odd, code[j + 1], _mm256_set1_epi32(w1));
+    }
+    return _mm256_add_epi32(even, odd);
+#else
+    return _mm256_madd_epi16(nibble_pairs8(aq, code), _mm256_set1_epi16(1));
+#endif
 }
 
 /* ---------------------------------------------------------------------------
@@ -175,26 +277,24 @@ static inline TARGET void q4_1_side_by_side(const void *rows, int64_t row_bytes,
     halves_of_eight(dm, d_rows, m_rows);
 }
 
-/* Eight Q4_1 rows (row_bytes apart) times n_tokens activation rows, each output with
- * sq_vec_dot_q4_1_avx2's bits for its row and token. That kernel keeps 8 float lanes per
- * row; here register l of a token holds lane l of all eight rows, so a broadcast activation
- * word multiplies eight rows at once, and the lanes' final sum is sq_hsum8's, done register
- * by register. CHUNK blocks are put side by side at a time, then each token runs through
- * them; its accumulators wait in acc_tokens between chunks. It prefetches the eight rows
- * after these, up to stop. y[t * ldy + r] for r < 8. */
+/* Eight Q4_1 rows (row_bytes apart) times n_tokens activation rows, each output with the
+ * definition's bits for its row and token: the rows in the float lanes, and per block
+ * their exact integers (nibble_dot8, a broadcast activation word multiplying eight rows
+ * at once) and their two block steps. CHUNK blocks are put side by side at a time, then
+ * each token runs through them; its two chains wait in sums and offs between chunks. It
+ * prefetches the eight rows after these, up to stop. y[t * ldy + r] for r < 8. */
 TARGET void KERNEL(steps_dot8_q4_1)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { CHUNK = 32, TILE = 16 };
     __m256i codes[CHUNK][8];
     __m256 d_rows[CHUNK], m_rows[CHUNK];
-    __m256 acc_tokens[TILE][9];  /* a token's 8 lane registers, then its sum of m * s */
+    __m256 sums[TILE], offs[TILE];  /* a token's sum and off chains, a row per lane */
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;
     const int64_t share = 8 * (int64_t)sizeof(block_q4_1);  /* of the next rows, per block */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
-            for (int l = 0; l < 9; l++)
-                acc_tokens[t][l] = _mm256_setzero_ps();
+            sums[t] = offs[t] = _mm256_setzero_ps();
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
@@ -204,27 +304,19 @@ TARGET void KERNEL(steps_dot8_q4_1)(const void *rows, int64_t row_bytes, const v
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
-                __m256 acc[8], summs = acc_tokens[t][8];
-                for (int l = 0; l < 8; l++)
-                    acc[l] = acc_tokens[t][l];
+                __m256 sum = sums[t], off = offs[t];
                 for (int k = 0; k < nc; k++) {
                     const __m128 ds = h2f_pair(&a[k].d);  /* the token's d, s */
-                    const __m256 d = _mm256_mul_ps(d_rows[k], _mm256_broadcastss_ps(ds));
-                    summs = _mm256_add_ps(summs, _mm256_mul_ps(m_rows[k], _mm256_broadcastss_ps(_mm_movehdup_ps(ds))));
-                    for (int l = 0; l < 8; l++) {
-                        int32_t aw;
-                        memcpy(&aw, a[k].qs + 4 * l, 4);
-                        const __m256i p = dot_us8(codes[k][l], _mm256_set1_epi32(aw));
-                        acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[l]);
-                    }
+                    const __m256i isum = nibble_dot8(a[k].qs, codes[k]);
+                    sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d_rows[k], _mm256_broadcastss_ps(ds)), sum);
+                    off = _mm256_fmadd_ps(m_rows[k], _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), off);
                 }
-                for (int l = 0; l < 8; l++)
-                    acc_tokens[t][l] = acc[l];
-                acc_tokens[t][8] = summs;
+                sums[t] = sum;
+                offs[t] = off;
             }
         }
         for (int t = 0; t < nt; t++)
-            _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_add_ps(lane_sums8(acc_tokens[t]), acc_tokens[t][8]));
+            _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_add_ps(sums[t], offs[t]));
     }
 }
 
@@ -257,26 +349,24 @@ static inline TARGET void q8_0_starts(const int8_t *qs, int32_t start[8]) {
 }
 
 /* Eight Q8_0 rows (row_bytes apart) times n_tokens activation rows, each output with the
- * one-token vec_dot's bits for its row and token, as KERNEL(steps_dot8_q4_1) does for
- * Q4_1: register l holds float lane l of all eight rows. The vec_dot's lane is the sum of
- * four signed products; here the codes are offset to unsigned, (x + 128) * y, so that one
- * vpdpbusd with a broadcast activation word does eight rows, and the 128 * sum(y) that
- * the offset adds, the same for every row, starts the sum negated. (The AVX2 copy has no
- * such instruction that does not saturate, and keeps to the dotn kernel.)
- * y[t * ldy + r] for r < 8. */
+ * definition's bits for its row and token, as KERNEL(steps_dot8_q4_1) does for Q4_1: a
+ * row per float lane. The codes are offset to unsigned, (x + 128) * y, so that one
+ * vpdpbusd with a broadcast activation word does eight rows; the 128 * sum(y) that the
+ * offset adds, the same for every row, starts each block's sum negated, and the block's
+ * integer is exact. (The AVX2 copy has no such instruction that does not saturate, and
+ * keeps to the dotn kernel.) y[t * ldy + r] for r < 8. */
 TARGET void KERNEL(steps_dot8_q8_0)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { CHUNK = 32, TILE = 16 };
     __m256i codes[CHUNK][8];
     __m256 d_rows[CHUNK];
-    __m256 acc_tokens[TILE][8];  /* a token's 8 lane registers */
+    __m256 sums[TILE];  /* a token's chain, a row per lane */
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;
     const int64_t share = 8 * (int64_t)sizeof(block_q8_0);  /* of the next rows, per block */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
-            for (int l = 0; l < 8; l++)
-                acc_tokens[t][l] = _mm256_setzero_ps();
+            sums[t] = _mm256_setzero_ps();
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
@@ -286,58 +376,49 @@ TARGET void KERNEL(steps_dot8_q8_0)(const void *rows, int64_t row_bytes, const v
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_0 *a = (const block_q8_0 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
-                __m256 acc[8];
-                for (int l = 0; l < 8; l++)
-                    acc[l] = acc_tokens[t][l];
+                __m256 sum = sums[t];
                 for (int k = 0; k < nc; k++) {
                     const __m256 d = _mm256_mul_ps(d_rows[k], _mm256_set1_ps(h2f(a[k].d)));
-                    int32_t start[8];
-                    q8_0_starts(a[k].qs, start);
-                    for (int l = 0; l < 8; l++) {
-                        int32_t aw;
-                        memcpy(&aw, a[k].qs + 4 * l, 4);
-                        const __m256i p = vnni_dpbusd(_mm256_set1_epi32(start[l]), codes[k][l], _mm256_set1_epi32(aw));
-                        acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[l]);
+                    const __m256i offset = dot_us8(_mm256_set1_epi8((char)0x80), _mm256_loadu_si256((const __m256i *)a[k].qs));
+                    __m256i even = _mm256_set1_epi32(-hsum8_i32(offset)), odd = _mm256_setzero_si256();
+                    for (int l = 0; l < 8; l += 2) {
+                        int32_t w0, w1;
+                        memcpy(&w0, a[k].qs + 4 * l, 4);
+                        memcpy(&w1, a[k].qs + 4 * l + 4, 4);
+                        even = vnni_dpbusd(even, codes[k][l], _mm256_set1_epi32(w0));
+                        odd = vnni_dpbusd(odd, codes[k][l + 1], _mm256_set1_epi32(w1));
                     }
+                    sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even, odd)), d, sum);
                 }
-                for (int l = 0; l < 8; l++)
-                    acc_tokens[t][l] = acc[l];
+                sums[t] = sum;
             }
         }
         for (int t = 0; t < nt; t++)
-            _mm256_storeu_ps(y + (t0 + t) * ldy, lane_sums8(acc_tokens[t]));
+            _mm256_storeu_ps(y + (t0 + t) * ldy, sums[t]);
     }
 }
 #endif
 
-/* q4_K_group8 for the step-order kernel below. The VNNI copy sums a group's 32 products
- * per row straight into int32 with vpdpbusd (two chains, so that each waits on half the
- * instructions), then multiplies by the scale: fewer instructions per token than the int16
- * adds and madd, which it needs no longer. There `scale` holds each row's scale as one int32. */
+/* q4_K_group8 for the kernel below. The VNNI copy sums a group's 32 products per row
+ * straight into int32 (nibble_dot8), then multiplies by the scale: fewer instructions per
+ * token than the int16 adds and madd, which it needs no longer. There `scale` holds each
+ * row's scale as one int32. */
 static inline __attribute__((always_inline)) TARGET __m256i q4_K_steps_group8(const int8_t *aq, const __m256i code[8],
                                                                               __m256i scale) {
 #ifdef SQ_X86_VNNI
-    __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j += 2) {
-        int32_t w0, w1;
-        memcpy(&w0, aq + 4 * j, 4);
-        memcpy(&w1, aq + 4 * j + 4, 4);
-        even = vnni_dpbusd(even, code[j], _mm256_set1_epi32(w0));
-        odd = vnni_dpbusd(odd, code[j + 1], _mm256_set1_epi32(w1));
-    }
-    return _mm256_mullo_epi32(_mm256_add_epi32(even, odd), scale);
+    return _mm256_mullo_epi32(nibble_dot8(aq, code), scale);
 #else
     return q4_K_group8(aq, code, scale);
 #endif
 }
 
-/* Eight Q4_K rows times n_tokens activation rows, each output rounded as sq_vec_dot_q4_K_avx2
- * rounds that row and token alone (the step order of sq_vec_dot_steps_rows): per block one
- * exact integer total for the codes and one for the mins, fma'd into their chains. The rows
- * sit side by side as in sq_batch_dot8_q4_K_avx2, which pays for putting them there once per
- * block (about three quarters of a one-token vec_dot per row, measured in L1); after that a
- * token costs under two fifths of one, because a lane holds a whole row and a group's 32
- * products add up in int16 before its scale multiplies them. y[t * ldy + r] for r < 8. */
+/* Eight Q4_K rows times n_tokens activation rows, each output with the definition's bits
+ * for its row and token: per block one exact integer total for the codes and one for the
+ * mins, each into its chain by one fma. The rows sit side by side as in
+ * sq_batch_dot8_q4_K_avx2, which pays for putting them there once per block (about three
+ * quarters of a one-token vec_dot per row, measured in L1); after that a token costs
+ * under two fifths of one, because a lane holds a whole row and a group's 32 products
+ * add up in int16 before its scale multiplies them. y[t * ldy + r] for r < 8. */
 TARGET void KERNEL(steps_dot8_q4_K)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 16 };

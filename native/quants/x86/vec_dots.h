@@ -35,6 +35,7 @@
 #define SMOLQ_QUANTS_X86_VEC_DOTS_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -77,11 +78,12 @@ static inline TARGET float h2f(uint16_t h) {
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
-/* Sum of 4 int32 lanes (exact, so in any order). */
-static inline TARGET int32_t hsum_i32x4(__m128i v) {
-    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
-    return _mm_cvtsi128_si32(v);
+/* A block's two leading halves (d, m of a Q4_1 block; d, s of a Q8_1 block; d, dmin of
+ * a Q2_K, Q4_K or Q5_K block) as floats in lanes 0 and 1, with one conversion. */
+static inline TARGET __m128 h2f_pair(const uint16_t *h) {
+    uint32_t both;
+    memcpy(&both, h, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)both));
 }
 
 /* Sum of 8 int32 lanes (exact, so any order will do). */
@@ -128,11 +130,11 @@ static inline __attribute__((always_inline)) TARGET void prefetch_ahead(const vo
 }
 
 /* 16 bytes of nibbles -> 32 codes 0..15: low nibbles in bytes 0..15, high in 16..31
- * (the element order of Q4_0/Q4_1 blocks). */
+ * (the element order of Q4_0/Q4_1 blocks). The bytes are loaded into both halves and
+ * the high half shifted by 4, with no shuffle after the load. */
 static inline TARGET __m256i nibbles32(const uint8_t *p) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)p);
-    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
 }
 
 /* The two integer steps the VNNI copy does in one instruction each. Their lanes are
@@ -182,84 +184,258 @@ static inline TARGET __m256i dot_ss8(__m256i x, __m256i y) {
     return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
+/* The multiplies (maddubs, madd, sign, vpdpbusd, and the FMAs) share two of Zen 4's four
+ * vector pipes, and each FMA of a row's chain that finds both busy waits a cycle: the
+ * kernels below spend few of them per block. */
+
+/* sum(u * y) - c * sum(y) over 32 bytes, unsigned u, signed y in -127..127, a constant
+ * byte c: the product of codes with an offset c folded in, (u - c) * y, without the two
+ * sign instructions of dot_ss8. VNNI: two vpdpbusd, the second of c and -y. AVX2: the
+ * int16 pair sums of u * y and of c * -y added, then widened (dot16_widen), so the int16
+ * lanes hold 2 * (u + c) * 127 at most: for u + c <= 47 (Q5_0's 31 + 16), 11938. */
+static inline TARGET __m256i dot_offset(__m256i u, int c, __m256i y) {
+    const __m256i neg_y = _mm256_sub_epi8(_mm256_setzero_si256(), y);
+#ifdef SQ_X86_VNNI
+    return vnni_dpbusd(vnni_dpbusd(_mm256_setzero_si256(), u, y), _mm256_set1_epi8((char)c), neg_y);
+#else
+    return _mm256_add_epi16(_mm256_maddubs_epi16(u, y), _mm256_maddubs_epi16(_mm256_set1_epi8((char)c), neg_y));
+#endif
+}
+
+/* ---------------------------------------------------------------------------
+ * The block steps (quants/types.h), for a row of blocks of any type
+ * ------------------------------------------------------------------------- */
+
+/* What a kernel supplies: a block's integer vector, whose lanes sum to the block's isum
+ * (int32 lanes; or int16 lanes, "narrow", that the reduction widens), and the products
+ * d = dw * da of n blocks' float scales (n = 4 or 1), in the lanes of one register. */
+typedef __m256i (*block_ints_fn)(const void *x, const void *y);
+typedef __m128 (*block_scales_fn)(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n);
+
+/* Narrow vectors are AVX2's: maddubs's int16 pair sums, left unwidened until two blocks'
+ * are folded together (one madd for two blocks). VNNI's vpdpbusd gives int32 lanes. */
+#ifdef SQ_X86_VNNI
+#define NARROW_AVX2 0
+#else
+#define NARROW_AVX2 1
+#endif
+
+/* Lane 0 of the result: the sum of v's 8 int32 lanes (exact). */
+static inline TARGET __m128i sum_lanes(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4e));
+    return _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xb1));
+}
+
+/* Two blocks' vectors folded into one: in each 128-bit half, lanes 0 and 2 hold sums of
+ * p's lanes, 1 and 3 of q's. Narrow (int16) vectors are folded a 32-bit pair of lanes at a
+ * time and then widened, each int32 lane the sum of four of one block's int16 lanes (their
+ * bound doubled: see dot_offset). Then two such folded into a, b, c, d's sums of the
+ * half's lanes. Integer sums, so the order of the adds does not matter. */
+static inline TARGET __m256i fold_pairs(__m256i p, __m256i q, const int narrow) {
+    if (narrow)
+        return _mm256_madd_epi16(_mm256_add_epi16(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q)),
+                                 _mm256_set1_epi16(1));
+    return _mm256_add_epi32(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q));
+}
+static inline TARGET __m256i fold_quads(__m256i pq, __m256i rs) {
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(pq, rs), _mm256_unpackhi_epi64(pq, rs));
+}
+
+/* The blocks' totals as floats, lane k block k, for n = 4, 2 or 1: unpacks and adds (no
+ * hadd: on Zen 4 it holds a shuffle unit two cycles), then cvtdq2ps, which rounds as
+ * (float) does. */
+static inline __attribute__((always_inline)) TARGET __m128 block_totals(const __m256i *v, const int n, const int narrow) {
+    if (n == 4) {
+        const __m256i a = fold_quads(fold_pairs(v[0], v[1], narrow), fold_pairs(v[2], v[3], narrow));
+        return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)));
+    }
+    if (n == 2) {
+        const __m256i a = fold_pairs(v[0], v[1], narrow);
+        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        return _mm_cvtepi32_ps(_mm_add_epi32(h, _mm_unpackhi_epi64(h, h)));
+    }
+    const __m256i w = narrow ? _mm256_madd_epi16(v[0], _mm256_set1_epi16(1)) : v[0];
+    return _mm_cvtepi32_ps(sum_lanes(w));
+}
+
+/* Lane k of a register of 4 floats, k a constant. */
+static inline __attribute__((always_inline)) TARGET float lane(__m128 v, const int k) {
+    return k == 0 ? _mm_cvtss_f32(v) : k == 1 ? _mm_cvtss_f32(_mm_movehdup_ps(v))
+         : k == 2 ? _mm_cvtss_f32(_mm_movehl_ps(v, v)) : _mm_cvtss_f32(_mm_shuffle_ps(v, v, 3));
+}
+
+/* n (4, 2 or 1) consecutive blocks, xb and yb bytes each, from x and y: their integer sums
+ * and scale products, then their block steps in order on the row's chain `sum`. The
+ * scales come first, so that they are ready when the steps are, which wait for all n
+ * blocks' integers. With `off` (Q4_1, Q5_1), `scales` is not used: each block's leading
+ * halves, d and m times Q8_1's d and s, give both the scale product (lane 0 of their
+ * product) and the step of the offset chain fmaf(m, s, off) in lane 1 of *off (whose
+ * lane 0 collects d * dy, of no use); read with the steps, from memory straight into a
+ * vector register, they are ready in time, and hold no registers while the integers are
+ * formed (in AVX2's sixteen, GCC then kept the chains in memory). The group's lines are
+ * asked for once (prefetch_ahead), not once a block: several small blocks share a line. */
+static inline __attribute__((always_inline)) TARGET float block_steps(float sum, __m128 *off, const uint8_t *x, size_t xb,
+                                                                      const uint8_t *y, size_t yb, const int n,
+                                                                      block_ints_fn ints, const int narrow,
+                                                                      block_scales_fn scales, const void *stop) {
+    __m256i v[4];
+    prefetch_ahead(x, n * (int)xb, stop);
+    const __m128 d = off ? _mm_setzero_ps() : scales(x, xb, y, yb, n);
+    for (int k = 0; k < n; k++)
+        v[k] = ints(x + k * xb, y + k * yb);
+    const __m128 t = block_totals(v, n, narrow);
+    for (int k = 0; k < n; k++) {
+        if (off) {
+            const __m128 xs = h2f_pair((const uint16_t *)(x + k * xb)), ys = h2f_pair((const uint16_t *)(y + k * yb));
+            *off = _mm_fmadd_ps(xs, ys, *off);
+            sum = __builtin_fmaf(lane(t, k), _mm_cvtss_f32(_mm_mul_ps(xs, ys)), sum);
+        } else {
+            sum = __builtin_fmaf(lane(t, k), lane(d, k), sum);
+        }
+    }
+    return sum;
+}
+
+/* A row of nb blocks: the definition's `sum` chain (and Q4_1/Q5_1's offset chain in lane
+ * 1 of *off, as block_steps), `group` (4, 2 or 1) blocks at a time, then one by one.
+ * Small groups: a group's first step waits for all its integers and their reduction,
+ * and at the start of a row the chain has nothing else to do; the blocks of 32 go four
+ * at a time (eight took longer), the K types' 256 two at a time in the VNNI copy and one
+ * at a time in AVX2's, whose sixteen registers the second block's work would spill. */
+static inline __attribute__((always_inline)) TARGET float row_steps(const void *row, size_t xb, const void *xq, size_t yb,
+                                                                    int64_t nb, const int group, block_ints_fn ints,
+                                                                    const int narrow, block_scales_fn scales,
+                                                                    __m128 *off, const void *stop) {
+    const uint8_t *x = row, *y = xq;
+    float sum = 0.0f;
+    int64_t i = 0;
+    if (group > 1)
+        for (; i + group <= nb; i += group)
+            sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, group, ints, narrow, scales, stop);
+    for (; i < nb; i++)
+        sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, 1, ints, narrow, scales, stop);
+    return sum;
+}
+
+#ifdef SQ_X86_VNNI
+#define K_GROUP 2
+#else
+#define K_GROUP 1
+#endif
+
+/* The f16 at p + k * stride for k < n (n = 4, 2 or 1), in halves 0..n-1 of a register; the
+ * other halves 0. One 16-bit load each, nothing read beside them. */
+static inline __attribute__((always_inline)) TARGET __m128i halves(const uint8_t *p, size_t stride, const int n) {
+    uint16_t h[4];
+    for (int k = 0; k < n; k++)
+        memcpy(&h[k], p + k * stride, 2);
+    __m128i r = _mm_cvtsi32_si128(h[0]);
+    if (n >= 2)
+        r = _mm_insert_epi16(r, h[1], 1);
+    if (n == 4) {
+        r = _mm_insert_epi16(r, h[2], 2);
+        r = _mm_insert_epi16(r, h[3], 3);
+    }
+    return r;
+}
+
+/* The scale products of blocks whose weights' f16 d is `at` bytes into each block, with
+ * activations (Q8_0, Q8_1) that start with their f16 d: each product one float multiply
+ * of two exactly widened halves, four at once. */
+static inline __attribute__((always_inline)) TARGET __m128 scales_f16(const uint8_t *x, size_t xb, const uint8_t *y,
+                                                                      size_t yb, const int n) {
+    return _mm_mul_ps(_mm_cvtph_ps(halves(x, xb, n)), _mm_cvtph_ps(halves(y, yb, n)));
+}
+
+/* The same with Q8_K activations, whose d is a float, and the weights' f16 d `at` bytes
+ * into their blocks. */
+static inline __attribute__((always_inline)) TARGET __m128 scales_f16_f32(const uint8_t *x, size_t at, size_t xb,
+                                                                          const uint8_t *y, size_t yb, const int n) {
+    float a[4];
+    for (int k = 0; k < n; k++)
+        memcpy(&a[k], y + k * yb, 4);
+    const __m128 da = n == 4 ? _mm_setr_ps(a[0], a[1], a[2], a[3]) : n == 2 ? _mm_setr_ps(a[0], a[1], 0, 0) : _mm_set_ss(a[0]);
+    return _mm_mul_ps(_mm_cvtph_ps(halves(x + at, xb, n)), da);
+}
+
 /* ---------------------------------------------------------------------------
  * 32-element blocks with Q8_0 / Q8_1 activations
  * ------------------------------------------------------------------------- */
 
+/* Every 32-element block, weights and activations alike, starts with its f16 d. */
+static inline TARGET __m128 scales_32(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n) {
+    return scales_f16(x, xb, y, yb, n);
+}
+
+static inline TARGET __m256i y_codes(const void *y, size_t at) {
+    return _mm256_loadu_si256((const __m256i *)((const uint8_t *)y + at));
+}
+
+/* Q8_0: x * y as (x + 128) * y - 128 * y on VNNI (x ^ 0x80 is x + 128 unsigned); AVX2's
+ * maddubs would saturate on those, and takes the signs instead. */
+static inline TARGET __m256i ints_q8_0(const void *x, const void *y) {
+    const __m256i qx = y_codes(x, offsetof(block_q8_0, qs)), qy = y_codes(y, offsetof(block_q8_0, qs));
+#ifdef SQ_X86_VNNI
+    return dot_offset(_mm256_xor_si256(qx, _mm256_set1_epi8((char)0x80)), 0x80, qy);
+#else
+    return dot_ss8(qx, qy);
+#endif
+}
+
 TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_q8_0 *x = row, *y = xq;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
-    }
-    return sq_hsum8_avx2(acc);
+    return row_steps(row, sizeof(block_q8_0), xq, sizeof(block_q8_0), nb, 4, ints_q8_0, 0, scales_32, NULL, stop);
 }
 
-/* Q4_0 and IQ4_NL: one whole-block integer sum, then one fma per block in block
- * order, the chain each lane of llama.cpp's repacked (8-row) kernels runs. */
+/* Q4_0: the codes q - 8. */
+static inline TARGET __m256i ints_q4_0(const void *x, const void *y) {
+    return dot_offset(nibbles32(((const block_q4_0 *)x)->qs), 8, y_codes(y, offsetof(block_q8_0, qs)));
+}
+
 TARGET float KERNEL(vec_dot_q4_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_q4_0 *x = row;
-    const block_q8_0 *y = xq;
-    float acc = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const float d = h2f(x[i].d) * h2f(y[i].d);
-        const __m256i qx = _mm256_sub_epi8(nibbles32(x[i].qs), _mm256_set1_epi8(8));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = __builtin_fmaf((float)hsum8_i32(dot_ss8(qx, qy)), d, acc);
-    }
-    return acc;
+    return row_steps(row, sizeof(block_q4_0), xq, sizeof(block_q8_0), nb, 4, ints_q4_0, NARROW_AVX2, scales_32, NULL,
+                     stop);
 }
 
-/* The 16 grid values of IQ4_NL, looked up 32 codes at a time with a byte shuffle. */
+/* IQ4_NL: the 16 grid values, looked up 32 codes at a time with a byte shuffle; on VNNI
+ * from the grid plus 128 (unsigned), with 128 * y taken off as for Q8_0. */
+static inline TARGET __m256i ints_iq4_nl(const void *x, const void *y) {
+    const __m256i qy = y_codes(y, offsetof(block_q8_0, qs));
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(SQ_IQ4_GRID));
+    const __m256i q = nibbles32(((const block_iq4_nl *)x)->qs);
+#ifdef SQ_X86_VNNI
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    return dot_offset(_mm256_shuffle_epi8(_mm256_xor_si256(lut, k80), q), 0x80, qy);
+#else
+    return dot_ss8(_mm256_shuffle_epi8(lut, q), qy);
+#endif
+}
+
 TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_iq4_nl *x = row;
-    const block_q8_0 *y = xq;
-    const __m128i grid = _mm_setr_epi8(SQ_IQ4_GRID);
-    const __m256i lut = _mm256_broadcastsi128_si256(grid);
-    float acc = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const float d = h2f(x[i].d) * h2f(y[i].d);
-        const __m256i qx = _mm256_shuffle_epi8(lut, nibbles32(x[i].qs));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = __builtin_fmaf((float)hsum8_i32(dot_ss8(qx, qy)), d, acc);
-    }
-    return acc;
+    return row_steps(row, sizeof(block_iq4_nl), xq, sizeof(block_q8_0), nb, 4, ints_iq4_nl, 0, scales_32, NULL, stop);
 }
 
-/* A block's two halves (d, m of a Q4_1 block; d, s of a Q8_1 block) as floats in
- * lanes 0 and 1, with one conversion. */
-static inline TARGET __m128 h2f_pair(const uint16_t *h) {
-    uint32_t both;
-    memcpy(&both, h, 4);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)both));
+/* Q4_1: the unsigned codes; m * s goes to the offset chain. maddubs's pair sums are at
+ * most 2 * 15 * 127, folded two to an int16 lane 7620. */
+static inline TARGET __m256i ints_q4_1(const void *x, const void *y) {
+    const __m256i q = nibbles32(((const block_q4_1 *)x)->qs), qy = y_codes(y, offsetof(block_q8_1, qs));
+#ifdef SQ_X86_VNNI
+    return dot_us8(q, qy);
+#else
+    return _mm256_maddubs_epi16(q, qy);
+#endif
 }
 
-/* Per block: lane 0 of x's (d, m) times y's (d, s) is the codes' scale d*dy, lane 1
- * the block's min term m*s, summed in lane 1 of `summs` (lane 0 collects nothing of use). */
 TARGET float KERNEL(vec_dot_q4_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_q4_1 *x = row;
-    const block_q8_1 *y = xq;
-    __m256 acc = _mm256_setzero_ps();
-    __m128 summs = _mm_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const __m128 scales = _mm_mul_ps(h2f_pair(&x[i].d), h2f_pair(&y[i].d));
-        summs = _mm_add_ps(summs, scales);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot_us8(nibbles32(x[i].qs), qy)), acc);
-    }
-    return sq_hsum8_avx2(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
+    __m128 off = _mm_setzero_ps();
+    const float sum = row_steps(row, sizeof(block_q4_1), xq, sizeof(block_q8_1), nb, 4, ints_q4_1, NARROW_AVX2, NULL,
+                                &off, stop);
+    return sum + _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
 
 /* Bit 4 of the 32 codes of a Q5_0/Q5_1 block as bytes 0x10 or 0: byte j copies
  * byte j / 8 of qh (bit j of the little-endian word is element j's) and keeps
- * bit j % 8. The element order is nibbles32's, which the lanes depend on. */
+ * bit j % 8. The element order is nibbles32's. */
 static inline TARGET __m256i q5_bit4(const uint8_t *qh) {
     uint32_t h;
     memcpy(&h, qh, 4);
@@ -270,38 +446,33 @@ static inline TARGET __m256i q5_bit4(const uint8_t *qh) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
 }
 
-/* scalar.c's vec_dot_q5_0 does the same lane by lane. */
-TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_q5_0 *x = row;
-    const block_q8_0 *y = xq;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
-        const __m256i q = _mm256_or_si256(nibbles32(x[i].qs), q5_bit4(x[i].qh));
-        const __m256i qx = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_ss8(qx, qy)), acc);
-    }
-    return sq_hsum8_avx2(acc);
+/* Q5_0: the codes q - 16. */
+static inline TARGET __m256i ints_q5_0(const void *x, const void *y) {
+    const block_q5_0 *b = x;
+    return dot_offset(_mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), 16, y_codes(y, offsetof(block_q8_0, qs)));
 }
 
-/* As Q4_1 with 5-bit codes, as scalar.c's vec_dot_q5_1. */
+TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
+    return row_steps(row, sizeof(block_q5_0), xq, sizeof(block_q8_0), nb, 4, ints_q5_0, NARROW_AVX2, scales_32, NULL,
+                     stop);
+}
+
+/* Q5_1: as Q4_1 with 5-bit codes: pair sums at most 2 * 31 * 127, two 15748. */
+static inline TARGET __m256i ints_q5_1(const void *x, const void *y) {
+    const block_q5_1 *b = x;
+    const __m256i q = _mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), qy = y_codes(y, offsetof(block_q8_1, qs));
+#ifdef SQ_X86_VNNI
+    return dot_us8(q, qy);
+#else
+    return _mm256_maddubs_epi16(q, qy);
+#endif
+}
+
 TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_q5_1 *x = row;
-    const block_q8_1 *y = xq;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const float ms = h2f(x[i].m) * h2f(y[i].s);
-        summs += ms;
-        const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
-        const __m256i qx = _mm256_or_si256(nibbles32(x[i].qs), q5_bit4(x[i].qh));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_us8(qx, qy)), acc);
-    }
-    return sq_hsum8_avx2(acc) + summs;
+    __m128 off = _mm_setzero_ps();
+    const float sum = row_steps(row, sizeof(block_q5_1), xq, sizeof(block_q8_1), nb, 4, ints_q5_1, NARROW_AVX2, NULL,
+                                &off, stop);
+    return sum + _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
 
 /* ---------------------------------------------------------------------------
@@ -326,10 +497,31 @@ static inline TARGET __m256i broadcast_word(__m256i v, int w) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0202 * w + 0x0100)));
 }
 
-/* Q4_K: whole-block integer sums for the codes and the mins, then two fma chains
- * in block order (lanes 0 and 1 of acc) subtracted at the end, as each lane of
- * llama.cpp's repacked (8-row) Q4_K kernel computes it. The group scales stay in a
- * register and are spread over the codes with byte shuffles. */
+/* Types with mins (Q2_K, Q4_K, Q5_K) run both chains of the definition in lanes 0 (sum)
+ * and 1 (off) of one register: a block's two totals come out of one reduction, in lanes
+ * 0 and 1 (S the sum of s's 8 lanes, M of m's 4), and one FMA by (d * dy, dmin * dy)
+ * steps both. The row's result is lane 0 minus lane 1. */
+static inline TARGET __m128 sum_min_step(__m128 acc, __m256i s, __m128i m, const uint16_t *d_dmin, float dy) {
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    const __m128i h = _mm_hadd_epi32(s4, m);
+    const __m128i totals = _mm_hadd_epi32(h, h); /* S, M, S, M; exact, so any order of adds */
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(totals), _mm_mul_ps(h2f_pair(d_dmin), _mm_set1_ps(dy)), acc);
+}
+
+static inline TARGET float sum_minus_off(__m128 acc) {
+    return _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
+}
+
+/* Q4_K's min terms mn[g] * (bsums[2g] + bsums[2g+1]) in 4 int32 lanes, from the mins in
+ * bytes 8..15 of sc_mn (k_scales_mins). A pair of bsums is at most 2 * 16 * 128 in int16. */
+static inline TARGET __m128i k_min_terms(__m128i sc_mn, const int16_t *bsums) {
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sc_mn, sc_mn));
+    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums), _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    return _mm_madd_epi16(mins, bs);
+}
+
+/* Q4_K: the group scales stay in a register and are spread over the codes with byte
+ * shuffles; 32 bytes of qs serve groups 2c (low nibbles) and 2c+1 (high). */
 TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q4_K *x = row;
     const block_q8_K *y = xq;
@@ -339,14 +531,6 @@ TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, c
         prefetch_ahead(x + i, sizeof *x, stop);
         const __m128i sc_mn = k_scales_mins(x[i].scales);
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc_mn)); /* int16 sc[g] */
-
-        /* Min terms: mn[g] * (bsums[2g] + bsums[2g+1]), 4 int32 lanes. */
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sc_mn, sc_mn));
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[i].bsums),
-                                          _mm_loadu_si128((const __m128i *)(y[i].bsums + 8)));
-        const __m128i min_terms = _mm_madd_epi16(mins, bs);
-
-        /* Codes: 32 bytes of qs serve groups 2c (low nibbles) and 2c+1 (high). */
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
@@ -357,114 +541,22 @@ TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, c
             sumi = madd_add(sumi, broadcast_word(sc, 2 * c), _mm256_maddubs_epi16(lo, y_lo));
             sumi = madd_add(sumi, broadcast_word(sc, 2 * c + 1), _mm256_maddubs_epi16(hi, y_hi));
         }
-        /* Both block totals at once: lanes S, M, S, M; exact, so any order of adds. */
-        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1));
-        const __m128i h = _mm_hadd_epi32(s4, min_terms);
-        const __m128i totals = _mm_hadd_epi32(h, h);
-        const __m128 scales = _mm_mul_ps(h2f_pair(&x[i].d), _mm_set1_ps(y[i].d)); /* d*dy, dmin*dy */
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(totals), scales, acc);
+        acc = sum_min_step(acc, sumi, k_min_terms(sc_mn, y[i].bsums), &x[i].d, y[i].d);
     }
-    return _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
-}
-
-/* Q2_K, Q3_K, Q5_K and Q6_K keep the integer lanes of llama.cpp's AVX2 kernels (scalar.c
- * describes them). Every group of 16 lies in one 128-bit half of a register of 32 codes,
- * so its scale is one int16 broadcast over that half. */
-static inline TARGET __m256i scale_halves(int lo, int hi) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)), _mm_set1_epi16((short)hi), 1);
-}
-
-/* Q2_K: the min lanes (mn[2l] * bsums[2l] + mn[2l+1] * bsums[2l+1]) go into the
- * accumulators first, by -(dy * dmin); then the code lanes by dy * d. */
-TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_q2_K *x = row;
-    const block_q8_K *y = xq;
-    const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const uint8_t *s = x[i].scales;
-        const __m128i packed = _mm_loadu_si128((const __m128i *)s);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0f)));
-        const __m256i pm = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
-        const float dmin = -(y[i].d * h2f(x[i].dmin));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), acc);
-
-        /* 32 bytes of qs per half h: bits 2c..2c+1 are elements 32c..32c+31 of it,
-         * groups 8h + 2c (bytes 0..15) and 8h + 2c + 1 (16..31). */
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
-            for (int c = 0; c < 4; c++) {
-                const int g = 8 * h + 2 * c;
-                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * c));
-                const __m256i sc = scale_halves(s[g] & 0x0f, s[g + 1] & 0x0f);
-                sumi = madd_add(sumi, sc, _mm256_maddubs_epi16(q, qy));
-            }
-        }
-        const float d = y[i].d * h2f(x[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    return sq_hsum8_avx2(acc);
-}
-
-/* Q3_K: q = low2 - 4 * (hbit clear) is taken as maddubs(low2, y) - maddubs(4 or 0, y),
- * both unsigned times signed; the pair sums are at most 2 * 4 * 128. */
-TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_q3_K *x = row;
-    const block_q8_K *y = xq;
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), zero = _mm256_setzero_si256();
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        int sc[16];
-        for (int g = 0; g < 16; g++)
-            sc[g] = sq_q3_K_scale(x[i].scales, g);
-        const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].hmask);
-        /* Low bits laid out as in Q2_K; the high bit of element 32c + b of half h
-         * is bit 4h + c of hmask[b]. */
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
-            for (int c = 0; c < 4; c++) {
-                const int g = 8 * h + 2 * c;
-                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
-                const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + c)));
-                const __m256i minus4 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), zero), m4);
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * c));
-                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(lo, qy), _mm256_maddubs_epi16(minus4, qy));
-                sumi = madd_add(sumi, scale_halves(sc[g], sc[g + 1]), p16);
-            }
-        }
-        const float d = y[i].d * h2f(x[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    return sq_hsum8_avx2(acc);
+    return sum_minus_off(acc);
 }
 
 /* Q5_K: the codes as Q4_K's plus bit 2c (even group) or 2c+1 (odd) of qh[l] as
- * bit 4; codes 0..31 keep the maddubs pair sums below 2 * 31 * 128. The mins are
- * one integer per block, FMA'd by -(dy * dmin) into a scalar added at the end (a
- * multiply and add in llama.cpp's source, which its FMA build contracts into one). */
+ * bit 4; codes 0..31 keep the maddubs pair sums below 2 * 31 * 128. */
 TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q5_K *x = row;
     const block_q8_K *y = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
+    __m128 acc = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
         const __m128i sc_mn = k_scales_mins(x[i].scales);
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc_mn)); /* int16 sc[g] */
-
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sc_mn, sc_mn));
-        const __m128i bs_lo = _mm_loadu_si128((const __m128i *)y[i].bsums);
-        const __m128i bs_hi = _mm_loadu_si128((const __m128i *)(y[i].bsums + 8));
-        const __m128i prod = _mm_madd_epi16(mins, _mm_hadd_epi16(bs_lo, bs_hi));
-        const float dmin = -(y[i].d * h2f(x[i].dmin));
-        summs = fmaf(dmin, (float)hsum_i32x4(prod), summs);
-
         const __m256i hb = _mm256_loadu_si256((const __m256i *)x[i].qh);
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
@@ -479,82 +571,184 @@ TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, c
             sumi = madd_add(sumi, broadcast_word(sc, 2 * c), _mm256_maddubs_epi16(lo, y_lo));
             sumi = madd_add(sumi, broadcast_word(sc, 2 * c + 1), _mm256_maddubs_epi16(hi, y_hi));
         }
-        const float d = y[i].d * h2f(x[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = sum_min_step(acc, sumi, k_min_terms(sc_mn, y[i].bsums), &x[i].d, y[i].d);
     }
-    return sq_hsum8_avx2(acc) + summs;
+    return sum_minus_off(acc);
+}
+
+/* Q2_K, Q3_K and Q6_K: every group of 16 lies in one 128-bit half of a register of 32
+ * codes, so its scale is one int16 broadcast over that half. */
+static inline TARGET __m256i scale_halves(int lo, int hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)), _mm_set1_epi16((short)hi), 1);
+}
+
+/* Q2_K: imin = mn[g] * bsums[g] over the 16 groups, folded to 4 lanes. */
+TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
+    const block_q2_K *x = row;
+    const block_q8_K *y = xq;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        prefetch_ahead(x + i, sizeof *x, stop);
+        const uint8_t *s = x[i].scales;
+        const __m128i packed = _mm_loadu_si128((const __m128i *)s);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0f)));
+        const __m256i pm = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
+        const __m128i imin = _mm_add_epi32(_mm256_castsi256_si128(pm), _mm256_extracti128_si256(pm, 1));
+
+        /* 32 bytes of qs per half h: bits 2c..2c+1 are elements 32c..32c+31 of it,
+         * groups 8h + 2c (bytes 0..15) and 8h + 2c + 1 (16..31). */
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int c = 0; c < 4; c++) {
+                const int g = 8 * h + 2 * c;
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * c));
+                const __m256i sc = scale_halves(s[g] & 0x0f, s[g + 1] & 0x0f);
+                sumi = madd_add(sumi, sc, _mm256_maddubs_epi16(q, qy));
+            }
+        }
+        acc = sum_min_step(acc, sumi, imin, &x[i].d, y[i].d);
+    }
+    return sum_minus_off(acc);
+}
+
+/* The K types with one chain (Q3_K, Q6_K, IQ4_XS) go through row_steps: their blocks'
+ * integer vectors reduced eight at a time. Their d is an f16 of the weights' and Q8_K's
+ * float. */
+
+/* Q3_K's 16 group scales, sc - 32, as bytes in group order, from their 12 packed bytes
+ * (blocks.h's sq_q3_K_scale gives them one at a time): low 4 bits from the nibbles of
+ * words 0 and 1, high 2 bits from word 2, four groups a word. The 12 bytes are read as
+ * the block's last 16 (two bytes of qs before them, d after), nothing past the block. */
+static inline TARGET __m128i q3_K_scales(const block_q3_K *x) {
+    const uint8_t *p = (const uint8_t *)x + offsetof(block_q3_K, scales) - 2;
+    const __m128i v = _mm_srli_si128(_mm_loadu_si128((const __m128i *)p), 2);
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)), _mm_setr_epi32(0, 0, 4, 4)),
+                                     _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2)), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
+}
+
+/* Even groups' scales (int16) in the low 128 bits, odd groups' in the high: the scales of
+ * groups g and g+1, which a register of 32 codes holds one per half, are then one byte
+ * shuffle away (broadcast_word). Q3_K and Q6_K. */
+static inline TARGET __m256i scale_pairs(__m128i sc8) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
+}
+
+/* Q3_K: the codes q = low2 + 4 * hbit - 4 multiply the activations as q + 4 (0..7,
+ * unsigned: pair sums at most 2 * 7 * 127), and 4 * sum(sc * bsum) comes off, which
+ * leaves the block's sum(sc * q * qy) exact. The low bits are laid out as in Q2_K; the
+ * high bit of element 32c + b of half h is bit 4h + c of hmask[b], shifted to bit 2.
+ * The two halves in two sums: VNNI's accumulating vpdpwssd waits on the one before. */
+static inline TARGET __m256i ints_q3_K(const void *xv, const void *yv) {
+    const block_q3_K *x = xv;
+    const block_q8_K *y = yv;
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    const __m128i sc8 = q3_K_scales(x);
+    const __m256i sc_pairs = scale_pairs(sc8);
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
+    const __m256i hbits = _mm256_loadu_si256((const __m256i *)x->hmask);
+    __m256i acc[2];
+    acc[0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bsums), 2));
+    acc[1] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+        __m256i sumi = acc[h];
+        for (int c = 0; c < 4; c++) {
+            const int b = 4 * h + c; /* the high bit's position, to go to bit 2 */
+            const __m256i hb = b >= 2 ? _mm256_srli_epi16(hbits, b - 2) : _mm256_slli_epi16(hbits, 2 - b);
+            const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3), _mm256_and_si256(hb, m4));
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * c));
+            sumi = madd_add(sumi, broadcast_word(sc_pairs, 4 * h + c), _mm256_maddubs_epi16(q, qy));
+        }
+        acc[h] = sumi;
+    }
+    return _mm256_add_epi32(acc[0], acc[1]);
+}
+
+static inline TARGET __m128 scales_q3_K(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n) {
+    return scales_f16_f32(x, offsetof(block_q3_K, d), xb, y, yb, n);
+}
+
+TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
+    return row_steps(row, sizeof(block_q3_K), xq, sizeof(block_q8_K), nb, K_GROUP, ints_q3_K, 0, scales_q3_K, NULL, stop);
 }
 
 /* Q6_K: the codes q (0..63) multiply the activations unsigned, pair sums at most
- * 2 * 63 * 128; the -32 offset comes off afterwards as 32 * (sc * bsum) lanes, two
- * groups each, as in llama.cpp (not per element: that would fill the lanes differently). */
-TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_q6_K *x = row;
-    const block_q8_K *y = xq;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i m2 = _mm256_set1_epi8(0x03), m2_2 = _mm256_set1_epi8(0x0c);
-    const __m256i m2_4 = _mm256_set1_epi8(0x30), m2_6 = _mm256_set1_epi8((char)0xc0);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        /* Even groups' scales in the low 128 bits, odd groups' in the high: the scales of
-         * groups g and g+1 (a register of codes, one per half) are one byte shuffle away. */
-        const __m256i sc_pairs = _mm256_cvtepi8_epi16(
-            _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
-        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
-            const int8_t *q8 = y[i].qs + 128 * h;
-            const __m256i b1 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i b2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-            /* Elements 0..31, 32..63, 64..95, 96..127 of the half (order of decode_q6_K). */
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2_2), 2));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(hb, m2_4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
-                                   _mm256_srli_epi16(_mm256_and_si256(hb, m2_6), 2));
-            for (int c = 0; c < 4; c++) {
-                const int g = 8 * h + 2 * c; /* groups g (bytes 0..15) and g+1 (16..31) */
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)(q8 + 32 * c));
-                sumi = madd_add(sumi, broadcast_word(sc_pairs, g / 2), _mm256_maddubs_epi16(q[c], qy));
-            }
+ * 2 * 63 * 128; the -32 offset comes off as 32 * (sc * bsum) lanes, which leaves the
+ * block's integer sum(sc * (q - 32) * qy) exact. */
+static inline TARGET __m256i ints_q6_K(const void *xv, const void *yv) {
+    const block_q6_K *x = xv;
+    const block_q8_K *y = yv;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8), sc_pairs = scale_pairs(sc8);
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
+    __m256i acc[2];
+    acc[0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
+    acc[1] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        __m256i sumi = acc[h];
+        const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+        const int8_t *q8 = y->qs + 128 * h;
+        const __m256i b1 = _mm256_loadu_si256((const __m256i *)ql);
+        const __m256i b2 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+        /* Elements 0..31, 32..63, 64..95, 96..127 of the half (order of decode_q6_K). */
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+        q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), _mm256_and_si256(hb, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        for (int c = 0; c < 4; c++) {
+            const int g = 8 * h + 2 * c; /* groups g (bytes 0..15) and g+1 (16..31) */
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(q8 + 32 * c));
+            sumi = madd_add(sumi, broadcast_word(sc_pairs, g / 2), _mm256_maddubs_epi16(q[c], qy));
         }
-        const float d = y[i].d * h2f(x[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc[h] = sumi;
     }
-    return sq_hsum8_avx2(acc);
+    return _mm256_add_epi32(acc[0], acc[1]);
+}
+
+static inline TARGET __m128 scales_q6_K(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n) {
+    return scales_f16_f32(x, offsetof(block_q6_K, d), xb, y, yb, n);
+}
+
+TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
+    return row_steps(row, sizeof(block_q6_K), xq, sizeof(block_q8_K), nb, K_GROUP, ints_q6_K, 0, scales_q6_K, NULL, stop);
 }
 
 /* IQ4_XS: the grid (quants/blocks.h) is looked up 16 codes at a time with a byte
  * shuffle, in each 128-bit half. Every group's int16 pair sums are multiplied by its
- * scale s - 32 in the widening madd, and the 8 groups of a super-block summed in int32
- * before the one FMA; scalar.c's vec_dot_iq4_xs forms the same lane sums. */
+ * scale s - 32 in the widening madd, and the 8 groups summed in int32 lanes. */
 static const int8_t iq4_grid[16] = { SQ_IQ4_GRID };
 
-TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    const block_iq4_xs *x = row;
-    const block_q8_K *y = xq;
+static inline TARGET __m256i ints_iq4_xs(const void *xv, const void *yv) {
+    const block_iq4_xs *x = xv;
+    const block_q8_K *y = yv;
     const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_grid));
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_ahead(x + i, sizeof *x, stop);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int g = 0; g < 8; g++) {
-            const int s = sq_iq4_xs_scale(&x[i], g);
-            const __m256i w = _mm256_shuffle_epi8(grid, nibbles32(x[i].qs + 16 * g));
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * g));
-            const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qy, w));
-            sumi = madd_add(sumi, p16, _mm256_set1_epi16((short)(s - 32)));
-        }
-        const float d = h2f(x[i].d) * y[i].d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g++) {
+        const int s = sq_iq4_xs_scale(x, g);
+        const __m256i w = _mm256_shuffle_epi8(grid, nibbles32(x->qs + 16 * g));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * g));
+        const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qy, w));
+        sumi = madd_add(sumi, p16, _mm256_set1_epi16((short)(s - 32)));
     }
-    return sq_hsum8_avx2(acc);
+    return sumi;
+}
+
+static inline TARGET __m128 scales_iq4_xs(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n) {
+    return scales_f16_f32(x, offsetof(block_iq4_xs, d), xb, y, yb, n);
+}
+
+TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
+    return row_steps(row, sizeof(block_iq4_xs), xq, sizeof(block_q8_K), nb, K_GROUP, ints_iq4_xs, 0, scales_iq4_xs, NULL, stop);
 }
 
 #endif
