@@ -77,12 +77,15 @@ static inline __attribute__((always_inline)) TARGET void prefetch_run(const uint
  * 24 KiB no faster. Decode's Q4_1 and Q8_0 gained nothing from it (Q8_0 lost 15%). */
 #define PACKED_AHEAD_K 12288
 
-/* A 32-bit word of activation codes in every lane. */
+#ifdef SQ_VNNI_VIA_SIMDE
+/* A 32-bit word of activation codes in every lane (SIMDe's instructions take no memory
+ * operand to broadcast). */
 static inline TARGET v16i word16(const int8_t *p) {
     int32_t w;
     memcpy(&w, p, 4);
     return V16(set1_epi32)(w);
 }
+#endif
 
 /* acc + vpdpbusd(code, the 32-bit word at p in every lane). gcc keeps the broadcast
  * a load of its own before each vpdpbusd; taken as the instruction's {1to16} operand it
