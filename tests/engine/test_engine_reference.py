@@ -121,7 +121,7 @@ def test_prefill_then_decode_stays_within_llama_cpps_spread(kind, engines, refer
 
 def every_feeding(eng, ids: list[int]) -> dict[str, np.ndarray]:
     """The rows of ids fed in one batch, in llama.cpp's way (the prompt, then a token at a
-    time), in odd chunks, and a token at a time."""
+    time), in odd chunks, and a token at a time (the last 24)."""
     def chunks(sizes):
         eng.reset()
         out, at = [], 0
@@ -131,10 +131,9 @@ def every_feeding(eng, ids: list[int]) -> dict[str, np.ndarray]:
         assert at == len(ids)
         return np.concatenate(out)
     n = len(ids)
-    prompt = n - 8
-    return {"one batch": chunks([n]), "prompt then steps": chunks([prompt] + [1] * 8),
+    return {"one batch": chunks([n]), "prompt then steps": chunks([n - 8] + [1] * 8),
             "chunks of 5 and 13": chunks([5, 13] * (n // 18) + ([n % 18] if n % 18 else [])),
-            "a token at a time": chunks([1] * n)}
+            "a token at a time": chunks([n - 24] + [1] * 24)}
 
 
 @pytest.mark.parametrize("kind", TYPES)
@@ -142,7 +141,7 @@ def test_every_batching_gives_the_same_bits(kind, engines, references):
     """A prompt's rows do not depend on how it is cut into batches: the engine's one
     arithmetic, attention included (F32 cache here; the compact caches in test_kv_cache)."""
     ref, _ = references[kind]
-    ids = ref["tokens"].tolist() + ref["greedy"].tolist()[:-1]
+    ids = ref["tokens"].tolist() + ref["greedy"].tolist()[:16]
     fed = every_feeding(engines(kind), ids)
     for how, rows in fed.items():
         assert_identical(rows, fed["one batch"], f"{kind}: {how} against one batch")
@@ -339,6 +338,22 @@ def test_smollm2_chat_stays_within_llama_cpps_spread(build, reference_dir, smoll
     assert len(diffs) == 10 * sum(len(c["greedy_ids"]) for c in cases)
     assert diffs.max() <= CHAT_MAX and np.median(diffs) <= CHAT_MEDIAN, (build, diffs.max(), np.median(diffs))
     assert not flips, (build, flips)
+
+
+def test_smollm2_every_simd_path_gives_the_scalar_paths_bits(smollm2_gguf, smollm2_chat_cases, monkeypatch,
+                                                            simd_restore):
+    """Real weights through every path (each packing what its kernels read): a prompt's rows
+    and eight steps, bit for bit."""
+    case = smollm2_chat_cases[0]
+    ids = case["prompt_ids"] + case["greedy_ids"][:8]
+    rows = {}
+    for set_path in simd_paths(monkeypatch):
+        path = set_path()
+        eng = llm_smolq.load(smollm2_gguf, n_ctx=256, kv_dtype="f32")
+        rows[path] = np.concatenate([eng.eval(ids[:-8], all_logits=True)] + [eng.eval(ids[i:i + 1], all_logits=True)
+                                                                            for i in range(len(ids) - 8, len(ids))])
+    for path, got in rows.items():
+        assert_identical(got, rows["scalar"], f"SmolLM2: the {path} path against the scalar one")
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])

@@ -37,13 +37,13 @@ pytestmark = pytest.mark.may_skip_in_ci
 # this path's logits in every other engine comparison (the main run holds the scalar path
 # to llama.cpp's spread and to every batching); the thread counts' test on the F16 cache
 # (it splits the same matrix products over the threads as on Q8_0).
-# SmolLM2's real weights: the F32 cache's conversations against llama.cpp's AVX2 build.
+# SmolLM2's real weights: a conversation's prompt and steps on every path.
 SKIP = "not long_context and not (thread_counts and f16)"
 SELECTIONS = {
     "kernels": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/engine/test_packing.py",
                 "-k", SKIP],
     "engine": ["tests/engine/test_engine_reference.py", "-k", "simd_path"],
-    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_chat_stays_within_llama_cpps_spread[smollm2-chat-A.avx2.json]"],
+    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_every_simd_path_gives_the_scalar_paths_bits"],
     "kv_cache": ["tests/engine/test_kv_cache.py", "-k", SKIP],
 }
 

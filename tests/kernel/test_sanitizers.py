@@ -28,9 +28,9 @@ from helpers.run_once import once_per_run
 # tests that compute again what another selected test computes (the SIMD paths against the
 # scalar one run the same forward passes as every batching; the moved references). The
 # scalar vec_dots also run with the SIMD code (test_quants switches to them), so the scalar
-# child adds the engine's scalar paths on one file per activation format. Of the real
-# SmolLM2 conversations, llama.cpp's AVX2 build's on the F32 cache and on the Q8_0 cache
-# (the F16 cache's rows are sanitized in the kv_cache part).
+# child adds the engine's scalar paths on one file per activation format. SmolLM2's real
+# weights: a conversation's prompt and steps on every path, and all six conversations on
+# the Q8_0 cache (the F16 cache's rows are sanitized in the kv_cache part).
 SKIP = ("not long_context and not thread_counts and not simd_path and not moved_by_a_little "
         "and not (compact and (K_M or Q5 or Q4_1 or IQ4))")
 SELECTIONS = {
@@ -38,7 +38,7 @@ SELECTIONS = {
                 "tests/engine/test_packing.py", "tests/engine/test_buffer_gate.py", "-k", SKIP],
     "kv_cache": ["tests/engine/test_kv_cache.py", "-k", SKIP],
     "engine": ["tests/engine/test_engine_reference.py", "-k", f"{SKIP} and not smollm2_chat and not prefill_then_decode"],
-    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_chat_stays_within_llama_cpps_spread[smollm2-chat-A.avx2.json]",
+    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_every_simd_path_gives_the_scalar_paths_bits",
                 "tests/engine/test_engine_reference.py::test_smollm2_chat_references_with_a_compact_cache[q8_0]"],
     "scalar": ["tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits[f32]",
                *(f"tests/engine/test_engine_reference.py::test_every_batching_gives_the_same_bits[{kind}]"
