@@ -340,14 +340,6 @@ static inline TARGET void q8_0_side_by_side(const void *rows, int64_t row_bytes,
     *d_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
 }
 
-/* Where each lane's sum starts for the codes offset by 128: start[l] = -128 * (the sum of
- * the activation block's word l, its codes 4l..4l+3). */
-static inline TARGET void q8_0_starts(const int8_t *qs, int32_t start[8]) {
-    const __m256i sums = vnni_dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
-                                     _mm256_loadu_si256((const __m256i *)qs));
-    _mm256_storeu_si256((__m256i *)start, _mm256_sub_epi32(_mm256_setzero_si256(), sums));
-}
-
 /* Eight Q8_0 rows (row_bytes apart) times n_tokens activation rows, each output with the
  * definition's bits for its row and token, as KERNEL(steps_dot8_q4_1) does for Q4_1: a
  * row per float lane. The codes are offset to unsigned, (x + 128) * y, so that one
