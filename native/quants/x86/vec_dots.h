@@ -150,6 +150,14 @@ static inline TARGET __m256i nibbles32(const uint8_t *p) {
     return _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
 }
 
+/* The same codes with those of bytes 16..31 times 16 (the high nibbles left in place): one
+ * instruction less, for VNNI's vpdpbusd, which does not saturate (HIGH16 below). */
+static inline TARGET __m256i nibbles32_high16(const uint8_t *p) {
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(b, _mm256_setr_epi64x(0x0f0f0f0f0f0f0f0f, 0x0f0f0f0f0f0f0f0f, (long long)0xf0f0f0f0f0f0f0f0ull,
+                                                  (long long)0xf0f0f0f0f0f0f0f0ull));
+}
+
 /* The two integer steps the VNNI copy does in one instruction each: exact sums, whose
  * split over the lanes does not matter. */
 #ifdef SQ_X86_VNNI
@@ -197,19 +205,19 @@ static inline TARGET __m256i dot_ss8(__m256i x, __m256i y) {
     return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
-/* sum((u - c) * y) over 32 bytes, for unsigned u, signed y in -127..127 and a constant
- * byte c, as sum(u * y) + sum(c * -y): codes with an offset, without dot_ss8's two sign
+/* sum((u - c) * y) over 32 bytes, for unsigned u, signed y in -127..127 and constant
+ * bytes c, as sum(u * y) + sum(c * -y): codes with an offset, without dot_ss8's two sign
  * instructions. (The multiplies, sign among them, and the FMAs share two of Zen 4's four
  * vector pipes, and an FMA of a row's chain that finds both busy waits: with fewer, Q8_0
  * went 5% faster.) VNNI: two vpdpbusd, int32 lanes. AVX2: the two maddubs's int16 pair
- * sums added, at most 2 * (u + c) * 127, for Q5_0's u + c <= 31 + 16 11938, left narrow
+ * sums added, at most 2 * (u + c) * 127, for Q5_0's u + c <= 31 + 16 11938, left NARROW
  * (fold_pairs widens them). */
-static inline TARGET __m256i dot_offset(__m256i u, int c, __m256i y) {
+static inline TARGET __m256i dot_offset(__m256i u, __m256i c, __m256i y) {
     const __m256i neg_y = _mm256_sub_epi8(_mm256_setzero_si256(), y);
 #ifdef SQ_X86_VNNI
-    return vnni_dpbusd(vnni_dpbusd(_mm256_setzero_si256(), u, y), _mm256_set1_epi8((char)c), neg_y);
+    return vnni_dpbusd(vnni_dpbusd(_mm256_setzero_si256(), u, y), c, neg_y);
 #else
-    return _mm256_add_epi16(_mm256_maddubs_epi16(u, y), _mm256_maddubs_epi16(_mm256_set1_epi8((char)c), neg_y));
+    return _mm256_add_epi16(_mm256_maddubs_epi16(u, y), _mm256_maddubs_epi16(c, neg_y));
 #endif
 }
 
@@ -218,17 +226,23 @@ static inline TARGET __m256i dot_offset(__m256i u, int c, __m256i y) {
  * ------------------------------------------------------------------------- */
 
 /* What a kernel supplies: a block's integer vector, whose lanes sum to the block's isum
- * (int32 lanes; or int16 lanes, "narrow", that the reduction widens), and the products
- * d = dw * da of n blocks' float scales (n = 4, 2 or 1), in lanes 0..n-1 of a register. */
+ * (in one of the forms below), and the products d = dw * da of n blocks' float scales
+ * (n = 4, 2 or 1), in lanes 0..n-1 of a register. */
 typedef __m256i (*block_ints_fn)(const void *x, const void *y);
 typedef __m128 (*block_scales_fn)(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n);
 
-/* Narrow vectors are AVX2's: maddubs's int16 pair sums, left unwidened until two blocks'
- * are folded together (one madd for two blocks). VNNI's vpdpbusd gives int32 lanes. */
+/* The forms of a block's vector. WIDE: int32 lanes. NARROW: AVX2's maddubs int16 pair sums,
+ * left unwidened until two blocks' are folded together (one madd for two blocks). HIGH16
+ * (VNNI): int32 lanes, those of the high 128 bits 16 times their share, from nibble codes
+ * taken as byte & 0xf0 there (no shift per block); every int32 lane of the high half is a
+ * sum of multiples of 16, so one arithmetic shift per group of blocks takes it back, exactly. */
+enum { WIDE, NARROW, HIGH16 };
 #ifdef SQ_X86_VNNI
-#define NARROW_AVX2 0
+#define NARROW_AVX2 WIDE
+#define NIBBLE_FORM HIGH16
 #else
-#define NARROW_AVX2 1
+#define NARROW_AVX2 NARROW
+#define NIBBLE_FORM NARROW
 #endif
 
 /* Lane 0 of the result: the sum of v's 8 int32 lanes (exact). */
@@ -243,8 +257,8 @@ static inline TARGET __m128i sum_lanes(__m256i v) {
  * time and then widened, each int32 lane the sum of four of one block's int16 lanes (their
  * bound doubled: see dot_offset). Then two such folded into a, b, c, d's sums of the
  * half's lanes. Integer sums, so the order of the adds does not matter. */
-static inline TARGET __m256i fold_pairs(__m256i p, __m256i q, const int narrow) {
-    if (narrow)
+static inline TARGET __m256i fold_pairs(__m256i p, __m256i q, const int form) {
+    if (form == NARROW)
         return _mm256_madd_epi16(_mm256_add_epi16(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q)),
                                  _mm256_set1_epi16(1));
     return _mm256_add_epi32(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q));
@@ -253,20 +267,25 @@ static inline TARGET __m256i fold_quads(__m256i pq, __m256i rs) {
     return _mm256_add_epi32(_mm256_unpacklo_epi64(pq, rs), _mm256_unpackhi_epi64(pq, rs));
 }
 
+/* A HIGH16 vector (or fold of them) with its high half's lanes divided by 16. */
+static inline TARGET __m256i unscale_high(__m256i a, const int form) {
+    return form == HIGH16 ? _mm256_srav_epi32(a, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)) : a;
+}
+
 /* The blocks' totals as floats, lane k block k, for n = 4, 2 or 1: unpacks and adds (no
  * 256-bit hadd: on Zen 4 it holds a shuffle unit two cycles), then cvtdq2ps, which rounds
  * as (float) does. */
-static inline __attribute__((always_inline)) TARGET __m128 block_totals(const __m256i *v, const int n, const int narrow) {
+static inline __attribute__((always_inline)) TARGET __m128 block_totals(const __m256i *v, const int n, const int form) {
     if (n == 4) {
-        const __m256i a = fold_quads(fold_pairs(v[0], v[1], narrow), fold_pairs(v[2], v[3], narrow));
+        const __m256i a = unscale_high(fold_quads(fold_pairs(v[0], v[1], form), fold_pairs(v[2], v[3], form)), form);
         return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)));
     }
     if (n == 2) {
-        const __m256i a = fold_pairs(v[0], v[1], narrow);
+        const __m256i a = unscale_high(fold_pairs(v[0], v[1], form), form);
         const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
         return _mm_cvtepi32_ps(_mm_add_epi32(h, _mm_unpackhi_epi64(h, h)));
     }
-    const __m256i w = narrow ? _mm256_madd_epi16(v[0], _mm256_set1_epi16(1)) : v[0];
+    const __m256i w = form == NARROW ? _mm256_madd_epi16(v[0], _mm256_set1_epi16(1)) : unscale_high(v[0], form);
     return _mm_cvtepi32_ps(sum_lanes(w));
 }
 
@@ -288,14 +307,14 @@ static inline __attribute__((always_inline)) TARGET float lane_f32(__m128 v, con
  * asked for once (prefetch_ahead), not once a block: several small blocks share a line. */
 static inline __attribute__((always_inline)) TARGET float block_steps(float sum, __m128 *off, const uint8_t *x, size_t xb,
                                                                       const uint8_t *y, size_t yb, const int n,
-                                                                      block_ints_fn ints, const int narrow,
+                                                                      block_ints_fn ints, const int form,
                                                                       block_scales_fn scales, const void *stop) {
     __m256i v[4];
     prefetch_ahead(x, n * (int)xb, stop);
     const __m128 d = off ? _mm_setzero_ps() : scales(x, xb, y, yb, n);
     for (int k = 0; k < n; k++)
         v[k] = ints(x + k * xb, y + k * yb);
-    const __m128 t = block_totals(v, n, narrow);
+    const __m128 t = block_totals(v, n, form);
     for (int k = 0; k < n; k++) {
         if (off) {
             const __m128 xs = h2f_pair((const uint16_t *)(x + k * xb)), ys = h2f_pair((const uint16_t *)(y + k * yb));
@@ -316,20 +335,20 @@ static inline __attribute__((always_inline)) TARGET float block_steps(float sum,
  * took longer on 11008-wide rows, and spill AVX2's sixteen registers). */
 static inline __attribute__((always_inline)) TARGET float row_steps(const void *row, size_t xb, const void *xq, size_t yb,
                                                                     int64_t nb, const int group, block_ints_fn ints,
-                                                                    const int narrow, block_scales_fn scales,
+                                                                    const int form, block_scales_fn scales,
                                                                     __m128 *off, const void *stop) {
     const uint8_t *x = row, *y = xq;
     float sum = 0.0f;
     int64_t i = 0;
     if (group > 1)
         for (; i + group <= nb; i += group)
-            sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, group, ints, narrow, scales, stop);
+            sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, group, ints, form, scales, stop);
     if (group > 2 && i + 2 <= nb) {
-        sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, 2, ints, narrow, scales, stop);
+        sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, 2, ints, form, scales, stop);
         i += 2;
     }
     for (; i < nb; i++)
-        sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, 1, ints, narrow, scales, stop);
+        sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, 1, ints, form, scales, stop);
     return sum;
 }
 
@@ -379,7 +398,8 @@ static inline TARGET __m256i codes32(const void *block, size_t at) {
 static inline TARGET __m256i ints_q8_0(const void *x, const void *y) {
     const __m256i qx = codes32(x, offsetof(block_q8_0, qs)), qy = codes32(y, offsetof(block_q8_0, qs));
 #ifdef SQ_X86_VNNI
-    return dot_offset(_mm256_xor_si256(qx, _mm256_set1_epi8((char)0x80)), 0x80, qy);
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    return dot_offset(_mm256_xor_si256(qx, k80), k80, qy);
 #else
     return dot_ss8(qx, qy);
 #endif
@@ -389,13 +409,21 @@ TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, c
     return row_steps(row, sizeof(block_q8_0), xq, sizeof(block_q8_0), nb, 4, ints_q8_0, 0, scales_32, NULL, stop);
 }
 
-/* Q4_0: the codes q - 8. */
+/* Q4_0: the codes q - 8; on VNNI the high half's codes and offset both 16 times theirs
+ * (HIGH16). */
 static inline TARGET __m256i ints_q4_0(const void *x, const void *y) {
-    return dot_offset(nibbles32(((const block_q4_0 *)x)->qs), 8, codes32(y, offsetof(block_q8_0, qs)));
+    const __m256i qy = codes32(y, offsetof(block_q8_0, qs));
+#ifdef SQ_X86_VNNI
+    const __m256i c = _mm256_setr_epi64x(0x0808080808080808, 0x0808080808080808, (long long)0x8080808080808080ull,
+                                         (long long)0x8080808080808080ull);
+    return dot_offset(nibbles32_high16(((const block_q4_0 *)x)->qs), c, qy);
+#else
+    return dot_offset(nibbles32(((const block_q4_0 *)x)->qs), _mm256_set1_epi8(8), qy);
+#endif
 }
 
 TARGET float KERNEL(vec_dot_q4_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q4_0), xq, sizeof(block_q8_0), nb, 4, ints_q4_0, NARROW_AVX2, scales_32, NULL,
+    return row_steps(row, sizeof(block_q4_0), xq, sizeof(block_q8_0), nb, 4, ints_q4_0, NIBBLE_FORM, scales_32, NULL,
                      stop);
 }
 
@@ -407,7 +435,7 @@ static inline TARGET __m256i ints_iq4_nl(const void *x, const void *y) {
     const __m256i q = nibbles32(((const block_iq4_nl *)x)->qs);
 #ifdef SQ_X86_VNNI
     const __m256i k80 = _mm256_set1_epi8((char)0x80);
-    return dot_offset(_mm256_shuffle_epi8(_mm256_xor_si256(lut, k80), q), 0x80, qy);
+    return dot_offset(_mm256_shuffle_epi8(_mm256_xor_si256(lut, k80), q), k80, qy);
 #else
     return dot_ss8(_mm256_shuffle_epi8(lut, q), qy);
 #endif
@@ -420,17 +448,17 @@ TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb,
 /* Q4_1: the unsigned codes; m * s goes to the offset chain. maddubs's pair sums are at
  * most 2 * 15 * 127, folded two to an int16 lane 7620. */
 static inline TARGET __m256i ints_q4_1(const void *x, const void *y) {
-    const __m256i q = nibbles32(((const block_q4_1 *)x)->qs), qy = codes32(y, offsetof(block_q8_1, qs));
+    const __m256i qy = codes32(y, offsetof(block_q8_1, qs));
 #ifdef SQ_X86_VNNI
-    return dot_us8(q, qy);
+    return dot_us8(nibbles32_high16(((const block_q4_1 *)x)->qs), qy);
 #else
-    return _mm256_maddubs_epi16(q, qy);
+    return _mm256_maddubs_epi16(nibbles32(((const block_q4_1 *)x)->qs), qy);
 #endif
 }
 
 TARGET float KERNEL(vec_dot_q4_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
     __m128 off = _mm_setzero_ps();
-    const float sum = row_steps(row, sizeof(block_q4_1), xq, sizeof(block_q8_1), nb, 4, ints_q4_1, NARROW_AVX2, NULL,
+    const float sum = row_steps(row, sizeof(block_q4_1), xq, sizeof(block_q8_1), nb, 4, ints_q4_1, NIBBLE_FORM, NULL,
                                 &off, stop);
     return sum + _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
@@ -451,7 +479,8 @@ static inline TARGET __m256i q5_bit4(const uint8_t *qh) {
 /* Q5_0: the codes q - 16. */
 static inline TARGET __m256i ints_q5_0(const void *x, const void *y) {
     const block_q5_0 *b = x;
-    return dot_offset(_mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), 16, codes32(y, offsetof(block_q8_0, qs)));
+    return dot_offset(_mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), _mm256_set1_epi8(16),
+                      codes32(y, offsetof(block_q8_0, qs)));
 }
 
 TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
