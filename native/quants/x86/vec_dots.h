@@ -154,8 +154,8 @@ static inline TARGET __m256i nibbles32(const uint8_t *p) {
  * instruction less, for VNNI's vpdpbusd, which does not saturate (HIGH16 below). */
 static inline TARGET __m256i nibbles32_high16(const uint8_t *p) {
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_and_si256(b, _mm256_setr_epi64x(0x0f0f0f0f0f0f0f0f, 0x0f0f0f0f0f0f0f0f, (long long)0xf0f0f0f0f0f0f0f0ull,
-                                                  (long long)0xf0f0f0f0f0f0f0f0ull));
+    const long long lo = 0x0f0f0f0f0f0f0f0f, hi = (long long)0xf0f0f0f0f0f0f0f0ull;
+    return _mm256_and_si256(b, _mm256_setr_epi64x(lo, lo, hi, hi));
 }
 
 /* The two integer steps the VNNI copy does in one instruction each: exact sums, whose
@@ -305,9 +305,9 @@ static inline __attribute__((always_inline)) TARGET float lane_f32(__m128 v, con
  * vector register, they are ready in time, and hold no registers while the integers are
  * formed (in AVX2's sixteen, GCC then kept the chains in memory). The group's lines are
  * asked for once (prefetch_ahead), not once a block: several small blocks share a line. */
-static inline __attribute__((always_inline)) TARGET float block_steps(float sum, __m128 *off, const uint8_t *x, size_t xb,
-                                                                      const uint8_t *y, size_t yb, const int n,
-                                                                      block_ints_fn ints, const int form,
+static inline __attribute__((always_inline)) TARGET float block_steps(float sum, __m128 *off, const uint8_t *x,
+                                                                      size_t xb, const uint8_t *y, size_t yb,
+                                                                      const int n, block_ints_fn ints, const int form,
                                                                       block_scales_fn scales, const void *stop) {
     __m256i v[4];
     prefetch_ahead(x, n * (int)xb, stop);
@@ -333,10 +333,11 @@ static inline __attribute__((always_inline)) TARGET float block_steps(float sum,
  * at the start of a row the chain has nothing else to do. The blocks of 32 go four at a
  * time (eight took longer on SmolLM2's rows), the K types' of 256 one at a time (two
  * took longer on 11008-wide rows, and spill AVX2's sixteen registers). */
-static inline __attribute__((always_inline)) TARGET float row_steps(const void *row, size_t xb, const void *xq, size_t yb,
-                                                                    int64_t nb, const int group, block_ints_fn ints,
-                                                                    const int form, block_scales_fn scales,
-                                                                    __m128 *off, const void *stop) {
+static inline __attribute__((always_inline)) TARGET float row_steps(const void *row, size_t xb, const void *xq,
+                                                                    size_t yb, int64_t nb, const int group,
+                                                                    block_ints_fn ints, const int form,
+                                                                    block_scales_fn scales, __m128 *off,
+                                                                    const void *stop) {
     const uint8_t *x = row, *y = xq;
     float sum = 0.0f;
     int64_t i = 0;
@@ -374,7 +375,9 @@ static inline __attribute__((always_inline)) TARGET __m128 scales_f16_f32(const 
     float a[4];
     for (int k = 0; k < n; k++)
         memcpy(&a[k], y + k * yb, 4);
-    const __m128 da = n == 4 ? _mm_setr_ps(a[0], a[1], a[2], a[3]) : n == 2 ? _mm_setr_ps(a[0], a[1], 0, 0) : _mm_set_ss(a[0]);
+    const __m128 da = n == 4   ? _mm_setr_ps(a[0], a[1], a[2], a[3])
+                      : n == 2 ? _mm_setr_ps(a[0], a[1], 0, 0)
+                               : _mm_set_ss(a[0]);
     return _mm_mul_ps(_mm_cvtph_ps(f16_column(x + at, xb, n)), da);
 }
 
@@ -406,7 +409,7 @@ static inline TARGET __m256i ints_q8_0(const void *x, const void *y) {
 }
 
 TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q8_0), xq, sizeof(block_q8_0), nb, 4, ints_q8_0, 0, scales_32, NULL, stop);
+    return row_steps(row, sizeof(block_q8_0), xq, sizeof(block_q8_0), nb, 4, ints_q8_0, WIDE, scales_32, NULL, stop);
 }
 
 /* Q4_0: the codes q - 8; on VNNI the high half's codes and offset both 16 times theirs
@@ -442,7 +445,8 @@ static inline TARGET __m256i ints_iq4_nl(const void *x, const void *y) {
 }
 
 TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_iq4_nl), xq, sizeof(block_q8_0), nb, 4, ints_iq4_nl, 0, scales_32, NULL, stop);
+    return row_steps(row, sizeof(block_iq4_nl), xq, sizeof(block_q8_0), nb, 4, ints_iq4_nl, WIDE, scales_32, NULL,
+                     stop);
 }
 
 /* Q4_1: the unsigned codes; m * s goes to the offset chain. maddubs's pair sums are at
@@ -547,7 +551,8 @@ static inline TARGET float sum_minus_off(__m128 acc) {
  * bytes 8..15 of sc_mn (k_scales_mins). A pair of bsums is at most 2 * 16 * 128 in int16. */
 static inline TARGET __m128i k_min_terms(__m128i sc_mn, const int16_t *bsums) {
     const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sc_mn, sc_mn));
-    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums), _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                      _mm_loadu_si128((const __m128i *)(bsums + 8)));
     return _mm_madd_epi16(mins, bs);
 }
 
@@ -619,7 +624,8 @@ static inline TARGET __m256i scale_halves(int lo, int hi) {
  * codes holds, one per half, is then one byte shuffle away (broadcast_word(sc_pairs, g / 2)),
  * where scale_halves would take two broadcasts and an insert. */
 static inline TARGET __m256i scale_pairs(__m128i sc8) {
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
 }
 
 /* Q2_K: imin = mn[g] * bsums[g] over the 16 groups, folded to 4 lanes; the scales (low
@@ -663,10 +669,10 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
 static inline TARGET __m128i q3_K_scales(const block_q3_K *x) {
     const uint8_t *p = (const uint8_t *)x + offsetof(block_q3_K, scales) - 2;
     const __m128i v = _mm_srli_si128(_mm_loadu_si128((const __m128i *)p), 2);
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)), _mm_setr_epi32(0, 0, 4, 4)),
-                                     _mm_set1_epi8(0x0f));
-    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2)), _mm_setr_epi32(0, 2, 4, 6)),
-                                     _mm_set1_epi8(3));
+    const __m128i w01 = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)); /* words 0 1 0 1 */
+    const __m128i w2 = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(w01, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(w2, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
     return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
 }
 
@@ -684,7 +690,8 @@ static inline TARGET __m256i ints_q3_K(const void *xv, const void *yv) {
     const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
     const __m256i hbits = _mm256_loadu_si256((const __m256i *)x->hmask);
     __m256i acc[2];
-    acc[0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bsums), 2));
+    const __m256i sc_bsums = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bsums);
+    acc[0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc_bsums, 2));
     acc[1] = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
@@ -692,7 +699,8 @@ static inline TARGET __m256i ints_q3_K(const void *xv, const void *yv) {
         for (int c = 0; c < 4; c++) {
             const int b = 4 * h + c; /* the high bit's position, to go to bit 2 */
             const __m256i hb = b >= 2 ? _mm256_srli_epi16(hbits, b - 2) : _mm256_slli_epi16(hbits, 2 - b);
-            const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3), _mm256_and_si256(hb, m4));
+            const __m256i low2 = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
+            const __m256i q = _mm256_or_si256(low2, _mm256_and_si256(hb, m4));
             const __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * c));
             sumi = madd_add(sumi, broadcast_word(sc_pairs, 4 * h + c), _mm256_maddubs_epi16(q, qy));
         }
@@ -706,7 +714,7 @@ static inline TARGET __m128 scales_q3_K(const uint8_t *x, size_t xb, const uint8
 }
 
 TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q3_K), xq, sizeof(block_q8_K), nb, 1, ints_q3_K, 0, scales_q3_K, NULL, stop);
+    return row_steps(row, sizeof(block_q3_K), xq, sizeof(block_q8_K), nb, 1, ints_q3_K, WIDE, scales_q3_K, NULL, stop);
 }
 
 /* Q6_K: the codes q (0..63) multiply the activations unsigned, pair sums at most
@@ -753,7 +761,7 @@ static inline TARGET __m128 scales_q6_K(const uint8_t *x, size_t xb, const uint8
 }
 
 TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q6_K), xq, sizeof(block_q8_K), nb, 1, ints_q6_K, 0, scales_q6_K, NULL, stop);
+    return row_steps(row, sizeof(block_q6_K), xq, sizeof(block_q8_K), nb, 1, ints_q6_K, WIDE, scales_q6_K, NULL, stop);
 }
 
 /* IQ4_XS: the grid (quants/blocks.h) is looked up 16 codes at a time with a byte
@@ -782,7 +790,8 @@ static inline TARGET __m128 scales_iq4_xs(const uint8_t *x, size_t xb, const uin
 }
 
 TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_iq4_xs), xq, sizeof(block_q8_K), nb, 1, ints_iq4_xs, 0, scales_iq4_xs, NULL, stop);
+    return row_steps(row, sizeof(block_iq4_xs), xq, sizeof(block_q8_K), nb, 1, ints_iq4_xs, WIDE, scales_iq4_xs, NULL,
+                     stop);
 }
 
 #endif
