@@ -1,29 +1,34 @@
-/* quants/x86/vec_dots.h: the x86-64 vec_dot kernels, written once and compiled twice:
- * by x86/avx2.c for AVX2/FMA/F16C, and by x86/avx512vnni.c for CPUs that also have
- * AVX-512 VNNI (with VL and BW), where two integer steps each become one instruction.
- * Both copies work in 256-bit registers and put the same value in every int32 lane, so
- * their float steps, and their results, are the same bits.
+/* quants/x86/vec_dots.h: the x86-64 vec_dot kernels, one row of weights times one row of
+ * activations, written once and compiled twice: by x86/avx2.c for AVX2/FMA/F16C, and by
+ * x86/avx512vnni.c for CPUs that also have AVX-512 VNNI (with VL and BW), where some
+ * integer steps take one instruction instead of two. Both copies give the bits of the
+ * scalar vec_dot_<name> of quants/scalar.c, the definition of the engine's products
+ * (quants/types.h): per block, in row order, an exact integer isum, then one
+ * fmaf((float)isum, dw * da, sum), and for the types with offsets a second chain beside it.
  *
  * quants/dispatch.c selects a copy at run time (see sq_simd_name / sq_set_simd) from
  * what the CPU has; every function here carries a target attribute, and nothing here
  * runs unless that check passed (simd.h).
  *
- * The shape follows llama.cpp's AVX2 kernels: per block, the codes are multiplied
- * as bytes with maddubs (unsigned x signed, pairs summed to int16), widened with
- * madd (int16 pairs summed to int32, times a group scale where the type has one),
- * converted to float and accumulated with an FMA by the block's combined float
- * scale into 8 float lanes, which a final horizontal sum adds up. Every kernel here
- * has a scalar twin in quants/scalar.c with the same float steps, so the two paths
- * agree bit for bit (quants/types.h says why that holds). The VNNI copy forms the
- * same int32 lanes with vpdpbusd (the 4 byte products of a lane summed straight into
- * int32) where a product has no group scale, and with vpdpwssd (madd and the add
- * after it) where it has one.
+ * Per block the codes are multiplied as bytes, with maddubs (unsigned x signed, pairs
+ * summed to int16) widened by madd (int16 pairs summed to int32, times a group scale where
+ * the type has one), or on VNNI with vpdpbusd (4 byte products summed straight into an
+ * int32 lane) and vpdpwssd (madd and the add after it), into a register whose lanes sum to
+ * the block's isum: exact, so the lanes may hold any split of it. The lanes of a few
+ * blocks are then added up together (block_totals) and the blocks' steps taken one after
+ * another on a float (row_steps); the K types with mins keep both chains in two lanes of
+ * one register (sum_min_step). The chain's FMAs wait on one another (four cycles each on
+ * Zen 4), so a block's other work is kept short, and small groups of blocks let the first
+ * step of a row come early.
  *
- * maddubs saturates int16: every use here stays below it. Q4 nibbles (0..15) and
- * Q6_K codes (0..63) times activation codes (-127..127, as the quantizers make
- * them) give pair sums of at most 3810 and 16002, Q5_1's (0..31) 7874 (Q2_K, Q3_K
- * and Q5_K codes are smaller); signed x signed (Q8_0, Q4_0, Q5_0, the IQ4 grid)
- * goes through |x| and sign(y, x), at most 2 * 128 * 127 = 32512.
+ * maddubs saturates int16: every use here stays below it, for activation codes in
+ * -127..127 (as the quantizers make them; dot_offset also negates them). Unsigned codes
+ * times them give pair sums of at most 2 * 63 * 127 = 16002 (Q6_K; Q4_1's nibbles 3810,
+ * Q5_1's 7874; Q2_K, Q3_K's q + 4 and Q5_K smaller), two of Q4_1/Q5_1's folded into one
+ * int16 lane 15748; codes with an offset (Q4_0, Q5_0) go as u * y plus c * -y, at most
+ * 11938 and two folded 23876; signed x signed on AVX2 (Q8_0, the IQ4 grid) through |x|
+ * and sign(y, x), at most 2 * 128 * 127 = 32512. vpdpbusd sums into int32 and saturates
+ * nothing.
  *
  * The including file defines SQ_X86_VNNI for the VNNI copy and nothing for the AVX2
  * one; KERNEL(vec_dot_q8_0) is then sq_vec_dot_q8_0_avx512vnni or sq_vec_dot_q8_0_avx2.
@@ -121,6 +126,14 @@ static inline TARGET int32_t hsum8_i32(__m256i v) {
  * the sixteen-row kernels once their bodies became inline functions). */
 static inline __attribute__((always_inline)) TARGET void prefetch_ahead(const void *block, int bytes, const void *stop) {
     const uintptr_t ahead = (uintptr_t)block + PREFETCH_AHEAD, near = (uintptr_t)block + PREFETCH_NEAR;
+    if (ahead + (uintptr_t)bytes <= (uintptr_t)stop) { /* all of it, as nearly always: one test */
+        for (int k = 0; k < bytes; k += 64) {
+            _mm_prefetch((const char *)(ahead + (uintptr_t)k), PREFETCH_INTO);
+            if (PREFETCH_NEAR)
+                _mm_prefetch((const char *)(near + (uintptr_t)k), _MM_HINT_T0);
+        }
+        return;
+    }
     for (int k = 0; k < bytes; k += 64) {
         if (ahead + (uintptr_t)k < (uintptr_t)stop)
             _mm_prefetch((const char *)(ahead + (uintptr_t)k), PREFETCH_INTO);
@@ -137,8 +150,16 @@ static inline TARGET __m256i nibbles32(const uint8_t *p) {
     return _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
 }
 
-/* The two integer steps the VNNI copy does in one instruction each. Their lanes are
- * the AVX2 copy's: exact sums, in an order that does not matter for integers. */
+/* The same codes with those of bytes 16..31 times 16 (the high nibbles left in place): one
+ * instruction less, for VNNI's vpdpbusd, which does not saturate (HIGH16 below). */
+static inline TARGET __m256i nibbles32_high16(const uint8_t *p) {
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    const long long lo = 0x0f0f0f0f0f0f0f0f, hi = (long long)0xf0f0f0f0f0f0f0f0ull;
+    return _mm256_and_si256(b, _mm256_setr_epi64x(lo, lo, hi, hi));
+}
+
+/* The two integer steps the VNNI copy does in one instruction each: exact sums, whose
+ * split over the lanes does not matter. */
 #ifdef SQ_X86_VNNI
 #ifdef SQ_VNNI_VIA_SIMDE
 /* SIMDe's vector type has __m256i's size but another element type: a cast converts. */
@@ -160,7 +181,7 @@ static inline TARGET __m256i vnni_dpwssd(__m256i acc, __m256i a, __m256i b) {
 
 /* Sum of 32 products of unsigned bytes u and signed bytes s, as 8 int32 lanes: lane j
  * holds the 4 products of bytes 4j..4j+3. (vpdpbusd does not saturate where maddubs
- * would, but no kernel here comes near that: the same lanes either way.) */
+ * would, but no use here comes near that: the same lanes either way.) */
 static inline TARGET __m256i dot_us8(__m256i u, __m256i s) {
 #ifdef SQ_X86_VNNI
     return vnni_dpbusd(_mm256_setzero_si256(), u, s);
@@ -184,21 +205,19 @@ static inline TARGET __m256i dot_ss8(__m256i x, __m256i y) {
     return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
-/* The multiplies (maddubs, madd, sign, vpdpbusd, and the FMAs) share two of Zen 4's four
- * vector pipes, and each FMA of a row's chain that finds both busy waits a cycle: the
- * kernels below spend few of them per block. */
-
-/* sum(u * y) - c * sum(y) over 32 bytes, unsigned u, signed y in -127..127, a constant
- * byte c: the product of codes with an offset c folded in, (u - c) * y, without the two
- * sign instructions of dot_ss8. VNNI: two vpdpbusd, the second of c and -y. AVX2: the
- * int16 pair sums of u * y and of c * -y added, then widened (dot16_widen), so the int16
- * lanes hold 2 * (u + c) * 127 at most: for u + c <= 47 (Q5_0's 31 + 16), 11938. */
-static inline TARGET __m256i dot_offset(__m256i u, int c, __m256i y) {
+/* sum((u - c) * y) over 32 bytes, for unsigned u, signed y in -127..127 and constant
+ * bytes c, as sum(u * y) + sum(c * -y): codes with an offset, without dot_ss8's two sign
+ * instructions. (The multiplies, sign among them, and the FMAs share two of Zen 4's four
+ * vector pipes, and an FMA of a row's chain that finds both busy waits: with fewer, Q8_0
+ * went 5% faster.) VNNI: two vpdpbusd, int32 lanes. AVX2: the two maddubs's int16 pair
+ * sums added, at most 2 * (u + c) * 127, for Q5_0's u + c <= 31 + 16 11938, left NARROW
+ * (fold_pairs widens them). */
+static inline TARGET __m256i dot_offset(__m256i u, __m256i c, __m256i y) {
     const __m256i neg_y = _mm256_sub_epi8(_mm256_setzero_si256(), y);
 #ifdef SQ_X86_VNNI
-    return vnni_dpbusd(vnni_dpbusd(_mm256_setzero_si256(), u, y), _mm256_set1_epi8((char)c), neg_y);
+    return vnni_dpbusd(vnni_dpbusd(_mm256_setzero_si256(), u, y), c, neg_y);
 #else
-    return _mm256_add_epi16(_mm256_maddubs_epi16(u, y), _mm256_maddubs_epi16(_mm256_set1_epi8((char)c), neg_y));
+    return _mm256_add_epi16(_mm256_maddubs_epi16(u, y), _mm256_maddubs_epi16(c, neg_y));
 #endif
 }
 
@@ -207,17 +226,23 @@ static inline TARGET __m256i dot_offset(__m256i u, int c, __m256i y) {
  * ------------------------------------------------------------------------- */
 
 /* What a kernel supplies: a block's integer vector, whose lanes sum to the block's isum
- * (int32 lanes; or int16 lanes, "narrow", that the reduction widens), and the products
- * d = dw * da of n blocks' float scales (n = 4 or 1), in the lanes of one register. */
+ * (in one of the forms below), and the products d = dw * da of n blocks' float scales
+ * (n = 4, 2 or 1), in lanes 0..n-1 of a register. */
 typedef __m256i (*block_ints_fn)(const void *x, const void *y);
 typedef __m128 (*block_scales_fn)(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n);
 
-/* Narrow vectors are AVX2's: maddubs's int16 pair sums, left unwidened until two blocks'
- * are folded together (one madd for two blocks). VNNI's vpdpbusd gives int32 lanes. */
+/* The forms of a block's vector. WIDE: int32 lanes. NARROW: AVX2's maddubs int16 pair sums,
+ * left unwidened until two blocks' are folded together (one madd for two blocks). HIGH16
+ * (VNNI): int32 lanes, those of the high 128 bits 16 times their share, from nibble codes
+ * taken as byte & 0xf0 there (no shift per block); every int32 lane of the high half is a
+ * sum of multiples of 16, so one arithmetic shift per group of blocks takes it back, exactly. */
+enum { WIDE, NARROW, HIGH16 };
 #ifdef SQ_X86_VNNI
-#define NARROW_AVX2 0
+#define NARROW_AVX2 WIDE
+#define NIBBLE_FORM HIGH16
 #else
-#define NARROW_AVX2 1
+#define NARROW_AVX2 NARROW
+#define NIBBLE_FORM NARROW
 #endif
 
 /* Lane 0 of the result: the sum of v's 8 int32 lanes (exact). */
@@ -232,8 +257,8 @@ static inline TARGET __m128i sum_lanes(__m256i v) {
  * time and then widened, each int32 lane the sum of four of one block's int16 lanes (their
  * bound doubled: see dot_offset). Then two such folded into a, b, c, d's sums of the
  * half's lanes. Integer sums, so the order of the adds does not matter. */
-static inline TARGET __m256i fold_pairs(__m256i p, __m256i q, const int narrow) {
-    if (narrow)
+static inline TARGET __m256i fold_pairs(__m256i p, __m256i q, const int form) {
+    if (form == NARROW)
         return _mm256_madd_epi16(_mm256_add_epi16(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q)),
                                  _mm256_set1_epi16(1));
     return _mm256_add_epi32(_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q));
@@ -242,25 +267,30 @@ static inline TARGET __m256i fold_quads(__m256i pq, __m256i rs) {
     return _mm256_add_epi32(_mm256_unpacklo_epi64(pq, rs), _mm256_unpackhi_epi64(pq, rs));
 }
 
+/* A HIGH16 vector (or fold of them) with its high half's lanes divided by 16. */
+static inline TARGET __m256i unscale_high(__m256i a, const int form) {
+    return form == HIGH16 ? _mm256_srav_epi32(a, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)) : a;
+}
+
 /* The blocks' totals as floats, lane k block k, for n = 4, 2 or 1: unpacks and adds (no
- * hadd: on Zen 4 it holds a shuffle unit two cycles), then cvtdq2ps, which rounds as
- * (float) does. */
-static inline __attribute__((always_inline)) TARGET __m128 block_totals(const __m256i *v, const int n, const int narrow) {
+ * 256-bit hadd: on Zen 4 it holds a shuffle unit two cycles), then cvtdq2ps, which rounds
+ * as (float) does. */
+static inline __attribute__((always_inline)) TARGET __m128 block_totals(const __m256i *v, const int n, const int form) {
     if (n == 4) {
-        const __m256i a = fold_quads(fold_pairs(v[0], v[1], narrow), fold_pairs(v[2], v[3], narrow));
+        const __m256i a = unscale_high(fold_quads(fold_pairs(v[0], v[1], form), fold_pairs(v[2], v[3], form)), form);
         return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)));
     }
     if (n == 2) {
-        const __m256i a = fold_pairs(v[0], v[1], narrow);
+        const __m256i a = unscale_high(fold_pairs(v[0], v[1], form), form);
         const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
         return _mm_cvtepi32_ps(_mm_add_epi32(h, _mm_unpackhi_epi64(h, h)));
     }
-    const __m256i w = narrow ? _mm256_madd_epi16(v[0], _mm256_set1_epi16(1)) : v[0];
+    const __m256i w = form == NARROW ? _mm256_madd_epi16(v[0], _mm256_set1_epi16(1)) : unscale_high(v[0], form);
     return _mm_cvtepi32_ps(sum_lanes(w));
 }
 
 /* Lane k of a register of 4 floats, k a constant. */
-static inline __attribute__((always_inline)) TARGET float lane(__m128 v, const int k) {
+static inline __attribute__((always_inline)) TARGET float lane_f32(__m128 v, const int k) {
     return k == 0 ? _mm_cvtss_f32(v) : k == 1 ? _mm_cvtss_f32(_mm_movehdup_ps(v))
          : k == 2 ? _mm_cvtss_f32(_mm_movehl_ps(v, v)) : _mm_cvtss_f32(_mm_shuffle_ps(v, v, 3));
 }
@@ -275,160 +305,164 @@ static inline __attribute__((always_inline)) TARGET float lane(__m128 v, const i
  * vector register, they are ready in time, and hold no registers while the integers are
  * formed (in AVX2's sixteen, GCC then kept the chains in memory). The group's lines are
  * asked for once (prefetch_ahead), not once a block: several small blocks share a line. */
-static inline __attribute__((always_inline)) TARGET float block_steps(float sum, __m128 *off, const uint8_t *x, size_t xb,
-                                                                      const uint8_t *y, size_t yb, const int n,
-                                                                      block_ints_fn ints, const int narrow,
+static inline __attribute__((always_inline)) TARGET float block_steps(float sum, __m128 *off, const uint8_t *x,
+                                                                      size_t xb, const uint8_t *y, size_t yb,
+                                                                      const int n, block_ints_fn ints, const int form,
                                                                       block_scales_fn scales, const void *stop) {
     __m256i v[4];
     prefetch_ahead(x, n * (int)xb, stop);
     const __m128 d = off ? _mm_setzero_ps() : scales(x, xb, y, yb, n);
     for (int k = 0; k < n; k++)
         v[k] = ints(x + k * xb, y + k * yb);
-    const __m128 t = block_totals(v, n, narrow);
+    const __m128 t = block_totals(v, n, form);
     for (int k = 0; k < n; k++) {
         if (off) {
             const __m128 xs = h2f_pair((const uint16_t *)(x + k * xb)), ys = h2f_pair((const uint16_t *)(y + k * yb));
             *off = _mm_fmadd_ps(xs, ys, *off);
-            sum = __builtin_fmaf(lane(t, k), _mm_cvtss_f32(_mm_mul_ps(xs, ys)), sum);
+            sum = __builtin_fmaf(lane_f32(t, k), _mm_cvtss_f32(_mm_mul_ps(xs, ys)), sum);
         } else {
-            sum = __builtin_fmaf(lane(t, k), lane(d, k), sum);
+            sum = __builtin_fmaf(lane_f32(t, k), lane_f32(d, k), sum);
         }
     }
     return sum;
 }
 
 /* A row of nb blocks: the definition's `sum` chain (and Q4_1/Q5_1's offset chain in lane
- * 1 of *off, as block_steps), `group` (4, 2 or 1) blocks at a time, then one by one.
- * Small groups: a group's first step waits for all its integers and their reduction,
- * and at the start of a row the chain has nothing else to do; the blocks of 32 go four
- * at a time (eight took longer), the K types' 256 two at a time in the VNNI copy and one
- * at a time in AVX2's, whose sixteen registers the second block's work would spill. */
-static inline __attribute__((always_inline)) TARGET float row_steps(const void *row, size_t xb, const void *xq, size_t yb,
-                                                                    int64_t nb, const int group, block_ints_fn ints,
-                                                                    const int narrow, block_scales_fn scales,
-                                                                    __m128 *off, const void *stop) {
+ * 1 of *off, as block_steps), `group` (4 or 1) blocks at a time, then two, then one.
+ * Small groups: a group's first step waits for all its integers and their reduction, and
+ * at the start of a row the chain has nothing else to do. The blocks of 32 go four at a
+ * time (eight took longer on SmolLM2's rows), the K types' of 256 one at a time (two
+ * took longer on 11008-wide rows, and spill AVX2's sixteen registers). */
+static inline __attribute__((always_inline)) TARGET float row_steps(const void *row, size_t xb, const void *xq,
+                                                                    size_t yb, int64_t nb, const int group,
+                                                                    block_ints_fn ints, const int form,
+                                                                    block_scales_fn scales, __m128 *off,
+                                                                    const void *stop) {
     const uint8_t *x = row, *y = xq;
     float sum = 0.0f;
     int64_t i = 0;
     if (group > 1)
         for (; i + group <= nb; i += group)
-            sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, group, ints, narrow, scales, stop);
+            sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, group, ints, form, scales, stop);
+    if (group > 2 && i + 2 <= nb) {
+        sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, 2, ints, form, scales, stop);
+        i += 2;
+    }
     for (; i < nb; i++)
-        sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, 1, ints, narrow, scales, stop);
+        sum = block_steps(sum, off, x + i * xb, xb, y + i * yb, yb, 1, ints, form, scales, stop);
     return sum;
 }
 
-#ifdef SQ_X86_VNNI
-#define K_GROUP 2
-#else
-#define K_GROUP 1
-#endif
-
 /* The f16 at p + k * stride for k < n (n = 4, 2 or 1), in halves 0..n-1 of a register; the
- * other halves 0. One 16-bit load each, nothing read beside them. */
-static inline __attribute__((always_inline)) TARGET __m128i halves(const uint8_t *p, size_t stride, const int n) {
-    uint16_t h[4];
-    for (int k = 0; k < n; k++)
-        memcpy(&h[k], p + k * stride, 2);
-    __m128i r = _mm_cvtsi32_si128(h[0]);
-    if (n >= 2)
-        r = _mm_insert_epi16(r, h[1], 1);
-    if (n == 4) {
-        r = _mm_insert_epi16(r, h[2], 2);
-        r = _mm_insert_epi16(r, h[3], 3);
+ * other halves 0. One 16-bit load each, nothing read beside them; the halves are put
+ * together in a general register, on the integer units, which the vector work leaves
+ * idle (pinsrw would take a shuffle unit each: Q8_0's rows went 5-7% slower). */
+static inline __attribute__((always_inline)) TARGET __m128i f16_column(const uint8_t *p, size_t stride, const int n) {
+    uint64_t w = 0;
+    for (int k = 0; k < n; k++) {
+        uint16_t h;
+        memcpy(&h, p + k * stride, 2);
+        w |= (uint64_t)h << (16 * k);
     }
-    return r;
+    return _mm_cvtsi64_si128((long long)w);
 }
 
-/* The scale products of blocks whose weights' f16 d is `at` bytes into each block, with
- * activations (Q8_0, Q8_1) that start with their f16 d: each product one float multiply
- * of two exactly widened halves, four at once. */
-static inline __attribute__((always_inline)) TARGET __m128 scales_f16(const uint8_t *x, size_t xb, const uint8_t *y,
-                                                                      size_t yb, const int n) {
-    return _mm_mul_ps(_mm_cvtph_ps(halves(x, xb, n)), _mm_cvtph_ps(halves(y, yb, n)));
-}
-
-/* The same with Q8_K activations, whose d is a float, and the weights' f16 d `at` bytes
- * into their blocks. */
+/* The scale products of K blocks, whose f16 d is `at` bytes into each block, with Q8_K
+ * activations, whose d is a float: each product one float multiply of an exactly widened
+ * half and a float, n at once. */
 static inline __attribute__((always_inline)) TARGET __m128 scales_f16_f32(const uint8_t *x, size_t at, size_t xb,
                                                                           const uint8_t *y, size_t yb, const int n) {
     float a[4];
     for (int k = 0; k < n; k++)
         memcpy(&a[k], y + k * yb, 4);
-    const __m128 da = n == 4 ? _mm_setr_ps(a[0], a[1], a[2], a[3]) : n == 2 ? _mm_setr_ps(a[0], a[1], 0, 0) : _mm_set_ss(a[0]);
-    return _mm_mul_ps(_mm_cvtph_ps(halves(x + at, xb, n)), da);
+    const __m128 da = n == 4   ? _mm_setr_ps(a[0], a[1], a[2], a[3])
+                      : n == 2 ? _mm_setr_ps(a[0], a[1], 0, 0)
+                               : _mm_set_ss(a[0]);
+    return _mm_mul_ps(_mm_cvtph_ps(f16_column(x + at, xb, n)), da);
 }
 
 /* ---------------------------------------------------------------------------
  * 32-element blocks with Q8_0 / Q8_1 activations
  * ------------------------------------------------------------------------- */
 
-/* Every 32-element block, weights and activations alike, starts with its f16 d. */
+/* Every 32-element block, weights and activations alike, starts with its f16 d: the
+ * scale products are one float multiply of two exactly widened halves, n at once. */
 static inline TARGET __m128 scales_32(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n) {
-    return scales_f16(x, xb, y, yb, n);
+    return _mm_mul_ps(_mm_cvtph_ps(f16_column(x, xb, n)), _mm_cvtph_ps(f16_column(y, yb, n)));
 }
 
-static inline TARGET __m256i y_codes(const void *y, size_t at) {
-    return _mm256_loadu_si256((const __m256i *)((const uint8_t *)y + at));
+/* The 32 byte codes `at` bytes into a block. */
+static inline TARGET __m256i codes32(const void *block, size_t at) {
+    return _mm256_loadu_si256((const __m256i *)((const uint8_t *)block + at));
 }
 
-/* Q8_0: x * y as (x + 128) * y - 128 * y on VNNI (x ^ 0x80 is x + 128 unsigned); AVX2's
+/* Q8_0: x * y as (x + 128) * y - 128 * y on VNNI (x ^ 0x80 is x + 128, unsigned); AVX2's
  * maddubs would saturate on those, and takes the signs instead. */
 static inline TARGET __m256i ints_q8_0(const void *x, const void *y) {
-    const __m256i qx = y_codes(x, offsetof(block_q8_0, qs)), qy = y_codes(y, offsetof(block_q8_0, qs));
+    const __m256i qx = codes32(x, offsetof(block_q8_0, qs)), qy = codes32(y, offsetof(block_q8_0, qs));
 #ifdef SQ_X86_VNNI
-    return dot_offset(_mm256_xor_si256(qx, _mm256_set1_epi8((char)0x80)), 0x80, qy);
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    return dot_offset(_mm256_xor_si256(qx, k80), k80, qy);
 #else
     return dot_ss8(qx, qy);
 #endif
 }
 
 TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q8_0), xq, sizeof(block_q8_0), nb, 4, ints_q8_0, 0, scales_32, NULL, stop);
+    return row_steps(row, sizeof(block_q8_0), xq, sizeof(block_q8_0), nb, 4, ints_q8_0, WIDE, scales_32, NULL, stop);
 }
 
-/* Q4_0: the codes q - 8. */
+/* Q4_0: the codes q - 8; on VNNI the high half's codes and offset both 16 times theirs
+ * (HIGH16). */
 static inline TARGET __m256i ints_q4_0(const void *x, const void *y) {
-    return dot_offset(nibbles32(((const block_q4_0 *)x)->qs), 8, y_codes(y, offsetof(block_q8_0, qs)));
+    const __m256i qy = codes32(y, offsetof(block_q8_0, qs));
+#ifdef SQ_X86_VNNI
+    const __m256i c = _mm256_setr_epi64x(0x0808080808080808, 0x0808080808080808, (long long)0x8080808080808080ull,
+                                         (long long)0x8080808080808080ull);
+    return dot_offset(nibbles32_high16(((const block_q4_0 *)x)->qs), c, qy);
+#else
+    return dot_offset(nibbles32(((const block_q4_0 *)x)->qs), _mm256_set1_epi8(8), qy);
+#endif
 }
 
 TARGET float KERNEL(vec_dot_q4_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q4_0), xq, sizeof(block_q8_0), nb, 4, ints_q4_0, NARROW_AVX2, scales_32, NULL,
+    return row_steps(row, sizeof(block_q4_0), xq, sizeof(block_q8_0), nb, 4, ints_q4_0, NIBBLE_FORM, scales_32, NULL,
                      stop);
 }
 
 /* IQ4_NL: the 16 grid values, looked up 32 codes at a time with a byte shuffle; on VNNI
  * from the grid plus 128 (unsigned), with 128 * y taken off as for Q8_0. */
 static inline TARGET __m256i ints_iq4_nl(const void *x, const void *y) {
-    const __m256i qy = y_codes(y, offsetof(block_q8_0, qs));
+    const __m256i qy = codes32(y, offsetof(block_q8_0, qs));
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(SQ_IQ4_GRID));
     const __m256i q = nibbles32(((const block_iq4_nl *)x)->qs);
 #ifdef SQ_X86_VNNI
     const __m256i k80 = _mm256_set1_epi8((char)0x80);
-    return dot_offset(_mm256_shuffle_epi8(_mm256_xor_si256(lut, k80), q), 0x80, qy);
+    return dot_offset(_mm256_shuffle_epi8(_mm256_xor_si256(lut, k80), q), k80, qy);
 #else
     return dot_ss8(_mm256_shuffle_epi8(lut, q), qy);
 #endif
 }
 
 TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_iq4_nl), xq, sizeof(block_q8_0), nb, 4, ints_iq4_nl, 0, scales_32, NULL, stop);
+    return row_steps(row, sizeof(block_iq4_nl), xq, sizeof(block_q8_0), nb, 4, ints_iq4_nl, WIDE, scales_32, NULL,
+                     stop);
 }
 
 /* Q4_1: the unsigned codes; m * s goes to the offset chain. maddubs's pair sums are at
  * most 2 * 15 * 127, folded two to an int16 lane 7620. */
 static inline TARGET __m256i ints_q4_1(const void *x, const void *y) {
-    const __m256i q = nibbles32(((const block_q4_1 *)x)->qs), qy = y_codes(y, offsetof(block_q8_1, qs));
+    const __m256i qy = codes32(y, offsetof(block_q8_1, qs));
 #ifdef SQ_X86_VNNI
-    return dot_us8(q, qy);
+    return dot_us8(nibbles32_high16(((const block_q4_1 *)x)->qs), qy);
 #else
-    return _mm256_maddubs_epi16(q, qy);
+    return _mm256_maddubs_epi16(nibbles32(((const block_q4_1 *)x)->qs), qy);
 #endif
 }
 
 TARGET float KERNEL(vec_dot_q4_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
     __m128 off = _mm_setzero_ps();
-    const float sum = row_steps(row, sizeof(block_q4_1), xq, sizeof(block_q8_1), nb, 4, ints_q4_1, NARROW_AVX2, NULL,
+    const float sum = row_steps(row, sizeof(block_q4_1), xq, sizeof(block_q8_1), nb, 4, ints_q4_1, NIBBLE_FORM, NULL,
                                 &off, stop);
     return sum + _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
@@ -449,7 +483,8 @@ static inline TARGET __m256i q5_bit4(const uint8_t *qh) {
 /* Q5_0: the codes q - 16. */
 static inline TARGET __m256i ints_q5_0(const void *x, const void *y) {
     const block_q5_0 *b = x;
-    return dot_offset(_mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), 16, y_codes(y, offsetof(block_q8_0, qs)));
+    return dot_offset(_mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), _mm256_set1_epi8(16),
+                      codes32(y, offsetof(block_q8_0, qs)));
 }
 
 TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
@@ -460,7 +495,7 @@ TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, c
 /* Q5_1: as Q4_1 with 5-bit codes: pair sums at most 2 * 31 * 127, two 15748. */
 static inline TARGET __m256i ints_q5_1(const void *x, const void *y) {
     const block_q5_1 *b = x;
-    const __m256i q = _mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), qy = y_codes(y, offsetof(block_q8_1, qs));
+    const __m256i q = _mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), qy = codes32(y, offsetof(block_q8_1, qs));
 #ifdef SQ_X86_VNNI
     return dot_us8(q, qy);
 #else
@@ -516,12 +551,14 @@ static inline TARGET float sum_minus_off(__m128 acc) {
  * bytes 8..15 of sc_mn (k_scales_mins). A pair of bsums is at most 2 * 16 * 128 in int16. */
 static inline TARGET __m128i k_min_terms(__m128i sc_mn, const int16_t *bsums) {
     const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sc_mn, sc_mn));
-    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums), _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                      _mm_loadu_si128((const __m128i *)(bsums + 8)));
     return _mm_madd_epi16(mins, bs);
 }
 
 /* Q4_K: the group scales stay in a register and are spread over the codes with byte
- * shuffles; 32 bytes of qs serve groups 2c (low nibbles) and 2c+1 (high). */
+ * shuffles; 32 bytes of qs serve groups 2c (low nibbles) and 2c+1 (high). A block's two
+ * totals, then the two steps, as the definition has them (this kernel already did). */
 TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q4_K *x = row;
     const block_q8_K *y = xq;
@@ -582,7 +619,17 @@ static inline TARGET __m256i scale_halves(int lo, int hi) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)), _mm_set1_epi16((short)hi), 1);
 }
 
-/* Q2_K: imin = mn[g] * bsums[g] over the 16 groups, folded to 4 lanes. */
+/* The 16 byte scales of a block (int8, group order) as int16, even groups' in the low 128
+ * bits and odd groups' in the high: the pair of groups g and g+1 that a register of 32
+ * codes holds, one per half, is then one byte shuffle away (broadcast_word(sc_pairs, g / 2)),
+ * where scale_halves would take two broadcasts and an insert. */
+static inline TARGET __m256i scale_pairs(__m128i sc8) {
+    const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, even_odd));
+}
+
+/* Q2_K: imin = mn[g] * bsums[g] over the 16 groups, folded to 4 lanes; the scales (low
+ * nibbles) spread over the codes as Q6_K's. */
 TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q2_K *x = row;
     const block_q8_K *y = xq;
@@ -590,8 +637,8 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
     __m128 acc = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         prefetch_ahead(x + i, sizeof *x, stop);
-        const uint8_t *s = x[i].scales;
-        const __m128i packed = _mm_loadu_si128((const __m128i *)s);
+        const __m128i packed = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i sc_pairs = scale_pairs(_mm_and_si128(packed, _mm_set1_epi8(0x0f)));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0f)));
         const __m256i pm = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
         const __m128i imin = _mm_add_epi32(_mm256_castsi256_si128(pm), _mm256_extracti128_si256(pm, 1));
@@ -602,11 +649,9 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
         for (int h = 0; h < 2; h++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
             for (int c = 0; c < 4; c++) {
-                const int g = 8 * h + 2 * c;
                 const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
                 const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * c));
-                const __m256i sc = scale_halves(s[g] & 0x0f, s[g + 1] & 0x0f);
-                sumi = madd_add(sumi, sc, _mm256_maddubs_epi16(q, qy));
+                sumi = madd_add(sumi, broadcast_word(sc_pairs, 4 * h + c), _mm256_maddubs_epi16(q, qy));
             }
         }
         acc = sum_min_step(acc, sumi, imin, &x[i].d, y[i].d);
@@ -614,9 +659,8 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
     return sum_minus_off(acc);
 }
 
-/* The K types with one chain (Q3_K, Q6_K, IQ4_XS) go through row_steps: their blocks'
- * integer vectors reduced eight at a time. Their d is an f16 of the weights' and Q8_K's
- * float. */
+/* The K types with one chain (Q3_K, Q6_K, IQ4_XS) go through row_steps, a block at a
+ * time. */
 
 /* Q3_K's 16 group scales, sc - 32, as bytes in group order, from their 12 packed bytes
  * (blocks.h's sq_q3_K_scale gives them one at a time): low 4 bits from the nibbles of
@@ -625,18 +669,11 @@ TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, c
 static inline TARGET __m128i q3_K_scales(const block_q3_K *x) {
     const uint8_t *p = (const uint8_t *)x + offsetof(block_q3_K, scales) - 2;
     const __m128i v = _mm_srli_si128(_mm_loadu_si128((const __m128i *)p), 2);
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)), _mm_setr_epi32(0, 0, 4, 4)),
-                                     _mm_set1_epi8(0x0f));
-    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2)), _mm_setr_epi32(0, 2, 4, 6)),
-                                     _mm_set1_epi8(3));
+    const __m128i w01 = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)); /* words 0 1 0 1 */
+    const __m128i w2 = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(w01, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(w2, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
     return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
-}
-
-/* Even groups' scales (int16) in the low 128 bits, odd groups' in the high: the scales of
- * groups g and g+1, which a register of 32 codes holds one per half, are then one byte
- * shuffle away (broadcast_word). Q3_K and Q6_K. */
-static inline TARGET __m256i scale_pairs(__m128i sc8) {
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
 }
 
 /* Q3_K: the codes q = low2 + 4 * hbit - 4 multiply the activations as q + 4 (0..7,
@@ -653,7 +690,8 @@ static inline TARGET __m256i ints_q3_K(const void *xv, const void *yv) {
     const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
     const __m256i hbits = _mm256_loadu_si256((const __m256i *)x->hmask);
     __m256i acc[2];
-    acc[0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bsums), 2));
+    const __m256i sc_bsums = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bsums);
+    acc[0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc_bsums, 2));
     acc[1] = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
@@ -661,7 +699,8 @@ static inline TARGET __m256i ints_q3_K(const void *xv, const void *yv) {
         for (int c = 0; c < 4; c++) {
             const int b = 4 * h + c; /* the high bit's position, to go to bit 2 */
             const __m256i hb = b >= 2 ? _mm256_srli_epi16(hbits, b - 2) : _mm256_slli_epi16(hbits, 2 - b);
-            const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3), _mm256_and_si256(hb, m4));
+            const __m256i low2 = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * c), m3);
+            const __m256i q = _mm256_or_si256(low2, _mm256_and_si256(hb, m4));
             const __m256i qy = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * c));
             sumi = madd_add(sumi, broadcast_word(sc_pairs, 4 * h + c), _mm256_maddubs_epi16(q, qy));
         }
@@ -675,12 +714,14 @@ static inline TARGET __m128 scales_q3_K(const uint8_t *x, size_t xb, const uint8
 }
 
 TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q3_K), xq, sizeof(block_q8_K), nb, K_GROUP, ints_q3_K, 0, scales_q3_K, NULL, stop);
+    return row_steps(row, sizeof(block_q3_K), xq, sizeof(block_q8_K), nb, 1, ints_q3_K, WIDE, scales_q3_K, NULL, stop);
 }
 
 /* Q6_K: the codes q (0..63) multiply the activations unsigned, pair sums at most
- * 2 * 63 * 128; the -32 offset comes off as 32 * (sc * bsum) lanes, which leaves the
- * block's integer sum(sc * (q - 32) * qy) exact. */
+ * 2 * 63 * 127; the -32 offset comes off as 32 * (sc * bsum) lanes, which leaves the
+ * block's integer sum(sc * (q - 32) * qy) exact. The high bits go to bits 4-5 with 16-bit
+ * shifts and one mask (what crosses a byte is masked off). The two halves in two sums, as
+ * Q3_K's. */
 static inline TARGET __m256i ints_q6_K(const void *xv, const void *yv) {
     const block_q6_K *x = xv;
     const block_q8_K *y = yv;
@@ -720,12 +761,13 @@ static inline TARGET __m128 scales_q6_K(const uint8_t *x, size_t xb, const uint8
 }
 
 TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q6_K), xq, sizeof(block_q8_K), nb, K_GROUP, ints_q6_K, 0, scales_q6_K, NULL, stop);
+    return row_steps(row, sizeof(block_q6_K), xq, sizeof(block_q8_K), nb, 1, ints_q6_K, WIDE, scales_q6_K, NULL, stop);
 }
 
 /* IQ4_XS: the grid (quants/blocks.h) is looked up 16 codes at a time with a byte
  * shuffle, in each 128-bit half. Every group's int16 pair sums are multiplied by its
- * scale s - 32 in the widening madd, and the 8 groups summed in int32 lanes. */
+ * scale s - 32 in the widening madd, and the 8 groups summed in int32 lanes: the block's
+ * isum. */
 static const int8_t iq4_grid[16] = { SQ_IQ4_GRID };
 
 static inline TARGET __m256i ints_iq4_xs(const void *xv, const void *yv) {
@@ -748,7 +790,8 @@ static inline TARGET __m128 scales_iq4_xs(const uint8_t *x, size_t xb, const uin
 }
 
 TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_iq4_xs), xq, sizeof(block_q8_K), nb, K_GROUP, ints_iq4_xs, 0, scales_iq4_xs, NULL, stop);
+    return row_steps(row, sizeof(block_iq4_xs), xq, sizeof(block_q8_K), nb, 1, ints_iq4_xs, WIDE, scales_iq4_xs, NULL,
+                     stop);
 }
 
 #endif
