@@ -29,8 +29,8 @@ from helpers.run_once import once_per_run
 # scalar one run the same forward passes as every batching; the moved references). The
 # scalar vec_dots also run with the SIMD code (test_quants switches to them), so the scalar
 # child adds the engine's scalar paths on one file per activation format. SmolLM2's real
-# weights: a conversation's prompt and steps on every path, and all six conversations on
-# the Q8_0 cache (the F16 cache's rows are sanitized in the kv_cache part).
+# weights: the six conversations on the Q8_0 cache (the F16 cache's rows are sanitized in
+# the kv_cache part).
 SKIP = ("not long_context and not thread_counts and not simd_path and not moved_by_a_little "
         "and not (compact and (K_M or Q5 or Q4_1 or IQ4))")
 SELECTIONS = {
@@ -38,8 +38,7 @@ SELECTIONS = {
                 "tests/engine/test_packing.py", "tests/engine/test_buffer_gate.py", "-k", SKIP],
     "kv_cache": ["tests/engine/test_kv_cache.py", "-k", SKIP],
     "engine": ["tests/engine/test_engine_reference.py", "-k", f"{SKIP} and not smollm2_chat and not prefill_then_decode"],
-    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_every_simd_path_gives_the_scalar_paths_bits",
-                "tests/engine/test_engine_reference.py::test_smollm2_chat_references_with_a_compact_cache[q8_0]"],
+    "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_chat_references_with_a_compact_cache[q8_0]"],
     "scalar": ["tests/engine/test_buffer_gate.py", "tests/engine/test_kv_cache.py::test_truncate_and_reset_recompute_the_same_logits[f32]",
                *(f"tests/engine/test_engine_reference.py::test_every_batching_gives_the_same_bits[{kind}]"
                  for kind in ("F16", "Q4_0", "Q4_1", "Q4_K_M"))],
