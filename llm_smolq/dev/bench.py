@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="instead: greedy answers with lookup decoding (up to N drafted tokens, default 8) "
                              "against plain decoding, on prompts that copy and one that does not")
     parser.add_argument("--draft-check", type=int, nargs="?", const=512, metavar="DEPTH",
-                        help="instead: what one forward of 1, 2, 4, 8 and 16 tokens in step order costs at DEPTH "
+                        help="instead: what one forward of 1, 2, 4, 8, 9 and 16 tokens costs at DEPTH "
                              "(default 512), as multiples of one decode step")
     parser.add_argument("--kernels", nargs="?", const="1,2,4,8,9", metavar="K,K,...",
                         help="instead: one thread's GB/s in each quantized type's largest matrix times K tokens, "

@@ -173,5 +173,5 @@ def measure_check_cost(path: str, threads: int, depth: int, repeat: int) -> dict
 def format_check_cost(r: dict) -> str:
     lines = [f"{r['model']}: {r['threads']} threads, at depth {r['depth']}, best of {r['repeat']} alternating rounds"]
     for k, v in r["sizes"].items():
-        lines.append(f"  {k:2d} tokens in step order: {v['ms']:.1f} ms, x{v['steps']:.2f} one step")
+        lines.append(f"  {k:2d} tokens: {v['ms']:.1f} ms, x{v['steps']:.2f} one step")
     return "\n".join(lines)
