@@ -86,6 +86,17 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, where every test must run: {reason}"
 
 
+@pytest.fixture
+def simd_restore():
+    """The kernel's SIMD setting (sq_set_simd) as it was before the test, afterwards."""
+    from llm_smolq._kernel import lib
+
+    prev = lib.sq_set_simd(1)
+    lib.sq_set_simd(prev)
+    yield
+    lib.sq_set_simd(prev)
+
+
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
     """llama.cpp's ground truth: tests/data/reference, with the files it keeps as a header

@@ -19,7 +19,6 @@ import pytest
 from helpers.simd_paths import simd_paths
 
 import llm_smolq
-from llm_smolq._kernel import lib
 from llm_smolq.engine.kv_types import KV_TYPES
 
 FLOATS = ["F32", "F16", "BF16"]
@@ -172,14 +171,6 @@ def test_every_simd_path_gives_the_scalar_paths_bits(kind, reference_dir, refere
         rows[path] = np.concatenate([eng.eval(ids[:-8], all_logits=True), eng.eval(ids[-8:], all_logits=True)])
     for path, got in rows.items():
         assert_identical(got, rows["scalar"], f"{kind}: the {path} path against the scalar one")
-
-
-@pytest.fixture
-def simd_restore():
-    prev = lib.sq_set_simd(1)
-    lib.sq_set_simd(prev)
-    yield
-    lib.sq_set_simd(prev)
 
 
 def long_run(eng, ref, chunk: int = 512):

@@ -628,14 +628,6 @@ def simd_paths_of_cpu(monkeypatch, simd_restore):
     return [paths[0], paths[2]] if native_simd() else [paths[2]]
 
 
-@pytest.fixture
-def simd_restore():
-    prev = lib.sq_set_simd(1)
-    lib.sq_set_simd(prev)
-    yield
-    lib.sq_set_simd(prev)
-
-
 def test_simd_name(simd_restore):
     name = ffi.string(lib.sq_simd_name()).decode()
     simd = native_simd()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from helpers.simd_paths import simd_paths
-from test_quants import VEC_DOT_TYPE, quantized_rows, random_row, scalar_steps, simd_restore  # noqa: F401
+from test_quants import VEC_DOT_TYPE, quantized_rows, random_row, scalar_steps
 
 from llm_smolq._kernel import ffi, lib
 

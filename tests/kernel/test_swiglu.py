@@ -5,7 +5,7 @@ about 87) and the tail of a row that is not a multiple of eight; both are SiLU(g
 from __future__ import annotations
 
 import numpy as np
-from test_quants import native_simd, simd_restore  # noqa: F401
+from test_quants import native_simd
 
 from llm_smolq._kernel import ffi, lib
 

@@ -154,6 +154,35 @@ static inline TARGET v16f f16_lanes(uint16_t h) {
     return V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
 }
 
+/* The four entry points of a type's sixteen-row body rows16_<name>(rows, row_bytes, xq,
+ * stride, n_tokens, nb, stop, y, ldy, packed, tile): the file's layout or a packed group,
+ * few tokens (tiles of 16; decode's one token in a tile of its own) or a prompt's batch
+ * (tiles of 64). */
+#define ROWS16_ENTRIES(name)                                                                                      \
+    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,          \
+                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop,   \
+                                                   float *y, int64_t ldy) {                                      \
+        rows16_##name(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);                          \
+    }                                                                                                             \
+    TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,        \
+                                                    int64_t stride, int n_tokens, int64_t nb, const void *stop,  \
+                                                    float *y, int64_t ldy) {                                     \
+        if (n_tokens == 1)                                                                                        \
+            rows16_##name(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);                             \
+        else                                                                                                      \
+            rows16_##name(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);                     \
+    }                                                                                                             \
+    TARGET void sq_batch_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,          \
+                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop,   \
+                                                   float *y, int64_t ldy) {                                      \
+        rows16_##name(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);                          \
+    }                                                                                                             \
+    TARGET void sq_packed_batch16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
+                                                      int64_t stride, int n_tokens, int64_t nb, const void *stop,\
+                                                      float *y, int64_t ldy) {                                   \
+        rows16_##name(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);                         \
+    }
+
 /* ---------------------------------------------------------------------------
  * Q4_K: sixteen rows side by side
  * ------------------------------------------------------------------------- */
@@ -326,28 +355,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
     }
 }
 
-TARGET void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);
-}
-
-TARGET void sq_packed_dot16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens == 1)
-        rows16_q4_K(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
-    else
-        rows16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);
-}
-
-TARGET void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q4_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);
-}
-
-TARGET void sq_packed_batch16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                              int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q4_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);
-}
+ROWS16_ENTRIES(q4_K)
 
 /* ---------------------------------------------------------------------------
  * Q4_1 and Q8_0: sixteen rows side by side
@@ -747,28 +755,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
     }
 }
 
-TARGET void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);
-}
-
-TARGET void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens == 1)
-        rows16_q6_K(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
-    else
-        rows16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);
-}
-
-TARGET void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q6_K(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);
-}
-
-TARGET void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                              int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    rows16_q6_K(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);
-}
+ROWS16_ENTRIES(q6_K)
 
 #else
 /* ISO C forbids an empty translation unit. */
