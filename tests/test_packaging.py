@@ -150,7 +150,7 @@ def test_the_new_venv_compiled_the_kernel_and_holds_only_the_package(installed):
     assert not [f for f in files if {"tests", "build", "native", "cffi_build"} & set(f.split("/"))]
     assert any(f.endswith("dist-info/licenses/LICENSE") for f in files)
     # The development tools are in llm_smolq.dev, not beside the runtime modules, and run from there.
-    tools = {"bench", "follow_up_bench", "synth", "fuzz_gguf", "gguf_mutations", "answer_survey", "fidelity"}
+    tools = {"bench", "follow_up_bench", "synth", "fuzz_gguf", "gguf_mutations", "answer_survey", "fidelity", "ik_llama"}
     assert {f"llm_smolq/dev/{t}.py" for t in tools | {"__init__"}} <= set(files)
     assert not {f"llm_smolq/{t}.py" for t in tools} & set(files)
     python = installed.venv / "bin" / "python"
