@@ -6,7 +6,7 @@
  *
  * The kernel's files, each one role:
  *   forward.c            a batch of tokens through every layer (sq_forward)
- *   attention.c/.h       attention over an F32 cache, in llama.cpp's order
+ *   attention.c/.h       attention over an F32 cache, in llama.cpp's one-token order
  *   flash_attention.c    attention over the F16 and Q8_0 caches, in one pass
  *   flash_attention_x16.c  its prefill step in 512-bit registers (AVX-512 CPUs)
  *   matmul.c/.h          weight matrices times activations, on the pool
@@ -17,10 +17,10 @@
  *   simd.h               SIMD build flags, CPU checks, code compiled twice, horizontal sums
  *   cpu_x86.c            the x86-64 CPU checks, from CPUID and XGETBV
  *   simd512.h            sixteen-lane registers, or SIMDe's stand-ins in the test build
- *   quants/              the tensor types: the list and why every path gives the same
- *                        bits (types.h), block layouts, scalar code, batched orders,
- *                        dispatch, the packed layout (rows16.c), and the x86/ and arm/
- *                        kernels (quants/kernels.h)
+ *   quants/              the tensor types: the list and the definition of their products
+ *                        (types.h), block layouts, the scalar definition in code, dispatch,
+ *                        the packed layout (rows16.c), and the x86/ and arm/ kernels
+ *                        (quants/kernels.h)
  */
 #ifndef SMOLQ_H
 #define SMOLQ_H
