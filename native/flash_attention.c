@@ -34,27 +34,18 @@
 
 #include "attention.h"
 #include "exp_ggml.h"
+#include "flash_attention.h"
 #include "pool.h"
 #include "quants/blocks.h"
 #include "quants/quants.h"
 #include "simd.h"
 
 enum {
-    KEY_BLOCK = SQ_FLASH_KEY_BLOCK,  /* keys scored together (attention.h) */
+    KEY_BLOCK = SQ_FLASH_KEY_BLOCK,  /* keys scored together (flash_attention.h) */
     KEY_CHUNK = 256,   /* keys of one partial softmax: what decode shares out between threads */
     QUERY_BLOCK = 16,  /* tokens of one prefill task */
     ROWS = 4,          /* query rows through a key block at once */
 };
-
-/* Bytes of one cached row of head_dim elements: floats, halves or Q8_0 blocks. */
-size_t sq_kv_row_bytes(int kv_type, int head_dim) {
-    switch (kv_type) {
-    case SQ_F32: return (size_t)head_dim * 4;
-    case SQ_F16: return (size_t)head_dim * 2;
-    case SQ_Q8_0: return head_dim % QK8_0 ? 0 : (size_t)head_dim / QK8_0 * sizeof(block_q8_0);
-    default: return 0;
-    }
-}
 
 /* Rows are widened into scratch padded with zeros to a multiple of 32 values, so the
  * kernels take any head_dim; the zeros add nothing to a score or an output. */

@@ -17,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "attention.h"
 #include "exp_ggml.h"
+#include "flash_attention.h"
 #include "simd512.h"
 
 #ifdef SQ_X86

@@ -7,7 +7,7 @@
  * The kernel's files, each one role:
  *   forward.c            a batch of tokens through every layer (sq_forward)
  *   attention.c/.h       attention over an F32 cache, in llama.cpp's one-token order
- *   flash_attention.c    attention over the F16 and Q8_0 caches, in one pass
+ *   flash_attention.c/.h attention over the F16 and Q8_0 caches, in one pass
  *   flash_attention_x16.c  its prefill step in 512-bit registers (AVX-512 CPUs)
  *   matmul.c/.h          weight matrices times activations, on the pool
  *   pool.c/.h            the worker threads
