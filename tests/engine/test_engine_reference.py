@@ -158,19 +158,27 @@ def test_thread_counts_give_the_same_bits(kind, engines, references):
         assert_identical(rows[threads], rows[1], f"{kind}, {threads} threads against 1")
 
 
-@pytest.mark.parametrize("kind", TYPES)
-def test_every_simd_path_gives_the_scalar_paths_bits(kind, reference_dir, references, monkeypatch, simd_restore):
-    """The AVX-512 VNNI, AVX2 (and NEON) kernels against the scalar definition, through the
-    whole forward pass: an engine loaded on each path (each packs what its kernels read)."""
-    ref, _ = references[kind]
-    ids = ref["tokens"].tolist() + ref["greedy"].tolist()[:-1]
+def assert_every_path_gives_the_scalar_paths_bits(model, feed, what: str, monkeypatch) -> None:
+    """feed(engine) -> rows, with an engine of model loaded on each SIMD path (each packs
+    what its kernels read), the same bits as on the scalar path."""
     rows = {}
     for set_path in simd_paths(monkeypatch):
         path = set_path()
-        eng = llm_smolq.load(reference_dir / f"tiny-smollm3-{kind}.gguf", n_ctx=256, kv_dtype="f32")
-        rows[path] = np.concatenate([eng.eval(ids[:-8], all_logits=True), eng.eval(ids[-8:], all_logits=True)])
+        rows[path] = feed(llm_smolq.load(model, n_ctx=256, kv_dtype="f32"))
     for path, got in rows.items():
-        assert_identical(got, rows["scalar"], f"{kind}: the {path} path against the scalar one")
+        assert_identical(got, rows["scalar"], f"{what}: the {path} path against the scalar one")
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_every_simd_path_gives_the_scalar_paths_bits(kind, reference_dir, references, monkeypatch, simd_restore):
+    """The AVX-512 VNNI, AVX2 (and NEON) kernels against the scalar definition, through the
+    whole forward pass."""
+    ref, _ = references[kind]
+    ids = ref["tokens"].tolist() + ref["greedy"].tolist()[:-1]
+    assert_every_path_gives_the_scalar_paths_bits(
+        reference_dir / f"tiny-smollm3-{kind}.gguf",
+        lambda eng: np.concatenate([eng.eval(ids[:-8], all_logits=True), eng.eval(ids[-8:], all_logits=True)]),
+        kind, monkeypatch)
 
 
 def long_run(eng, ref, chunk: int = 512):
@@ -333,18 +341,14 @@ def test_smollm2_chat_stays_within_llama_cpps_spread(build, reference_dir, smoll
 
 def test_smollm2_every_simd_path_gives_the_scalar_paths_bits(smollm2_gguf, smollm2_chat_cases, monkeypatch,
                                                             simd_restore):
-    """Real weights through every path (each packing what its kernels read): a prompt's rows
-    and eight steps, bit for bit."""
+    """Real weights through every path: a prompt's rows and eight steps, bit for bit."""
     case = smollm2_chat_cases[0]
     ids = case["prompt_ids"] + case["greedy_ids"][:8]
-    rows = {}
-    for set_path in simd_paths(monkeypatch):
-        path = set_path()
-        eng = llm_smolq.load(smollm2_gguf, n_ctx=256, kv_dtype="f32")
-        rows[path] = np.concatenate([eng.eval(ids[:-8], all_logits=True)] + [eng.eval(ids[i:i + 1], all_logits=True)
-                                                                            for i in range(len(ids) - 8, len(ids))])
-    for path, got in rows.items():
-        assert_identical(got, rows["scalar"], f"SmolLM2: the {path} path against the scalar one")
+    assert_every_path_gives_the_scalar_paths_bits(
+        smollm2_gguf,
+        lambda eng: np.concatenate([eng.eval(ids[:-8], all_logits=True)]
+                                   + [eng.eval([t], all_logits=True) for t in ids[-8:]]),
+        "SmolLM2", monkeypatch)
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "q8_0"])
