@@ -278,7 +278,7 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     }
     /* Q4_K: its tokens four at a time (all but n_tokens % 4) sixteen or eight rows at a
      * time; the rest of those rows' tokens one by one. */
-    const int by4 = n_tokens - n_tokens % 4;
+    const int by4 = n_tokens - n_tokens % BATCH_TOKENS_BY;
     if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
         for (int step; r + 8 <= n_rows; r += step) {
             step = wide && r + 16 <= n_rows ? 16 : 8;
@@ -377,7 +377,7 @@ static int avx2_reads_packed(int type) { return type == SQ_Q4_K; }
  * batches, all sixteen rows at once. */
 static void packed_group8_q4_K(const uint8_t *group, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
                                const void *stop, float *y, int64_t ldy) {
-    const int by4 = n_tokens < BATCH_MIN_TOKENS ? 0 : n_tokens - n_tokens % 4;
+    const int by4 = n_tokens < BATCH_MIN_TOKENS ? 0 : n_tokens - n_tokens % BATCH_TOKENS_BY;
     for (int half = 0; by4 && half < 2; half++)
         sq_packed_batch8_q4_K_avx2(group, half, xq, xq_stride, by4, nb, stop, y + 8 * half, ldy);
     if (by4 < n_tokens)
@@ -392,7 +392,7 @@ static void packed_group(int type, const uint8_t *group, int64_t row_bytes, cons
                          int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     int t = 0;
     const int tiled = n_tokens >= BATCH_MIN_TOKENS;
-    if (type == SQ_Q4_K && tiled && (t = n_tokens - n_tokens % 4) > 0)
+    if (type == SQ_Q4_K && tiled && (t = n_tokens - n_tokens % BATCH_TOKENS_BY) > 0)
         sq_packed_batch16_q4_K_avx512vnni(group, row_bytes, xq, xq_stride, t, nb, stop, y, ldy);
     if (type == SQ_Q6_K && tiled)
         sq_packed_batch16_q6_K_avx512vnni(group, row_bytes, xq, xq_stride, t = n_tokens, nb, stop, y, ldy);
