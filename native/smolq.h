@@ -13,6 +13,7 @@
  *   pool.c/.h            the worker threads
  *   threads.h            the threading calls pool.c makes, on pthreads or Win32
  *   read_bandwidth.c     the pool's threads reading a buffer: the wall decode runs against
+ *   int8_peak.c          the pool's threads multiplying bytes: the wall a prompt runs against
  *   exp_ggml.h           llama.cpp's exp, for softmax and SiLU
  *   simd.h               SIMD build flags, CPU checks, code compiled twice, horizontal sums
  *   cpu_x86.c            the x86-64 CPU checks, from CPUID and XGETBV
@@ -196,6 +197,12 @@ void sq_pool_free(sq_pool *pool);
 /* Read bytes at p (8-byte aligned) with every thread of the pool, each its contiguous
  * share, and return a checksum of them: the read bandwidth decode runs against. */
 uint64_t sq_read_all(sq_pool *pool, const void *p, int64_t bytes);
+/* Run `rounds` rounds of the SIMD setting's int8 multiply-add instruction on every thread
+ * of the pool, every byte pair a * b (a in 0..127, b in -64..63), and return how many
+ * multiply-adds were done (-1 for arguments out of range): their rate is the int8 peak a
+ * prompt's matrix products run against. checksum: the sum of every int32 lane's value as
+ * an unsigned 32-bit number: a * b times the multiply-adds, while no lane passes 2^31. */
+int64_t sq_int8_peak(sq_pool *pool, int64_t rounds, int a, int b, uint64_t *checksum);
 
 /* Activation buffers for batches of up to max_batch tokens. */
 typedef struct sq_state sq_state;

@@ -14,7 +14,9 @@ with every row's logits (what checking a draft of k - 1 tokens costs:
 Engine.eval(..., all_logits=True)) for k = 1, 2, 4, 8, 9, 16 (9: the check
 of a default lookup draft, the sampled token and 8 drafted), the sizes alternating, R
 rounds; each is reported as its best time and as a multiple of k = 1's, a plain decode
-step.
+step, beside its int8 floor: the k tokens' multiply-adds in the model's quantized matrices
+(the output projection's too, every row's logits being asked for) at the int8 peak of the
+engine's threads (Engine.int8_macs_per_second), the least time the products could take.
 """
 
 from __future__ import annotations
@@ -152,6 +154,7 @@ def measure_check_cost(path: str, threads: int, depth: int, repeat: int) -> dict
     import numpy as np
 
     import llm_smolq
+    from llm_smolq._kernel import ffi, lib
 
     engine = llm_smolq.load(path, n_ctx=depth + max(CHECK_SIZES), threads=threads)
     ids = [int(i) for i in np.random.default_rng(0).integers(100, min(engine.config.vocab_size, 20000),
@@ -166,12 +169,31 @@ def measure_check_cost(path: str, threads: int, depth: int, repeat: int) -> dict
             engine.eval(ids[depth:depth + k], all_logits=True)
             seconds[k].append(time.perf_counter() - started)
     one = min(seconds[1])
-    return {"model": path, "threads": threads, "depth": depth, "repeat": repeat,
-            "sizes": {k: {"ms": min(v) * 1e3, "steps": min(v) / one} for k, v in seconds.items()}}
+    peak = engine.int8_macs_per_second()
+    macs = int8_macs_per_token(path)
+    return {"model": path, "threads": threads, "depth": depth, "repeat": repeat, "simd": ffi.string(lib.sq_simd_name()).decode(),
+            "int8_macs_per_s": peak, "int8_macs_per_token": macs,
+            "sizes": {k: {"ms": min(v) * 1e3, "steps": min(v) / one, "int8_floor_ms": k * macs / peak * 1e3}
+                      for k, v in seconds.items()}}
+
+
+def int8_macs_per_token(path: str) -> int:
+    """The int8 multiply-adds of one token through the model's quantized matrices: every
+    layer's, and the output projection's (token_embd's where the embeddings are tied)."""
+    from llm_smolq.model.model_file import open_model
+
+    model = open_model(path)
+    output = "token_embd.weight" if model.config.tied_embeddings else "output.weight"
+    return sum(int(t.shape[0]) * int(t.shape[1]) for name, t in model.tensors.items()
+               if len(t.shape) == 2 and t.type.name not in ("F32", "F16", "BF16")
+               and (name.startswith("blk.") or name == output))
 
 
 def format_check_cost(r: dict) -> str:
-    lines = [f"{r['model']}: {r['threads']} threads, at depth {r['depth']}, best of {r['repeat']} alternating rounds"]
+    lines = [f"{r['model']}: {r['threads']} threads, at depth {r['depth']}, best of {r['repeat']} alternating rounds",
+             f"  int8 peak ({r['simd']}): {r['int8_macs_per_s'] / 1e9:.0f} G multiply-adds/s; "
+             f"{r['int8_macs_per_token'] / 1e9:.2f} G per token"]
     for k, v in r["sizes"].items():
-        lines.append(f"  {k:2d} tokens: {v['ms']:.1f} ms, x{v['steps']:.2f} one step")
+        lines.append(f"  {k:2d} tokens: {v['ms']:.1f} ms, x{v['steps']:.2f} one step; int8 floor {v['int8_floor_ms']:.1f} ms"
+                     f" (x{v['ms'] / v['int8_floor_ms']:.2f} of it)")
     return "\n".join(lines)

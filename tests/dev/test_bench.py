@@ -51,6 +51,33 @@ def test_the_kernel_reads_every_byte_it_is_given():
     assert lib.sq_read_all(pool, ffi.from_buffer(data[1:]), data.size - 1) == 0  # not 8-byte aligned: refused
 
 
+def test_the_int8_peak_does_all_the_multiply_adds_it_counts(monkeypatch, simd_restore):
+    """sq_int8_peak on every SIMD path this CPU runs: every lane gains a * b per product,
+    so the checksum is a * b times the multiply-adds counted, for any thread count; the
+    count is the path's instruction width times its rounds and sums."""
+    from helpers.simd_paths import simd_paths
+
+    from llm_smolq._kernel import ffi, lib
+
+    checksum = ffi.new("uint64_t *")
+    widths = {"avx512vnni": 64 * 12, "avx2": 32 * 12, "neon": 16 * 12, "scalar": 64}
+    seen = set()
+    for set_path in simd_paths(monkeypatch):
+        name = set_path()
+        if name in seen:
+            continue
+        seen.add(name)
+        for threads, a, b in ((1, 3, 2), (2, 127, 63), (3, 0, -5)):
+            pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
+            macs = lib.sq_int8_peak(pool, 1000, a, b, checksum)
+            assert macs == threads * 1000 * widths[name], name
+            assert checksum[0] == macs * a * b, (name, a, b)
+        for bad in ((-1, 1), (128, 1), (1, 64), (1, -65)):
+            assert lib.sq_int8_peak(pool, 10, *bad, checksum) == -1
+        assert lib.sq_int8_peak(pool, -1, 1, 1, checksum) == -1
+        assert lib.sq_int8_peak(ffi.NULL, 10, 1, 1, checksum) == -1
+
+
 def test_bench_lookup_compares_lookup_with_plain_decoding(smollm2_gguf, monkeypatch):
     from llm_smolq.dev import lookup_bench
 
@@ -74,6 +101,16 @@ def test_bench_draft_check_times_batches_against_one_step(smollm2_gguf, capsys):
     one = report["sizes"]["1"]["ms"]
     for size in report["sizes"].values():  # each size's time in one-step units (no claim on the times: the run may share the CPU)
         assert size["ms"] > 0 and size["steps"] == pytest.approx(size["ms"] / one)
+    # The int8 floor: a size's multiply-adds (every layer's matrices and the tied output's
+    # per token) at the measured peak.
+    from llm_smolq.model.model_file import open_model
+
+    model = open_model(str(smollm2_gguf))
+    per_token = sum(t.shape[0] * t.shape[1] for n, t in model.tensors.items()
+                    if len(t.shape) == 2 and (n.startswith("blk.") or n == "token_embd.weight"))
+    assert report["int8_macs_per_token"] == per_token and report["int8_macs_per_s"] > 0
+    for k, size in report["sizes"].items():
+        assert size["int8_floor_ms"] == pytest.approx(int(k) * per_token / report["int8_macs_per_s"] * 1e3)
 
 
 def test_bench_kernels_times_each_types_largest_matrix_in_both_layouts(reference_dir, capsys):
