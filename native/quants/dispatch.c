@@ -1,11 +1,12 @@
-/* quants/dispatch.c: which copy of the dot products runs, and the dot products with
- * converted activations that the ABI offers (sq_vec_dot and its batched and many-row
- * forms).
+/* quants/dispatch.c: which kernel runs, and the dot products with converted activations
+ * that the ABI offers (sq_vec_dot and its batched and many-row forms).
  *
  * The AVX2/FMA or AVX-512 VNNI (quants/x86/, x86-64) or NEON (quants/arm/, AArch64)
- * versions of the vec_dot functions take the place of the table's entries while
- * enabled; every copy gives the scalar ones' bits (quants/types.h). The setting is
- * made on first use (CPU support, and SMOLQ_SIMD: "0" for scalar, "avx2" to keep to
+ * kernels take the place of the type table's scalar vec_dots while enabled. Every one
+ * gives the scalar ones' bits (quants/types.h), so the choice among them is speed alone,
+ * and one table makes it: a row per setting and type, naming that type's kernels by the
+ * rows and tokens each takes at once. The functions that choose read that row alone and
+ * name no type. The setting is made on first use (CPU support, and SMOLQ_SIMD: "0" for scalar, "avx2" to keep to
  * AVX2 on a VNNI CPU) and then only changed by sq_set_simd; it is one atomic int, read
  * relaxed on every call.
  */
@@ -19,104 +20,138 @@
 #include "quants/kernels.h"
 
 /* ---------------------------------------------------------------------------
- * The SIMD copies
+ * The kernels, by setting and type
  * ------------------------------------------------------------------------- */
 
-/* The setting: which copy of the vec_dots is in use. The batched products, attention
- * and the rest have one SIMD version, used at SIMD_BASE and SIMD_VNNI alike, except a
- * prefill's Q4_K and Q6_K products and its attention, which take 512-bit registers at
- * SIMD_VNNI (sq_simd_512). */
+/* The setting: which kernels are in use. The vec_dots and the few-token kernels have a
+ * copy for each; a prompt's one- and eight-row products, attention and the rest have one
+ * SIMD version, used at SIMD_BASE and SIMD_VNNI alike; the sixteen-row kernels, and a
+ * prefill's attention, take 512-bit registers at SIMD_VNNI (sq_simd_512). */
 enum { SIMD_OFF, SIMD_BASE, SIMD_VNNI, SIMD_LEVELS };
 
 #if defined(SQ_X86)
-#define SIMD(fn) sq_##fn##_avx2
 static const char *const simd_names[SIMD_LEVELS] = {"scalar", "avx2", "avx512vnni"};
 #elif defined(SQ_NEON)
-#define SIMD(fn) sq_##fn##_neon
 static const char *const simd_names[SIMD_LEVELS] = {"scalar", "neon", "neon"};
-#endif
-
-#ifdef SIMD
-#define HAVE_SIMD 1
-/* One SIMD copy's vec_dots, a row per type of quants/types.h's SQ_QUANT_TYPES. */
-#define VEC_DOT_ENTRY(simd, NAME, name, ...) [SQ_##NAME] = sq_vec_dot_##name##_##simd,
-#define VEC_DOTS(simd) { SQ_QUANT_TYPES(VEC_DOT_ENTRY, simd) }
-/* By setting, then type: all NULL at SIMD_OFF. */
-static const sq_simd_vec_dot_fn simd_vec_dot[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
-#if defined(SQ_X86)
-    [SIMD_BASE] = VEC_DOTS(avx2), [SIMD_VNNI] = VEC_DOTS(avx512vnni),
-#else
-    [SIMD_BASE] = VEC_DOTS(neon),
-#endif
-};
-
-/* One row times a whole batch (sq_vec_dot_batch), each output sq_vec_dot's. On x86-64
- * Q4_K's takes tokens four at a time (BATCH_TOKENS_BY); NEON's take any count. */
-static const sq_batch_fn simd_batch[SQ_TYPE_SLOTS] = {
-    [SQ_Q4_K] = SIMD(batch_dot_q4_K), [SQ_Q6_K] = SIMD(batch_dot_q6_K),
-};
 #endif
 
 /* On x86-64, batches of fewer than BATCH_MIN_TOKENS tokens (a lookup draft's check) take
  * the kernels that keep each token's sums in registers (dotn, steps_dot8/16); larger ones
  * (a prompt) the tiled batch kernels of Q4_K and Q6_K, which decode a block once for many
  * tokens. NEON has only the batch kernels, which decode a block once for up to 32 tokens,
- * four to a register: from two tokens on they beat a vec_dot per token. Every kernel gives
- * every output sq_vec_dot's bits: the choice is speed alone. */
+ * four to a register: from two tokens on they beat a vec_dot per token. */
 #if defined(SQ_NEON)
-enum { BATCH_MIN_TOKENS = 2, BATCH_TOKENS_BY = 1 };
+enum { BATCH_MIN_TOKENS = 2 };
 #else
-enum { BATCH_MIN_TOKENS = 8, BATCH_TOKENS_BY = 4 };
+enum { BATCH_MIN_TOKENS = 8 };
 #endif
+
+/* The kernels of one type at one setting, by the rows they take at once (one; eight or
+ * sixteen side by side in the file's layout; a group of sixteen packed by quants/rows16.c)
+ * and the tokens: `token` one, `few` a few (a lookup draft's check, below
+ * BATCH_MIN_TOKENS, and a batch of any size where the type has no prompt kernel),
+ * `prompt` a prompt's batch, tiled. NULL where there is none: then fewer rows at a time
+ * take those tokens, down to the vec_dot per row and token, or the scalar definition; a
+ * packed group without a packed kernel goes through a copy in the file's layout. */
+typedef struct {
+    sq_rows_fn few, prompt;
+} side_by_side;
+
+typedef struct {
+    struct {
+        sq_simd_vec_dot_fn token;
+        sq_vec_dotn_fn few;
+        sq_batch_fn prompt;
+    } row;
+    side_by_side rows8, rows16;
+    side_by_side packed;  /* few: from one token on */
+    int tokens_by;        /* the prompt kernels take tokens in multiples of this (0: any count) */
+    /* 1: after the packed prompt kernel, the few-token one takes the group's last tokens
+     * with stop at the group, asking memory for nothing: the group is in cache, as the
+     * kernel's own later passes over the tokens find it. */
+    int rest_in_cache;
+} kernels;
 
 #ifdef SQ_X86
-/* Up to SQ_DOTN_MAX activation rows at a time, each with the one-row function's bits;
- * by setting, then type, as simd_vec_dot. */
-#define VEC_DOTNS(simd) \
-    { [SQ_Q4_1] = sq_vec_dotn_q4_1_##simd, [SQ_Q8_0] = sq_vec_dotn_q8_0_##simd, [SQ_Q6_K] = sq_vec_dotn_q6_K_##simd }
-static const sq_vec_dotn_fn simd_vec_dotn[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
-    [SIMD_BASE] = VEC_DOTNS(avx2), [SIMD_VNNI] = VEC_DOTNS(avx512vnni),
-};
+/* avx2's packed Q4_K kernels in the form of the others: a prompt's tokens eight rows at a
+ * time (the second eight find the group's bytes in cache), a few all sixteen at once. */
+static void packed_batch8x2_q4_K(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                 int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    (void)row_bytes;
+    for (int half = 0; half < 2; half++)
+        sq_packed_batch8_q4_K_avx2(group, half, xq, stride, n_tokens, nb, stop, y + 8 * half, ldy);
+}
 
-/* Eight rows side by side, every token with the one-token vec_dot's bits. */
-typedef void (*steps_dot8_fn)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                              int64_t nb, const void *stop, float *y, int64_t ldy);
-static const steps_dot8_fn simd_steps_dot8[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
-    [SIMD_BASE] = {[SQ_Q4_K] = sq_steps_dot8_q4_K_avx2, [SQ_Q4_1] = sq_steps_dot8_q4_1_avx2},
-    [SIMD_VNNI] = {[SQ_Q4_K] = sq_steps_dot8_q4_K_avx512vnni, [SQ_Q4_1] = sq_steps_dot8_q4_1_avx512vnni,
-                   [SQ_Q8_0] = sq_steps_dot8_q8_0_avx512vnni},
-};
-
-/* Sixteen rows side by side in 512-bit registers, same contract (the VNNI copy only). */
-static const steps_dot8_fn steps_dot16[SQ_TYPE_SLOTS] = {
-    [SQ_Q4_K] = sq_steps_dot16_q4_K_avx512vnni, [SQ_Q4_1] = sq_steps_dot16_q4_1_avx512vnni,
-    [SQ_Q8_0] = sq_steps_dot16_q8_0_avx512vnni, [SQ_Q6_K] = sq_steps_dot16_q6_K_avx512vnni,
-};
-
-/* A group of sixteen rows packed side by side (quants/rows16.c), same contract. */
-static const steps_dot8_fn packed_dot16[SQ_TYPE_SLOTS] = {
-    [SQ_Q4_1] = sq_packed_dot16_q4_1_avx512vnni, [SQ_Q8_0] = sq_packed_dot16_q8_0_avx512vnni,
-    [SQ_Q4_K] = sq_packed_dot16_q4_K_avx512vnni, [SQ_Q6_K] = sq_packed_dot16_q6_K_avx512vnni,
-};
-
-static int simd_level(void);
-
-/* simd_vec_dotn's function for the type at the setting in use (NULL with the SIMD copies off). */
-static sq_vec_dotn_fn vec_dotn(int type) { return simd_vec_dotn[simd_level()][type]; }
-
-/* Tokens t0..n_tokens-1 of one row through dotn, SQ_DOTN_MAX at a time: y[t * ldy]. */
-static void dotn_tokens(sq_vec_dotn_fn dotn, const void *row, const void *xq, int64_t xq_stride, int t0,
-                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    float out[SQ_DOTN_MAX];
-    for (int t = t0; t < n_tokens; t += SQ_DOTN_MAX) {
-        const int n = n_tokens - t < SQ_DOTN_MAX ? n_tokens - t : SQ_DOTN_MAX;
-        /* Only the first pass reads the row from memory. */
-        dotn(row, (const uint8_t *)xq + t * xq_stride, xq_stride, n, nb, t == t0 ? stop : row, out);
-        for (int j = 0; j < n; j++)
-            y[(t + j) * ldy] = out[j];
-    }
+static void packed_dotn16_q4_K(const void *group, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                               int64_t nb, const void *stop, float *y, int64_t ldy) {
+    (void)row_bytes;
+    sq_packed_dotn16_q4_K_avx2(group, xq, stride, n_tokens, nb, stop, y, ldy);
 }
 #endif
+
+/* Every type's vec_dot, from quants/types.h's list: a setting's row.token column. */
+#define VEC_DOT(simd, NAME, name, ...) [SQ_##NAME].row.token = sq_vec_dot_##name##_##simd,
+
+/* By setting, then type: all NULL at SIMD_OFF, and in a build without SIMD code. */
+static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
+#if defined(SQ_X86)
+    [SIMD_BASE] = {
+        SQ_QUANT_TYPES(VEC_DOT, avx2)
+        [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx2,
+        [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx2,
+
+        [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx2,
+
+        /* Q4_K's prompt kernels take the tokens four at a time; the rest go one by one. */
+        [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,
+        [SQ_Q4_K].rows8 = {.few = sq_steps_dot8_q4_K_avx2, .prompt = sq_batch_dot8_q4_K_avx2},
+        [SQ_Q4_K].tokens_by = 4,
+        /* Read packed at this setting, Q4_K alone: its eight-row kernels take fewer
+         * multiplies per row than the one-row vec_dot; the other types' as many. */
+        [SQ_Q4_K].packed = {.few = packed_dotn16_q4_K, .prompt = packed_batch8x2_q4_K},
+        [SQ_Q4_K].rest_in_cache = 1,
+
+        [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx2,
+        [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,
+        [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,
+    },
+    /* The VNNI copies of the vec_dots and the few-token kernels, Q8_0's eight rows, and
+     * sixteen rows at a time in 512-bit registers before eight; a prompt's one- and
+     * eight-row kernels are avx2's. The 512-bit kernels read every packable type packed. */
+    [SIMD_VNNI] = {
+        SQ_QUANT_TYPES(VEC_DOT, avx512vnni)
+        [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx512vnni,
+        [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx512vnni,
+        [SQ_Q4_1].rows16.few = sq_steps_dot16_q4_1_avx512vnni,
+        [SQ_Q4_1].packed.few = sq_packed_dot16_q4_1_avx512vnni,
+
+        [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx512vnni,
+        [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx512vnni,
+        [SQ_Q8_0].rows16.few = sq_steps_dot16_q8_0_avx512vnni,
+        [SQ_Q8_0].packed.few = sq_packed_dot16_q8_0_avx512vnni,
+
+        [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,
+        [SQ_Q4_K].rows8 = {.few = sq_steps_dot8_q4_K_avx512vnni, .prompt = sq_batch_dot8_q4_K_avx2},
+        [SQ_Q4_K].rows16 = {.few = sq_steps_dot16_q4_K_avx512vnni, .prompt = sq_batch_dot16_q4_K_avx512vnni},
+        [SQ_Q4_K].packed = {.few = sq_packed_dot16_q4_K_avx512vnni, .prompt = sq_packed_batch16_q4_K_avx512vnni},
+        [SQ_Q4_K].tokens_by = 4,
+
+        /* No eight-row few-token kernel: dotn takes the rows left over from sixteen. */
+        [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx512vnni,
+        [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,
+        [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,
+        [SQ_Q6_K].rows16 = {.few = sq_steps_dot16_q6_K_avx512vnni, .prompt = sq_batch_dot16_q6_K_avx512vnni},
+        [SQ_Q6_K].packed = {.few = sq_packed_dot16_q6_K_avx512vnni, .prompt = sq_packed_batch16_q6_K_avx512vnni},
+    },
+#elif defined(SQ_NEON)
+    /* The vec_dots, and one row times a batch of any size. */
+    [SIMD_BASE] = {
+        SQ_QUANT_TYPES(VEC_DOT, neon)
+        [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_neon,
+        [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_neon,
+    },
+#endif
+};
 
 /* ---------------------------------------------------------------------------
  * The setting
@@ -171,7 +206,7 @@ int sq_simd_enabled(void) { return simd_level() != SIMD_OFF; }
 int sq_simd_512(void) { return simd_level() == SIMD_VNNI; }
 
 const char *sq_simd_name(void) {
-#ifdef HAVE_SIMD
+#if defined(SQ_X86) || defined(SQ_NEON)
     return simd_names[simd_level()];
 #else
     return "scalar";
@@ -183,6 +218,17 @@ int sq_set_simd(int enabled) {
     return atomic_exchange(&simd_state, enabled != 0 ? simd_best() : SIMD_OFF) != SIMD_OFF;
 }
 
+/* The kernels of type (one of the type table's) at the setting in use. */
+static const kernels *kernels_for(int type) { return &kernel_table[simd_level()][type]; }
+
+/* How many of n_tokens a prompt kernel takes: none of a few; of a prompt's batch, the
+ * most the kernel takes. */
+static int prompt_tokens(const kernels *k, int n_tokens) {
+    if (n_tokens < BATCH_MIN_TOKENS)
+        return 0;
+    return k->tokens_by > 1 ? n_tokens - n_tokens % k->tokens_by : n_tokens;
+}
+
 /* ---------------------------------------------------------------------------
  * Dot products with converted activations
  * ------------------------------------------------------------------------- */
@@ -192,12 +238,23 @@ float sq_vec_dot(int type, const void *row, const void *xq, int64_t n) {
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot)
         return NAN;
-#ifdef HAVE_SIMD
-    const sq_simd_vec_dot_fn simd = simd_vec_dot[simd_level()][type];
-    if (simd)
-        return simd(row, xq, nb, (const uint8_t *)row + nb * t->bytes);
-#endif
+    const sq_simd_vec_dot_fn one = kernels_for(type)->row.token;
+    if (one)
+        return one(row, xq, nb, (const uint8_t *)row + nb * t->bytes);
     return t->vec_dot(row, xq, nb);
+}
+
+/* Tokens t0..n_tokens-1 of one row through dotn, SQ_DOTN_MAX at a time: y[t * ldy]. */
+static void dotn_tokens(sq_vec_dotn_fn dotn, const void *row, const void *xq, int64_t xq_stride, int t0,
+                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    float out[SQ_DOTN_MAX];
+    for (int t = t0; t < n_tokens; t += SQ_DOTN_MAX) {
+        const int n = n_tokens - t < SQ_DOTN_MAX ? n_tokens - t : SQ_DOTN_MAX;
+        /* Only the first pass reads the row from memory. */
+        dotn(row, (const uint8_t *)xq + t * xq_stride, xq_stride, n, nb, t == t0 ? stop : row, out);
+        for (int j = 0; j < n; j++)
+            y[(t + j) * ldy] = out[j];
+    }
 }
 
 int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_stride, int n_tokens, int64_t n,
@@ -206,22 +263,15 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_tokens < 0)
         return -1;
-    int i = 0;
-#ifdef HAVE_SIMD
-    const sq_batch_fn simd = sq_simd_enabled() && n_tokens >= BATCH_MIN_TOKENS ? simd_batch[type] : NULL;
-    if (simd) {
-        i = type == SQ_Q4_K ? n_tokens - n_tokens % BATCH_TOKENS_BY : n_tokens;
-        simd(row, xq, xq_stride, i, nb, y, ldy);
-    }
-#endif
-#ifdef SQ_X86
+    const kernels *k = kernels_for(type);
+    int i = k->row.prompt ? prompt_tokens(k, n_tokens) : 0;
+    if (i > 0)
+        k->row.prompt(row, xq, xq_stride, i, nb, y, ldy);
     /* The rest: several at a time where the type has a dotn. */
-    const sq_vec_dotn_fn dotn = vec_dotn(type);
-    if (dotn && n_tokens - i > 1) {
-        dotn_tokens(dotn, row, xq, xq_stride, i, n_tokens, nb, (const uint8_t *)row + nb * t->bytes, y, ldy);
+    if (k->row.few && n_tokens - i > 1) {
+        dotn_tokens(k->row.few, row, xq, xq_stride, i, n_tokens, nb, (const uint8_t *)row + nb * t->bytes, y, ldy);
         return 0;
     }
-#endif
     for (; i < n_tokens; i++)
         y[i * ldy] = sq_vec_dot(type, row, (const uint8_t *)xq + i * xq_stride, n);
     return 0;
@@ -236,22 +286,75 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
     /* The function is chosen once for all rows. (Several rows per pass over xq, tried for
      * Q4_1, Q8_0 (4 rows) and Q4_K (8 rows side by side), made decode slower.) */
     const uint8_t *base = rows;
-#ifdef HAVE_SIMD
-    const sq_simd_vec_dot_fn one = simd_vec_dot[simd_level()][type];
+    const sq_simd_vec_dot_fn one = kernels_for(type)->row.token;
     if (one && n_rows > 0) {
         const uint8_t *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
         for (int64_t r = 0; r < n_rows; r++)
             y[r] = one(base + r * row_bytes, xq, nb, stop);
         return 0;
     }
-#endif
     for (int64_t r = 0; r < n_rows; r++)
         y[r] = t->vec_dot(base + r * row_bytes, xq, nb);
     return 0;
 }
 
-static int steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
-                      int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy);
+/* sq_vec_dot_batch_rows's operands: n_rows rows row_bytes apart (stop, the last one's
+ * end) times n_tokens activation rows xq_stride apart, n elements (nb blocks) each, into
+ * y[t * ldy + r]. */
+typedef struct {
+    int type;
+    const uint8_t *rows;
+    int64_t row_bytes, n_rows;
+    const uint8_t *xq;
+    int64_t xq_stride;
+    int n_tokens;
+    int64_t n, nb;
+    const uint8_t *stop;
+    float *y;
+    int64_t ldy;
+} product;
+
+/* Rows r.. `size` at a time, while that many are left, through one layout's kernels: a
+ * prompt's batch (by > 0) through its prompt kernel, which takes the first by tokens (the
+ * rest of those rows' tokens then go one by one), else through its few-token kernel, from
+ * two tokens on. The first row left. */
+static int64_t rows_side_by_side(const product *p, const side_by_side *l, int size, int by, int64_t r) {
+    const int prompt = by > 0 && l->prompt;
+    const sq_rows_fn fn = prompt ? l->prompt : p->n_tokens >= 2 ? l->few : NULL;
+    const int tokens = prompt ? by : p->n_tokens;
+    for (; fn && r + size <= p->n_rows; r += size) {
+        const uint8_t *rows = p->rows + r * p->row_bytes;
+        fn(rows, p->row_bytes, p->xq, p->xq_stride, tokens, p->nb, p->stop, p->y + r, p->ldy);
+        for (int tok = tokens; tok < p->n_tokens; tok++)
+            for (int j = 0; j < size; j++)
+                p->y[tok * p->ldy + r + j] = sq_vec_dot(p->type, rows + j * p->row_bytes, p->xq + tok * p->xq_stride,
+                                                        p->n);
+    }
+    return r;
+}
+
+/* Rows r.. one at a time: a prompt's batch through sq_vec_dot_batch; a few tokens through
+ * dotn, a row's blocks decoded once for them all, else a vec_dot per token. */
+static void rows_one_by_one(const product *p, const kernels *k, int prompt, int64_t r) {
+    const sq_type_traits *t = sq_traits(p->type);
+    for (; r < p->n_rows; r++) {
+        const uint8_t *row = p->rows + r * p->row_bytes;
+        if (prompt) {
+            sq_vec_dot_batch(p->type, row, p->xq, p->xq_stride, p->n_tokens, p->n, p->y + r, p->ldy);
+            continue;
+        }
+        if (k->row.few && p->n_tokens >= 2) {
+            dotn_tokens(k->row.few, row, p->xq, p->xq_stride, 0, p->n_tokens, p->nb, p->stop, p->y + r, p->ldy);
+            continue;
+        }
+        /* The first token reads the row from memory, prefetching ahead; the rest find it in L1. */
+        for (int j = 0; j < p->n_tokens; j++) {
+            const uint8_t *x = p->xq + j * p->xq_stride;
+            p->y[j * p->ldy + r] = k->row.token ? k->row.token(row, x, p->nb, j == 0 ? p->stop : row)
+                                                : t->vec_dot(row, x, p->nb);
+        }
+    }
+}
 
 int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
                           int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
@@ -259,97 +362,25 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
         return -1;
-    /* Small batches, and the types without tiled batch kernels: the step kernels. */
-    if (n_tokens < BATCH_MIN_TOKENS || (type != SQ_Q4_K && type != SQ_Q6_K))
-        return steps_rows(type, rows, row_bytes, n_rows, xq, xq_stride, n_tokens, n, y, ldy);
-    const uint8_t *base = rows;
-    int64_t r = 0;
-#ifdef SQ_X86
-    const uint8_t *stop = base + (n_rows > 0 ? n_rows - 1 : 0) * row_bytes + nb * t->bytes;  /* the last row's end */
-    /* (x86-64 only: elsewhere every row takes the loop below, with the same bits.)
-     * Q6_K: sixteen rows at a time in 512-bit registers where the CPU has AVX-512 VNNI,
-     * else eight. */
-    const int wide = sq_simd_512();
-    if (type == SQ_Q6_K && sq_simd_enabled()) {
-        for (; wide && r + 16 <= n_rows; r += 16)
-            sq_batch_dot16_q6_K_avx512vnni(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
-        for (; r + 8 <= n_rows; r += 8)
-            sq_batch_dot8_q6_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
-    }
-    /* Q4_K: its tokens four at a time (all but n_tokens % 4) sixteen or eight rows at a
-     * time; the rest of those rows' tokens one by one. */
-    const int by4 = n_tokens - n_tokens % BATCH_TOKENS_BY;
-    if (type == SQ_Q4_K && by4 && sq_simd_enabled()) {
-        for (int step; r + 8 <= n_rows; r += step) {
-            step = wide && r + 16 <= n_rows ? 16 : 8;
-            if (step == 16)
-                sq_batch_dot16_q4_K_avx512vnni(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, stop, y + r, ldy);
-            else
-                sq_batch_dot8_q4_K_avx2(base + r * row_bytes, row_bytes, xq, xq_stride, by4, nb, stop, y + r, ldy);
-            for (int k = by4; k < n_tokens; k++)
-                for (int j = 0; j < step; j++)
-                    y[k * ldy + r + j] = sq_vec_dot(type, base + (r + j) * row_bytes,
-                                                    (const uint8_t *)xq + k * xq_stride, n);
-        }
-    }
-#endif
-    for (; r < n_rows; r++)
-        sq_vec_dot_batch(type, base + r * row_bytes, xq, xq_stride, n_tokens, n, y + r, ldy);
-    return 0;
-}
-
-static int steps_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
-                      int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
-    const sq_type_traits *t = sq_traits(type);
-    int64_t nb = sq_whole_blocks(t, n);
-    if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
-        return -1;
     if (n_rows == 0 || n_tokens == 0)
         return 0;
-    const uint8_t *base = rows, *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
-    int64_t r = 0;
-#ifdef SQ_X86
-    /* Q4_K, Q4_1 and, in the VNNI copy, Q8_0: eight rows side by side, each token with its
-     * one-token bits; in the VNNI copy sixteen at a time first, and Q6_K's too. */
-    const steps_dot8_fn sixteen = n_tokens >= 2 && sq_simd_512() ? steps_dot16[type] : NULL;
-    if (sixteen)
-        for (; r + 16 <= n_rows; r += 16)
-            sixteen(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
-    const steps_dot8_fn eight = n_tokens >= 2 ? simd_steps_dot8[simd_level()][type] : NULL;
-    if (eight)
-        for (; r + 8 <= n_rows; r += 8)
-            eight(base + r * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, y + r, ldy);
-    /* A row's blocks decoded once for several tokens. */
-    const sq_vec_dotn_fn dotn = n_tokens >= 2 ? vec_dotn(type) : NULL;
-    if (dotn) {
-        for (; r < n_rows; r++)
-            dotn_tokens(dotn, base + r * row_bytes, xq, xq_stride, 0, n_tokens, nb, stop, y + r, ldy);
-        return 0;
-    }
-#endif
-#ifdef HAVE_SIMD
-    const sq_simd_vec_dot_fn one = simd_vec_dot[simd_level()][type];
-#endif
-    for (; r < n_rows; r++) {
-        const uint8_t *row = base + r * row_bytes;
-        /* The first token reads the row from memory, prefetching ahead; the rest find it in L1. */
-        for (int k = 0; k < n_tokens; k++) {
-            const uint8_t *x = (const uint8_t *)xq + k * xq_stride;
-#ifdef HAVE_SIMD
-            if (one) {
-                y[k * ldy + r] = one(row, x, nb, k == 0 ? stop : row);
-                continue;
-            }
-#endif
-            y[k * ldy + r] = t->vec_dot(row, x, nb);
-        }
-    }
+    const product p = {type, rows, row_bytes, n_rows, xq, xq_stride, n_tokens, n, nb,
+                       (const uint8_t *)rows + (n_rows - 1) * row_bytes + nb * t->bytes, y, ldy};
+    /* A prompt's batch takes the prompt kernels where the type has them; a few tokens, and
+     * the types without, the few-token kernels. Sixteen rows at a time, then eight, then one. */
+    const kernels *k = kernels_for(type);
+    const int has_prompt = k->row.prompt || k->rows8.prompt || k->rows16.prompt;
+    const int by = has_prompt ? prompt_tokens(k, n_tokens) : 0;
+    int64_t r = rows_side_by_side(&p, &k->rows16, 16, by, 0);
+    r = rows_side_by_side(&p, &k->rows8, 8, by, r);
+    rows_one_by_one(&p, k, by > 0, r);
     return 0;
 }
 
 /* Rows first..first+count-1 of a packed group through a copy in the file's layout: how
- * the settings without a packed kernel read one (scalar, or AVX2 after sq_set_simd), and
- * how a range that starts or ends inside a group reads that group. Slow, same bits. */
+ * a setting without a packed kernel for the type reads one (scalar, or avx2 after
+ * sq_set_simd for all but Q4_K), and how a range that starts or ends inside a group reads
+ * that group. Slow, same bits. */
 static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int first, int count, const void *xq,
                           int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
     uint8_t *copy = malloc((size_t)(16 * row_bytes));
@@ -366,51 +397,21 @@ static int group_via_copy(int type, const uint8_t *group, int64_t row_bytes, int
     return status;
 }
 
-#ifdef SQ_X86
-/* The types the avx2 setting reads packed, with packed_group8_q4_K: Q4_K alone (its
- * eight-row kernels take fewer multiplies per row than the one-row vec_dot; the other
- * types' as many). */
-static int avx2_reads_packed(int type) { return type == SQ_Q4_K; }
-
-/* A whole packed Q4_K group at the avx2 setting: a prompt's tokens four at a time eight
- * rows at a time (the second eight find the group's bytes in cache), the rest, and small
- * batches, all sixteen rows at once. */
-static void packed_group8_q4_K(const uint8_t *group, const void *xq, int64_t xq_stride, int n_tokens, int64_t nb,
-                               const void *stop, float *y, int64_t ldy) {
-    const int by4 = n_tokens < BATCH_MIN_TOKENS ? 0 : n_tokens - n_tokens % BATCH_TOKENS_BY;
-    for (int half = 0; by4 && half < 2; half++)
-        sq_packed_batch8_q4_K_avx2(group, half, xq, xq_stride, by4, nb, stop, y + 8 * half, ldy);
-    if (by4 < n_tokens)
-        sq_packed_dotn16_q4_K_avx2(group, (const uint8_t *)xq + by4 * xq_stride, xq_stride, n_tokens - by4, nb,
-                                   by4 ? group : stop, y + by4 * ldy, ldy);
-}
-
-/* A whole packed group at the avx512vnni setting. A prompt's batch takes the tiled
- * kernels as sq_vec_dot_batch_rows does: Q4_K's for its first n_tokens - n_tokens % 4
- * tokens, Q6_K's for all; everything else the step kernels. */
-static void packed_group(int type, const uint8_t *group, int64_t row_bytes, const void *xq, int64_t xq_stride,
-                         int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    int t = 0;
-    const int tiled = n_tokens >= BATCH_MIN_TOKENS;
-    if (type == SQ_Q4_K && tiled && (t = n_tokens - n_tokens % BATCH_TOKENS_BY) > 0)
-        sq_packed_batch16_q4_K_avx512vnni(group, row_bytes, xq, xq_stride, t, nb, stop, y, ldy);
-    if (type == SQ_Q6_K && tiled)
-        sq_packed_batch16_q6_K_avx512vnni(group, row_bytes, xq, xq_stride, t = n_tokens, nb, stop, y, ldy);
+/* A whole packed group: a prompt's batch through the prompt kernel where the type has
+ * one, as many tokens as it takes; the rest, and a few tokens, through the few-token one. */
+static void packed_group(const kernels *k, const uint8_t *group, int64_t row_bytes, const void *xq,
+                         int64_t xq_stride, int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    const int t = k->packed.prompt ? prompt_tokens(k, n_tokens) : 0;
+    if (t > 0)
+        k->packed.prompt(group, row_bytes, xq, xq_stride, t, nb, stop, y, ldy);
     if (t < n_tokens)
-        packed_dot16[type](group, row_bytes, (const uint8_t *)xq + t * xq_stride, xq_stride, n_tokens - t, nb, stop,
-                           y + t * ldy, ldy);
+        k->packed.few(group, row_bytes, (const uint8_t *)xq + t * xq_stride, xq_stride, n_tokens - t, nb,
+                      t > 0 && k->rest_in_cache ? group : stop, y + t * ldy, ldy);
 }
-#endif
 
 int sq_rows16_wanted(int type) {
-    if (!sq_rows16_packs(type))
-        return 0;
-#ifdef SQ_X86
-    /* The 512-bit kernels read every packable type packed. */
-    return sq_simd_512() || (avx2_reads_packed(type) && sq_simd_enabled());
-#else
-    return 0;
-#endif
+    /* Matrices are packed for the settings that have a packed kernel for the type. */
+    return sq_rows16_packs(type) && kernels_for(type)->packed.few;
 }
 
 int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
@@ -421,28 +422,18 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
         return -1;
     if (r0 == r1)
         return 0;
+    const kernels *k = kernels_for(type);
     const int64_t row_bytes = nb * t->bytes;
-    const uint8_t *base = data;
-#ifdef SQ_X86
-    const int wide = sq_simd_512();
-    const uint8_t *stop = base + (r1 + 15) / 16 * 16 * row_bytes;  /* past the last group read */
-#endif
+    const uint8_t *base = data, *stop = base + (r1 + 15) / 16 * 16 * row_bytes;  /* past the last group read */
     int status = 0;
     for (int64_t g = r0 / 16 * 16; g < r1 && !status; g += 16) {
         const int64_t first = g > r0 ? g : r0, end = g + 16 < r1 ? g + 16 : r1;  /* this group's rows asked for */
         float *out = y + (first - r0);
-#ifdef SQ_X86
-        if (wide && first == g && end == g + 16) {
-            packed_group(type, base + g * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy);
-            continue;
-        }
-        if (!wide && avx2_reads_packed(type) && sq_simd_enabled() && first == g && end == g + 16) {
-            packed_group8_q4_K(base + g * row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy);
-            continue;
-        }
-#endif
-        status = group_via_copy(type, base + g * row_bytes, row_bytes, (int)(first - g), (int)(end - first), xq,
-                                xq_stride, n_tokens, n, out, ldy);
+        if (k->packed.few && first == g && end == g + 16)
+            packed_group(k, base + g * row_bytes, row_bytes, xq, xq_stride, n_tokens, nb, stop, out, ldy);
+        else
+            status = group_via_copy(type, base + g * row_bytes, row_bytes, (int)(first - g), (int)(end - first), xq,
+                                    xq_stride, n_tokens, n, out, ldy);
     }
     return status;
 }

@@ -4,7 +4,8 @@
  *   blocks.h     their block layouts
  *   scalar.c     the scalar definition of every type's products, and the type table
  *   types.c      what the table answers: geometry, decoding, conversion, names
- *   dispatch.c   the SIMD path in use, and the dot products that take it
+ *   dispatch.c   the SIMD setting in use, the table of its kernels by type, and the
+ *                dot products that choose from it
  *   rows16.c     matrices packed sixteen rows side by side for the 512-bit kernels
  *   x86/, arm/   the SIMD kernels, each with a scalar twin in scalar.c
  */
@@ -80,27 +81,35 @@ static inline int64_t sq_whole_blocks(const sq_type_traits *t, int64_t n) {
  * token (quants/types.h), whatever rows and tokens it takes together; they differ only in
  * speed. sq_vec_dot_<name>_<simd>: the contract of vec_dot_<name> plus a `stop` that
  * bounds how far ahead a kernel may prefetch weights: the end of the row, or of the
- * last of the rows a mat-vec is going through.
+ * last of the rows a mat-vec is going through. Each is chosen by its field in the row of
+ * its setting and type in quants/dispatch.c's kernel table, and by nothing else.
  * ------------------------------------------------------------------------- */
 
 typedef float (*sq_simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb, const void *stop);
 #define SQ_DECLARE_VEC_DOT(simd, NAME, name, ...) \
     float sq_vec_dot_##name##_##simd(const void *row, const void *xq, int64_t nb, const void *stop);
-
-#ifdef SQ_X86
-/* AVX2/FMA (quants/x86/avx2.c). They prefetch weights ahead of the block they work on,
- * up to `stop`. Compiled with target attributes; call only when the CPU has AVX2, FMA
- * and F16C. */
-SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
-/* The same for n activation rows stride bytes apart (1 <= n <= SQ_DOTN_MAX), into
- * out[0..n-1], each exactly as the one-row function computes it; the weights' blocks
- * are decoded once for the n, and prefetched ahead up to stop as the one-row ones do.
+/* sq_vec_dotn_<name>_<simd> (x86-64 only, so far): the same for n activation rows stride
+ * bytes apart (1 <= n <= SQ_DOTN_MAX), into out[0..n-1], each exactly as the one-row
+ * function computes it; the weights' blocks are decoded once for the n, and prefetched
+ * ahead up to stop as the one-row ones do.
  * Up to 9: a lookup check is the sampled token and up to 8 drafted ones (with 8, its
  * ninth token decoded every Q6_K row again: 3B ffn_down at 9 tokens, one thread, 4.97 ->
  * 4.48 ms in the VNNI copy, 6.45 -> 6.02 in the AVX2 one, 8 tokens unchanged). */
 #define SQ_DOTN_MAX 9
 typedef void (*sq_vec_dotn_fn)(const void *row, const void *xq, int64_t stride, int n, int64_t nb,
                                const void *stop, float *out);
+/* Rows side by side times n_tokens activation rows stride bytes apart, into
+ * y[t * ldy + r]: eight or sixteen rows row_bytes apart (sq_steps_dot8_*, sq_steps_dot16_*,
+ * sq_batch_dot8_*, sq_batch_dot16_*) or a group of sixteen packed by quants/rows16.c
+ * (sq_packed_dot16_*, sq_packed_batch16_*), asking for the bytes to come up to stop. */
+typedef void (*sq_rows_fn)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                           int64_t nb, const void *stop, float *y, int64_t ldy);
+
+#ifdef SQ_X86
+/* AVX2/FMA (quants/x86/avx2.c). They prefetch weights ahead of the block they work on,
+ * up to `stop`. Compiled with target attributes; call only when the CPU has AVX2, FMA
+ * and F16C. */
+SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
 /* The few-token kernels below come in two copies (quants/x86/step_order.h), _avx2 and,
  * for the CPUs of the VNNI vec_dots, _avx512vnni: the same contract and bits. */
 #define SQ_DECLARE_STEP_ORDER(simd)                                                                         \

@@ -3,11 +3,11 @@
  *
  * The lists below are the one place that names the types in C. From them come the
  * declarations of every type's kernels (quants/kernels.h), the rows of the type table
- * (quants/scalar.c), the per-SIMD vec_dot tables (quants/dispatch.c), and the names
- * and weight types the Python side asks the kernel for (quants/types.c). smolq.h's
- * enum sq_type numbers them as GGUF does and is the ABI (cffi sees no macros, so it
- * cannot read these lists); quants/types.c holds a switch over the lists that makes
- * the compiler name any enum constant they miss, and any name the enum lacks.
+ * (quants/scalar.c), each setting's vec_dots in the kernel table (quants/dispatch.c),
+ * and the names and weight types the Python side asks the kernel for (quants/types.c).
+ * smolq.h's enum sq_type numbers them as GGUF does and is the ABI (cffi sees no
+ * macros, so it cannot read these lists); quants/types.c holds a switch over the lists
+ * that makes the compiler name any enum constant they miss, and any name the enum lacks.
  *
  * Adding a quantized weight type:
  *  1. its GGUF number in smolq.h's enum sq_type;
