@@ -680,7 +680,8 @@ static inline __attribute__((always_inline)) TARGET void block32_16(const int ty
         const block_q5_0 *b = (const block_q5_0 *)rows + i;
         v16i h[4];  /* the block's first 16 bytes: h[0] d and qh's low half, h[1] qh's high half */
         words16_side_by_side((const uint8_t *)b, row_bytes, h);
-        *d_rows = V16(cvtph_ps)(V16(cvtepi32_epi16)(h[0]));
+        v16f unused;  /* qh's low half, as if an f16 */
+        halves16(h[0], d_rows, &unused);
         nibbles16(b->qs, row_bytes, 128 - 16, codes);
         fifth_bits16(V16(or_si512)(V16(srli_epi32)(h[0], 16), V16(slli_epi32)(h[1], 16)), codes);
     } else {  /* SQ_Q5_1 */
