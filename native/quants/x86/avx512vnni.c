@@ -636,9 +636,12 @@ static inline __attribute__((always_inline)) TARGET void nibbles16(const uint8_t
     v16i w[4];
     words16_side_by_side(p, row_bytes, w);
     const v16i m4 = V16(set1_epi8)(0x0f), add = V16(set1_epi8)((char)plus);
-    for (int j = 0; j < 4; j++) {
-        codes[j] = V16(add_epi8)(V16(and_si512)(w[j], m4), add);
-        codes[j + 4] = V16(add_epi8)(V16(and_si512)(V16(srli_epi16)(w[j], 4), m4), add);
+    for (int j = 0; j < 8; j++) {
+        const v16i nibble = j < 4 ? w[j] : V16(srli_epi16)(w[j - 4], 4);
+        /* plus in the high nibble (0, Q5_0's 112): (nibble & 0x0f) | plus, one ternary-logic
+         * instruction ((a & b) | c is 0xea) */
+        codes[j] = plus & 0x0f ? V16(add_epi8)(V16(and_si512)(nibble, m4), add)
+                               : V16(ternarylogic_epi32)(nibble, m4, add, 0xea);
     }
 }
 
