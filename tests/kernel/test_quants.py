@@ -781,7 +781,7 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
     counts below and past the batch kernels' thresholds (Q4_K's 4, the tiled 8) and tiles
     (8 tokens per row, 16 per eight rows, 64 in the tiled kernels), rows by sixteens,
     eights and left over, rows longer than the kernels' chunks of blocks (32, or 4 for
-    Q6_K), on every path (the VNNI and the AVX2 copy where the CPU has both); y is written
+    Q6_K) and ending in a part of one, on every path (the VNNI and the AVX2 copy where the CPU has both); y is written
     only where it should be."""
     rng = np.random.default_rng(900 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
@@ -789,6 +789,7 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
              for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17), (25, 9), (17, 13),
                                     (9, 35), (27, 70), (40, 22))]
     cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), n_rows, 3) for n_rows in (8, 17)]
+    cases += [(37 * GGML_QUANT_SIZES[qtype][0], 17, 5)]  # a chunk and a part of one
     for n, n_rows, tokens in cases:
         rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
         xq = quantized_rows(vtype, n, tokens, rng)

@@ -618,7 +618,9 @@ TARGET void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes
  * codes are unsigned, with an offset chain, as Q4_1's. The others' codes are signed (q - 8,
  * q - 16, the IQ4 grid); each goes as an unsigned byte c + 128, as Q8_0's do, and the
  * token steps take 128 times the activation block's sum off the block's total, exactly
- * (q8_0_offset16): the codes' offset costs the 16 rows no more than Q8_0's does. */
+ * (q8_0_offset16): the codes' offset costs the 16 rows no more than Q8_0's does.
+ * vpdpbusd sums into int32 and saturates nothing; a block's products, at most 32 * 241 *
+ * 127 (the grid's 113 + 128) in size, stay far below 2^31 with q8_0_tokens16's 2^19. */
 
 /* The f16 at p + r * row_bytes for sixteen rows r, as floats. */
 static inline TARGET v16f f16_rows16(const uint8_t *p, int64_t row_bytes) {
@@ -655,7 +657,7 @@ static inline __attribute__((always_inline)) TARGET void fifth_bits16(v16i qh, v
         const v16i spread = V16(shuffle_epi8)(
             qh, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, b, b, b, 4 + b, 4 + b, 4 + b, 4 + b, 8 + b, 8 + b, 8 + b,
                                                           8 + b, 12 + b, 12 + b, 12 + b, 12 + b))));
-        const v16i bits = V16(set1_epi32)(l % 2 ? (int)0x80402010 : 0x08040201);
+        const v16i bits = V16(set1_epi32)((int)(0x08040201u << 4 * (l % 2)));
         codes[l] = V16(mask_add_epi8)(codes[l], V16(test_epi8_mask)(spread, bits), codes[l], sixteen);
     }
 }
