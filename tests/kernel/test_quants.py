@@ -781,7 +781,7 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
     counts below and past the batch kernels' thresholds (Q4_K's 4, the tiled 8) and tiles
     (8 tokens per row, 16 per eight rows, 64 in the tiled kernels), rows by sixteens,
     eights and left over, rows longer than the kernels' chunks of blocks (32, or 4 for
-    Q6_K), on every path (the VNNI and the AVX2 copy where the CPU has both); y is written
+    Q6_K) and ending in a part of one, on every path (the VNNI and the AVX2 copy where the CPU has both); y is written
     only where it should be."""
     rng = np.random.default_rng(900 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
@@ -789,6 +789,7 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
              for n_rows, tokens in ((5, 1), (3, 3), (8, 4), (4, 7), (9, 9), (17, 2), (16, 17), (25, 9), (17, 13),
                                     (9, 35), (27, 70), (40, 22))]
     cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), n_rows, 3) for n_rows in (8, 17)]
+    cases += [(37 * GGML_QUANT_SIZES[qtype][0], 17, 5)]  # a chunk and a part of one
     for n, n_rows, tokens in cases:
         rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
         xq = quantized_rows(vtype, n, tokens, rng)
@@ -803,3 +804,24 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
             y = y.reshape(tokens, ldy)
             assert np.isnan(y[:, n_rows:]).all()
             assert y[:, :n_rows].tobytes() == want.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"
+
+
+@pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
+def test_vec_dot_batch_rows_extreme_codes(qtype, simd_paths_of_cpu):
+    """The many-row kernels' integer sums with every code byte at its extremes (0x00, 0xFF,
+    0x80, 0x7F in turn from row to row, so that the lanes of a sixteen-row group differ; the
+    fifth bits of Q5_0 and Q5_1 all set or all clear) against activations at +-127, all
+    +127 and all -127: nothing overflows or saturates, every output the scalar definition's."""
+    rng = np.random.default_rng(1000 + int(qtype))
+    n, n_rows, vtype = 512, 17, VEC_DOT_TYPE[qtype]
+    rows = np.stack([extreme_row(qtype, n, (0x00, 0xFF, 0x80, 0x7F)[r % 4], rng) for r in range(n_rows)])
+    signs = [np.where(rng.random(n) < 0.5, -1.0, 1.0) for _ in range(BATCH_MIN_TOKENS - 1)] + [np.ones(n), -np.ones(n)]
+    xq = np.stack([c_quantize(vtype, s.astype(np.float32))[1][:-GUARD] for s in signs])
+    want = scalar_steps(qtype, rows, xq, n)
+    for set_path in simd_paths_of_cpu:
+        simd = set_path()
+        y = np.full((len(xq), n_rows), np.nan, dtype=np.float32)
+        rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows, ffi.from_buffer(xq),
+                                       xq.shape[1], len(xq), n, ffi.from_buffer("float[]", y), n_rows)
+        assert rc == 0
+        assert y.tobytes() == want.tobytes(), f"{qtype.name} simd={simd}"

@@ -610,6 +610,174 @@ TARGET void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes
 }
 
 /* ---------------------------------------------------------------------------
+ * Q4_0, Q5_0, Q5_1 and IQ4_NL: sixteen rows side by side
+ * ------------------------------------------------------------------------- */
+
+/* These 32-element types go through Q4_1's and Q8_0's token steps (q4_1_tokens16,
+ * q8_0_tokens16): a block decoder puts each type's codes in the form those take. Q5_1's
+ * codes are unsigned, with an offset chain, as Q4_1's. The others' codes are signed (q - 8,
+ * q - 16, the IQ4 grid); each goes as an unsigned byte c + 128, as Q8_0's do, and the
+ * token steps take 128 times the activation block's sum off the block's total, exactly
+ * (q8_0_offset16): the codes' offset costs the 16 rows no more than Q8_0's does.
+ * vpdpbusd sums into int32 and saturates nothing; a block's products, at most 32 * 241 *
+ * 127 (the grid's 113 + 128) in size, stay far below 2^31 with q8_0_tokens16's 2^19. */
+
+/* The f16 at p + r * row_bytes for sixteen rows r, as floats. */
+static inline TARGET v16f f16_rows16(const uint8_t *p, int64_t row_bytes) {
+    uint16_t h[16];
+    for (int r = 0; r < 16; r++)
+        memcpy(&h[r], p + r * row_bytes, 2);
+    return V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)h)));
+}
+
+/* The 32 nibbles of the 16 bytes at p of sixteen rows, side by side in Q4_1's order
+ * (q4_1_block16): codes[l] lane r holds row r's elements 4l..4l+3, the low nibbles of its
+ * word l for l < 4, the high nibbles of word l - 4 after; plus `plus` in every byte. */
+static inline __attribute__((always_inline)) TARGET void nibbles16(const uint8_t *p, int64_t row_bytes, int plus,
+                                                                  v16i codes[8]) {
+    v16i w[4];
+    words16_side_by_side(p, row_bytes, w);
+    const v16i m4 = V16(set1_epi8)(0x0f), add = V16(set1_epi8)((char)plus);
+    for (int j = 0; j < 8; j++) {
+        const v16i nibble = j < 4 ? w[j] : V16(srli_epi16)(w[j - 4], 4);
+        /* plus in the high nibble (0, Q5_0's 112): (nibble & 0x0f) | plus, one ternary-logic
+         * instruction ((a & b) | c is 0xea) */
+        codes[j] = plus & 0x0f ? V16(add_epi8)(V16(and_si512)(nibble, m4), add)
+                               : V16(ternarylogic_epi32)(nibble, m4, add, 0xea);
+    }
+}
+
+/* Q5's fifth bits: 16 added to byte b of codes[l] where bit 4l + b of the lane's qh (one
+ * row's 32 bits, element e's at bit e) is set. Byte l / 2 of qh copied to the lane's four
+ * bytes, each tested against its own bit. */
+static inline __attribute__((always_inline)) TARGET void fifth_bits16(v16i qh, v16i codes[8]) {
+    const v16i sixteen = V16(set1_epi8)(16);
+    for (int l = 0; l < 8; l++) {
+        const int b = l / 2;
+        const v16i spread = V16(shuffle_epi8)(
+            qh, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, b, b, b, 4 + b, 4 + b, 4 + b, 4 + b, 8 + b, 8 + b, 8 + b,
+                                                          8 + b, 12 + b, 12 + b, 12 + b, 12 + b))));
+        const v16i bits = V16(set1_epi32)((int)(0x08040201u << 4 * (l % 2)));
+        codes[l] = V16(mask_add_epi8)(codes[l], V16(test_epi8_mask)(spread, bits), codes[l], sixteen);
+    }
+}
+
+/* Block i of sixteen rows of type (Q4_0, Q5_0, Q5_1 or IQ4_NL, a constant) side by side,
+ * as its token steps take it: codes[l] lane r holds row r's codes of elements 4l..4l+3
+ * (unsigned for Q5_1, else plus 128); d, and Q5_1's m, each row's. */
+static inline __attribute__((always_inline)) TARGET void block32_16(const int type, const uint8_t *rows,
+                                                                   int64_t row_bytes, int64_t i, v16i codes[8],
+                                                                   v16f *d_rows, v16f *m_rows) {
+    if (type == SQ_Q4_0) {
+        const block_q4_0 *b = (const block_q4_0 *)rows + i;
+        *d_rows = f16_rows16((const uint8_t *)&b->d, row_bytes);
+        nibbles16(b->qs, row_bytes, 128 - 8, codes);
+    } else if (type == SQ_IQ4_NL) {
+        const block_iq4_nl *b = (const block_iq4_nl *)rows + i;
+        *d_rows = f16_rows16((const uint8_t *)&b->d, row_bytes);
+        nibbles16(b->qs, row_bytes, 0, codes);
+        /* the grid's values plus 128, looked up by index in every 128-bit quarter */
+        const v16i grid = V16(broadcast_i32x4)(
+            AS128I(_mm_xor_si128(_mm_setr_epi8(SQ_IQ4_GRID), _mm_set1_epi8((char)0x80))));
+        for (int l = 0; l < 8; l++)
+            codes[l] = V16(shuffle_epi8)(grid, codes[l]);
+    } else if (type == SQ_Q5_0) {
+        const block_q5_0 *b = (const block_q5_0 *)rows + i;
+        v16i h[4];  /* the block's first 16 bytes: h[0] d and qh's low half, h[1] qh's high half */
+        words16_side_by_side((const uint8_t *)b, row_bytes, h);
+        v16f unused;  /* qh's low half, as if an f16 */
+        halves16(h[0], d_rows, &unused);
+        nibbles16(b->qs, row_bytes, 128 - 16, codes);
+        fifth_bits16(V16(or_si512)(V16(srli_epi32)(h[0], 16), V16(slli_epi32)(h[1], 16)), codes);
+    } else {  /* SQ_Q5_1 */
+        const block_q5_1 *b = (const block_q5_1 *)rows + i;
+        v16i h[4];  /* the block's first 16 bytes: h[0] d and m, h[1] qh */
+        words16_side_by_side((const uint8_t *)b, row_bytes, h);
+        halves16(h[0], d_rows, m_rows);
+        nibbles16(b->qs, row_bytes, 0, codes);
+        fifth_bits16(h[1], codes);
+    }
+}
+
+/* T tokens (1 to 4) from token t through nc blocks of sixteen rows from block i0: the
+ * token steps of the type's activations (Q8_1 for Q5_1, else Q8_0), sum[u] and off[u]
+ * token t + u's chains (off Q5_1's alone). */
+static inline __attribute__((always_inline)) TARGET void tokens32_16(const int type, const int T, const void *xq,
+                                                                    int64_t stride, int t, int64_t i0, int nc,
+                                                                    const v16i codes[][8], const v16f d_rows[],
+                                                                    const v16f m_rows[], v16f sum[], v16f off[]) {
+    if (type == SQ_Q5_1) {
+        const block_q8_1 *a[4];
+        for (int u = 0; u < T; u++)
+            a[u] = (const block_q8_1 *)token_row(xq, stride, t + u) + i0;
+        q4_1_tokens16(T, a, nc, codes, d_rows, m_rows, sum, off);
+    } else {
+        const block_q8_0 *a[4];
+        for (int u = 0; u < T; u++)
+            a[u] = (const block_q8_0 *)token_row(xq, stride, t + u) + i0;
+        q8_0_tokens16(T, a, nc, codes, d_rows, sum);
+    }
+}
+
+/* Sixteen rows of a 32-element type (row_bytes apart, in the file's layout) times n_tokens
+ * activation rows, each output the scalar vec_dot's bits for its row and token
+ * (quants/types.h), as steps_dot16_q8_0 and steps_dot16_q4_1 do theirs: CHUNK blocks put
+ * side by side at a time (block32_16), then the tile's tokens, four at a time, each
+ * through them; y = sum (+ off for Q5_1). y[t * ldy + r] for r < 16. The next sixteen
+ * rows' bytes are asked of memory up to stop as the first tile reads the blocks. */
+static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, int block_bytes,
+                                                                       const uint8_t *rows, int64_t row_bytes,
+                                                                       const void *xq, int64_t stride, int n_tokens,
+                                                                       int64_t nb, const void *stop, float *y,
+                                                                       int64_t ldy) {
+    enum { TILE = 16, CHUNK = 32 };
+    v16i codes[CHUNK][8];
+    v16f d_rows[CHUNK], m_rows[CHUNK];
+    v16f sum[TILE], off[TILE];
+    const uint8_t *next = rows + 16 * row_bytes;
+    const int64_t share = 16 * (int64_t)block_bytes;  /* of the next rows, per block */
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
+        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
+            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
+            for (int k = 0; k < nc; k++) {
+                if (t0 == 0)
+                    prefetch_next_rows(next, i0 + k, share, stop);
+                block32_16(type, rows, row_bytes, i0 + k, codes[k], &d_rows[k], &m_rows[k]);
+            }
+            for (int t = 0; t < nt;) {
+                const int T = nt - t >= 4 ? 4 : nt - t;
+                if (T == 4)
+                    tokens32_16(type, 4, xq, stride, t0 + t, i0, nc, codes, d_rows, m_rows, sum + t, off + t);
+                else if (T == 3)
+                    tokens32_16(type, 3, xq, stride, t0 + t, i0, nc, codes, d_rows, m_rows, sum + t, off + t);
+                else if (T == 2)
+                    tokens32_16(type, 2, xq, stride, t0 + t, i0, nc, codes, d_rows, m_rows, sum + t, off + t);
+                else
+                    tokens32_16(type, 1, xq, stride, t0 + t, i0, nc, codes, d_rows, m_rows, sum + t, off + t);
+                t += T;
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, type == SQ_Q5_1 ? V16(add_ps)(sum[t], off[t]) : sum[t]);
+    }
+}
+
+#define ROWS16_BLOCK32(name, NAME)                                                                                \
+    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,          \
+                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop,   \
+                                                   float *y, int64_t ldy) {                                      \
+        rows16_block32(SQ_##NAME, (int)sizeof(block_##name), rows, row_bytes, xq, stride, n_tokens, nb, stop, y, \
+                       ldy);                                                                                      \
+    }
+ROWS16_BLOCK32(q4_0, Q4_0)
+ROWS16_BLOCK32(q5_0, Q5_0)
+ROWS16_BLOCK32(q5_1, Q5_1)
+ROWS16_BLOCK32(iq4_nl, IQ4_NL)
+
+/* ---------------------------------------------------------------------------
  * Q6_K: sixteen rows side by side
  * ------------------------------------------------------------------------- */
 
