@@ -114,6 +114,12 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx2,
         [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,
         [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,
+
+        /* Eight rows from the file's layout, for a draft's tokens and a prompt's alike. */
+        [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,
+        [SQ_IQ4_XS].rows8.few = sq_steps_dot8_iq4_xs_avx2,
+        [SQ_Q3_K].rows8.few = sq_steps_dot8_q3_K_avx2,
+        [SQ_Q2_K].rows8.few = sq_steps_dot8_q2_K_avx2,
     },
     /* The VNNI copies of the vec_dots and the few-token kernels, Q8_0's eight rows, and
      * sixteen rows at a time in 512-bit registers before eight; a prompt's one- and
@@ -148,6 +154,12 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q5_0].rows16.few = sq_steps_dot16_q5_0_avx512vnni,
         [SQ_Q5_1].rows16.few = sq_steps_dot16_q5_1_avx512vnni,
         [SQ_IQ4_NL].rows16.few = sq_steps_dot16_iq4_nl_avx512vnni,
+
+        /* avx2's eight rows, for the rows a matrix has left over from sixteen. */
+        [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,
+        [SQ_IQ4_XS].rows8.few = sq_steps_dot8_iq4_xs_avx2,
+        [SQ_Q3_K].rows8.few = sq_steps_dot8_q3_K_avx2,
+        [SQ_Q2_K].rows8.few = sq_steps_dot8_q2_K_avx2,
     },
 #elif defined(SQ_NEON)
     /* The vec_dots, and one row times a batch of any size. */

@@ -194,6 +194,17 @@ void sq_packed_batch8_q4_K_avx2(const void *group, int half, const void *xq, int
  * to stop. */
 void sq_packed_dotn16_q4_K_avx2(const void *group, const void *xq, int64_t stride, int n, int64_t nb,
                                 const void *stop, float *y, int64_t ldy);
+/* Eight Q5_K, IQ4_XS, Q3_K or Q2_K rows row_bytes apart in the file's layout times
+ * n_tokens activation rows, a few or a prompt's, a block decoded once for up to 64 tokens:
+ * y[t * ldy + r] for r < 8. The next eight rows' bytes are asked of memory up to stop. */
+void sq_steps_dot8_q5_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot8_iq4_xs_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                               int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot8_q3_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot8_q2_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Sixteen Q4_K rows at once in 512-bit registers (CPUs with AVX-512 VNNI), tokens four at a
  * time: y[t * ldy + r] for r < 16. The next sixteen rows'
  * bytes are asked of memory up to stop. */

@@ -373,6 +373,308 @@ TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stri
     }
 }
 
+/* ---------------------------------------------------------------------------
+ * Q5_K, IQ4_XS, Q3_K and Q2_K: eight rows side by side, from the file's layout
+ * ------------------------------------------------------------------------- */
+
+/* The 16 bytes at p + r * row_bytes of eight rows r side by side: w[j] lane r holds bytes
+ * 4j..4j+3 of row r's (rows r and r + 4 in one register's halves, then a 4 x 4 transpose
+ * of words in each half). */
+static inline TARGET void super8_words16(const uint8_t *p, int64_t row_bytes, __m256i w[4]) {
+    __m256i z[4];
+    for (int k = 0; k < 4; k++)
+        z[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + k * row_bytes))),
+                                       _mm_loadu_si128((const __m128i *)(p + (k + 4) * row_bytes)), 1);
+    transpose4_halves(z, w);
+}
+
+/* The 32 bytes at p + r * row_bytes of eight rows side by side: q[j] lane r holds bytes
+ * 4j..4j+3 of row r's. */
+static inline TARGET void super8_bytes32(const uint8_t *p, int64_t row_bytes, __m256i q[8]) {
+    for (int r = 0; r < 8; r++)
+        q[r] = _mm256_loadu_si256((const __m256i *)(p + r * row_bytes));
+    sq_transpose8_epi32(q);
+}
+
+/* x shifted left by n bits, or right by -n: a bit of each byte moved to another place in
+ * the same byte, once masked (what comes over from the neighbouring byte masked off). */
+static inline __attribute__((always_inline)) TARGET __m256i super8_shift(__m256i x, int n) {
+    return n > 0 ? _mm256_slli_epi16(x, n) : n < 0 ? _mm256_srli_epi16(x, -n) : x;
+}
+
+/* Byte a of each 32-bit lane in its low int16 and byte b in its high one (unsigned). */
+static inline TARGET __m256i super8_bytes(__m256i x, int a, int b) {
+    return _mm256_shuffle_epi8(x, lane_bytes_to_words(a, b));
+}
+
+/* A block of eight rows side by side, as super8_header reads it and super8_chunk decodes
+ * its codes. scale[g]: each row's scale of group g (32 elements for Q5_K and IQ4_XS, 16
+ * for Q3_K and Q2_K) in both int16 of its lane, for the madd that widens a group's int16
+ * sums; pairs[p]: each row's multipliers of the activations' bsums 2p and 2p + 1 as two
+ * int16 (Q5_K's and Q2_K's mins, Q3_K's offsets); bits: Q5_K's qh, Q3_K's hmask side by
+ * side; span: the qs bytes that the chunks in hand take their codes from. */
+typedef struct {
+    __m256i scale[16], pairs[8], bits[8], span[8];
+    __m256 d, dmin;
+} super8_block;
+
+/* Q5_K's first 16 bytes are Q4_K's: d and dmin, then the 6-bit scales and mins, unpacked
+ * eight rows at once as k_scales_mins does one row's; then qh, the fifth bits. */
+static inline __attribute__((always_inline)) TARGET void q5_K_header8(const uint8_t *block, int64_t row_bytes,
+                                                                     super8_block *b) {
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
+    __m256i w[4];
+    super8_words16(block, row_bytes, w);
+    /* Byte g of each lane: the scales and mins of groups g (low) and 4 + g (high). */
+    const __m256i sc_low = _mm256_and_si256(w[1], m6), mn_low = _mm256_and_si256(w[2], m6);
+    const __m256i sc_high = _mm256_or_si256(_mm256_and_si256(w[3], m4), _mm256_and_si256(_mm256_srli_epi32(w[1], 2), top2));
+    const __m256i mn_high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w[3], 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi32(w[2], 2), top2));
+    for (int g = 0; g < 4; g++) {
+        b->scale[g] = super8_bytes(sc_low, g, g);
+        b->scale[g + 4] = super8_bytes(sc_high, g, g);
+        b->pairs[g] = super8_bytes(mn_low, g, g);  /* group g's min, for both of its bsums */
+        b->pairs[g + 4] = super8_bytes(mn_high, g, g);
+    }
+    halves_of_words(w[0], &b->d, &b->dmin);
+    super8_bytes32(((const block_q5_K *)block)->qh, row_bytes, b->bits);
+}
+
+/* IQ4_XS: d and scales_h in word 0, scales_l in word 1; the scales s - 32, in -32..31. */
+static inline __attribute__((always_inline)) TARGET void iq4_xs_header8(const uint8_t *block, int64_t row_bytes,
+                                                                       super8_block *b) {
+    __m256i w[4];
+    super8_words16(block, row_bytes, w);
+    for (int g = 0; g < 8; g++) {
+        /* the low four bits: nibble g of scales_l; the high two: bits 2g, 2g + 1 of scales_h */
+        const __m256i s = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w[1], 4 * g), _mm256_set1_epi32(0x0f)),
+                                          _mm256_and_si256(_mm256_srli_epi32(w[0], 12 + 2 * g), _mm256_set1_epi32(0x30)));
+        const __m256i sc = _mm256_sub_epi32(s, _mm256_set1_epi32(32));
+        b->scale[g] = _mm256_or_si256(_mm256_and_si256(sc, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(sc, 16));
+    }
+    __m256 unused;
+    halves_of_words(w[0], &b->d, &unused);
+}
+
+/* Q3_K: the 12 bytes of scales read as the block's last 16 (qs's last two before them, d
+ * after), nothing past the block. The codes q in -4..3 go to maddubs as q + 4 (0..7,
+ * unsigned), so a group's products come out 4 sc times its bsum too large: pairs[p] holds
+ * -4 sc of groups 2p and 2p + 1 (|.| <= 128), which takes that off exactly. */
+static inline __attribute__((always_inline)) TARGET void q3_K_header8(const uint8_t *block, int64_t row_bytes,
+                                                                     super8_block *b) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03), c32 = _mm256_set1_epi16(32);
+    __m256i w[4], s[3];
+    super8_words16(block + sizeof(block_q3_K) - 16, row_bytes, w);
+    for (int j = 0; j < 3; j++)  /* s[j] lane r: row r's scales bytes 4j..4j+3 */
+        s[j] = _mm256_or_si256(_mm256_srli_epi32(w[j], 16), _mm256_slli_epi32(w[j + 1], 16));
+    for (int k = 0; k < 4; k++) {
+        /* u's bytes: groups 4k..4k+3's 6-bit codes, sc + 32. The low four bits: the low
+         * nibbles of scales 0..7 for groups 0..7, their high nibbles for 8..15; the high two:
+         * bits 2k, 2k + 1 of scales 8..11. */
+        const __m256i low = k < 2 ? _mm256_and_si256(s[k], m4) : _mm256_and_si256(_mm256_srli_epi32(s[k - 2], 4), m4);
+        const __m256i u = _mm256_or_si256(low, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(s[2], 2 * k), m2), 4));
+        for (int g = 0; g < 4; g++)
+            b->scale[4 * k + g] = _mm256_sub_epi16(super8_bytes(u, g, g), c32);
+        for (int h = 0; h < 2; h++)  /* 4 (32 - (sc + 32)) = -4 sc */
+            b->pairs[2 * k + h] = _mm256_slli_epi16(_mm256_sub_epi16(c32, super8_bytes(u, 2 * h, 2 * h + 1)), 2);
+    }
+    __m256 unused;
+    halves_of_words(w[3], &unused, &b->d);
+    super8_bytes32(((const block_q3_K *)block)->hmask, row_bytes, b->bits);
+}
+
+/* Q2_K: a scale (low nibble) and a min (high) per byte of scales; d and dmin at the end. */
+static inline __attribute__((always_inline)) TARGET void q2_K_header8(const uint8_t *block, int64_t row_bytes,
+                                                                     super8_block *b) {
+    __m256i w[4];
+    super8_words16(block, row_bytes, w);
+    for (int g = 0; g < 16; g++)
+        b->scale[g] = _mm256_and_si256(super8_bytes(w[g / 4], g % 4, g % 4), _mm256_set1_epi16(0x0f));
+    for (int p = 0; p < 8; p++)
+        b->pairs[p] = _mm256_srli_epi16(super8_bytes(w[p / 2], 2 * (p % 2), 2 * (p % 2) + 1), 4);
+    uint32_t dd[8];
+    for (int r = 0; r < 8; r++)
+        memcpy(&dd[r], block + r * row_bytes + offsetof(block_q2_K, d), 4);  /* d, dmin */
+    halves_of_eight(dd, &b->d, &b->dmin);
+}
+
+static inline __attribute__((always_inline)) TARGET void super8_header(const int type, const uint8_t *block,
+                                                                      int64_t row_bytes, super8_block *b) {
+    if (type == SQ_Q5_K)
+        q5_K_header8(block, row_bytes, b);
+    else if (type == SQ_IQ4_XS)
+        iq4_xs_header8(block, row_bytes, b);
+    else if (type == SQ_Q3_K)
+        q3_K_header8(block, row_bytes, b);
+    else
+        q2_K_header8(block, row_bytes, b);
+}
+
+/* Chunk k (elements 32k .. 32k + 31) of a block of eight rows side by side: code[j] lane r
+ * holds row r's codes 32k + 4j .. +3 as unsigned bytes, and for IQ4_XS sgn[j] their grid
+ * values with their signs (code = |sgn|, 1..127). Where the codes lie:
+ *   Q5_K:   the low nibbles (even k) or high ones (odd k) of qs 16k .. (span: 32 bytes
+ *           from qs + 32 (k / 2)), bit k of qh[l] (bits) as bit 4;
+ *   IQ4_XS: group k's 16 bytes of qs, elements l < 16 in their low nibbles, 16 + l in their
+ *           high ones (span as Q5_K's), looked up in the grid;
+ *   Q2_K:   bits 2 (k % 4) of qs 32 (k / 4) ... (span: those 32 bytes, read at k % 4 == 0);
+ *   Q3_K:   those, and bit k of hmask[l] (bits) as bit 2: q + 4 in 0..7. */
+static inline __attribute__((always_inline)) TARGET void super8_chunk(const int type, const uint8_t *block,
+                                                                     int64_t row_bytes, int k, super8_block *b,
+                                                                     __m256i code[8], __m256i sgn[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    if (type == SQ_Q5_K || type == SQ_IQ4_XS) {
+        const size_t qs = type == SQ_Q5_K ? offsetof(block_q5_K, qs) : offsetof(block_iq4_xs, qs);
+        if (k % 2 == 0)
+            super8_bytes32(block + qs + 16 * k, row_bytes, b->span);
+    } else if (k % 4 == 0) {
+        const size_t qs = type == SQ_Q3_K ? offsetof(block_q3_K, qs) : offsetof(block_q2_K, qs);
+        super8_bytes32(block + qs + 8 * k, row_bytes, b->span);
+    }
+    if (type == SQ_Q5_K) {
+        for (int j = 0; j < 8; j++) {
+            const __m256i low = k % 2 ? _mm256_srli_epi16(b->span[j], 4) : b->span[j];
+            code[j] = _mm256_or_si256(_mm256_and_si256(low, m4),
+                                      _mm256_and_si256(super8_shift(b->bits[j], 4 - k), _mm256_set1_epi8(0x10)));
+        }
+    } else if (type == SQ_IQ4_XS) {
+        const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_grid));
+        for (int j = 0; j < 8; j++) {
+            const __m256i q = b->span[4 * (k % 2) + j % 4];
+            sgn[j] = _mm256_shuffle_epi8(grid, _mm256_and_si256(j < 4 ? q : _mm256_srli_epi16(q, 4), m4));
+            code[j] = _mm256_abs_epi8(sgn[j]);
+        }
+    } else {
+        for (int j = 0; j < 8; j++) {
+            code[j] = _mm256_and_si256(_mm256_srli_epi16(b->span[j], 2 * (k % 4)), m2);
+            if (type == SQ_Q3_K)
+                code[j] = _mm256_or_si256(code[j], _mm256_and_si256(super8_shift(b->bits[j], 2 - k), _mm256_set1_epi8(4)));
+        }
+    }
+}
+
+/* The 32-bit word of activation codes at p, in every lane. */
+static inline TARGET __m256i super8_word(const int8_t *p) {
+    int32_t w;
+    memcpy(&w, p, 4);
+    return _mm256_set1_epi32(w);
+}
+
+/* Chunk k's products for one token (aq: its 32 activation codes, -127..127) against eight
+ * rows' codes (super8_chunk), each row's group sums times their scales, in int32: s_lo
+ * scales words 0..3 (codes 0..15), s_hi words 4..7. The unsigned codes' products go to
+ * int16 four maddubs at a time, at most 4 * 2 * 31 * 127 = 31496 (Q5_K; Q3_K's 0..7
+ * 7112, Q2_K's 0..3 3048), then madd by the scale widens them. IQ4_XS's signed grid values
+ * go as |v| times sign(a, v), at most 2 * 127 * 127 = 32258 in a pair: one maddubs to each
+ * madd. */
+static inline __attribute__((always_inline)) TARGET __m256i super8_products(const int type, const int8_t *aq,
+                                                                           const __m256i code[8], const __m256i sgn[8],
+                                                                           __m256i s_lo, __m256i s_hi) {
+    if (type == SQ_IQ4_XS) {
+        __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j += 2) {
+            const __m256i p0 = _mm256_maddubs_epi16(code[j], _mm256_sign_epi8(super8_word(aq + 4 * j), sgn[j]));
+            const __m256i p1 = _mm256_maddubs_epi16(code[j + 1], _mm256_sign_epi8(super8_word(aq + 4 * j + 4), sgn[j + 1]));
+            even = _mm256_add_epi32(even, _mm256_madd_epi16(p0, s_lo));
+            odd = _mm256_add_epi32(odd, _mm256_madd_epi16(p1, s_lo));
+        }
+        return _mm256_add_epi32(even, odd);
+    }
+    __m256i p[8];
+    for (int j = 0; j < 8; j++)
+        p[j] = _mm256_maddubs_epi16(code[j], super8_word(aq + 4 * j));
+    const __m256i lo = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+    const __m256i hi = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, s_lo), _mm256_madd_epi16(hi, s_hi));
+}
+
+/* The sum over p of pairs[p]'s two int16 times bsums 2p and 2p + 1 (each |.| <= 16 * 127). */
+static inline __attribute__((always_inline)) TARGET __m256i super8_bsums(const __m256i pairs[8], const int16_t *bsums) {
+    __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+    for (int p = 0; p < 8; p += 2) {
+        even = _mm256_add_epi32(even, _mm256_madd_epi16(pairs[p], super8_word((const int8_t *)(bsums + 2 * p))));
+        odd = _mm256_add_epi32(odd, _mm256_madd_epi16(pairs[p + 1], super8_word((const int8_t *)(bsums + 2 * p + 2))));
+    }
+    return _mm256_add_epi32(even, odd);
+}
+
+/* Eight rows of a type of 256-element blocks with Q8_K activations (Q5_K, IQ4_XS, Q3_K,
+ * Q2_K), row_bytes apart in the file's layout, times n_tokens activation rows, each output
+ * the scalar definition's bits for its row and token (quants/types.h), with the rows in
+ * the lanes as sq_batch_dot8_q4_K_avx2 has them: per block a header of the eight rows side
+ * by side (super8_header: scales, the pairs that meet the bsums, d and dmin), then eight
+ * chunks of 32 codes (super8_chunk), each kept in registers while the tile's tokens go by,
+ * each token's isum waiting in memory for the block's last chunk. Q3_K's offsets start the
+ * isum (taken off through the bsums); Q5_K's and Q2_K's mins, through the bsums too, take
+ * the second chain's block step at the block's end. y = sum, or sum - off. A block costs
+ * its transposes once for the tile, a token a maddubs per four codes of eight rows. The
+ * next eight rows' bytes are asked of memory up to stop, a piece per chunk; each token's
+ * next block a block ahead. y[t * ldy + r] for r < 8. */
+static inline __attribute__((always_inline)) TARGET void rows8_super(const int type, const uint8_t *rows,
+                                                                    int64_t row_bytes, const void *xq, int64_t stride,
+                                                                    int n_tokens, int64_t nb, const void *stop,
+                                                                    float *y, int64_t ldy) {
+    enum { TILE = 64 };
+    const int mins = type == SQ_Q5_K || type == SQ_Q2_K, groups16 = type == SQ_Q3_K || type == SQ_Q2_K;
+    const int64_t bytes = type == SQ_Q5_K    ? (int64_t)sizeof(block_q5_K)
+                          : type == SQ_IQ4_XS ? (int64_t)sizeof(block_iq4_xs)
+                          : type == SQ_Q3_K   ? (int64_t)sizeof(block_q3_K)
+                                              : (int64_t)sizeof(block_q2_K);
+    const uint8_t *next = rows + 8 * row_bytes;
+    const int64_t piece = 8 * row_bytes / (nb > 0 ? 8 * nb : 1);
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        __m256 sum[TILE], off[TILE];
+        __m256i isum[TILE];
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const uint8_t *block = rows + i * bytes;
+            super8_block b;
+            super8_header(type, block, row_bytes, &b);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);
+                isum[t] = type == SQ_Q3_K ? super8_bsums(b.pairs, a->bsums) : _mm256_setzero_si256();
+            }
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {  /* unrolled: each chunk's shifts are its own */
+                if (t0 == 0)
+                    prefetch_next_rows(next, 8 * i + k, piece, stop);
+                __m256i code[8], sgn[8];
+                super8_chunk(type, block, row_bytes, k, &b, code, sgn);
+                const __m256i s_lo = b.scale[groups16 ? 2 * k : k], s_hi = b.scale[groups16 ? 2 * k + 1 : k];
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 32 * k;
+                    isum[t] = _mm256_add_epi32(isum[t], super8_products(type, aq, code, sgn, s_lo, s_hi));
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                const __m256 a_d = _mm256_set1_ps(a->d);
+                sum[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(b.d, a_d), sum[t]);
+                if (mins)
+                    off[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(super8_bsums(b.pairs, a->bsums)), _mm256_mul_ps(b.dmin, a_d),
+                                             off[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + (t0 + t) * ldy, mins ? _mm256_sub_ps(sum[t], off[t]) : sum[t]);
+    }
+}
+
+#define ROWS8_SUPER_ENTRY(name, TYPE)                                                                               \
+    TARGET void sq_steps_dot8_##name##_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,     \
+                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {     \
+        rows8_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy);                                   \
+    }
+
+ROWS8_SUPER_ENTRY(q5_K, SQ_Q5_K)
+ROWS8_SUPER_ENTRY(iq4_xs, SQ_IQ4_XS)
+ROWS8_SUPER_ENTRY(q3_K, SQ_Q3_K)
+ROWS8_SUPER_ENTRY(q2_K, SQ_Q2_K)
+
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int sq_quants_avx2_unused;
