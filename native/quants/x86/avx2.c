@@ -562,7 +562,8 @@ static inline TARGET __m256i super8_word(const int8_t *p) {
 
 /* Chunk k's products for one token (aq: its 32 activation codes, -127..127) against eight
  * rows' codes (super8_chunk), each row's group sums times their scales, in int32: s_lo
- * scales words 0..3 (codes 0..15), s_hi words 4..7. The unsigned codes' products go to
+ * scales words 0..3 (codes 0..15), s_hi words 4..7 (the one group's scale in both for
+ * Q5_K and IQ4_XS, whose groups are 32 codes). The unsigned codes' products go to
  * int16 four maddubs at a time, at most 4 * 2 * 31 * 127 = 31496 (Q5_K; Q3_K's 0..7
  * 7112, Q2_K's 0..3 3048), then madd by the scale widens them. IQ4_XS's signed grid values
  * go as |v| times sign(a, v), at most 2 * 127 * 127 = 32258 in a pair: one maddubs to each
