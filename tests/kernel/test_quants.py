@@ -803,3 +803,30 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
             y = y.reshape(tokens, ldy)
             assert np.isnan(y[:, n_rows:]).all()
             assert y[:, :n_rows].tobytes() == want.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"
+
+
+@pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
+def test_vec_dot_batch_rows_extreme_codes(qtype, simd_paths_of_cpu):
+    """Rows times a batch with every code byte at its extremes (each row of a group of
+    sixteen with its own fill, so that every lane of the sixteen-row kernels meets each),
+    against activations at +-127 of one sign throughout (the bsums at their extremes) or of
+    both, in the few tokens' tiles and a prompt's: nothing saturates or wraps in the integer
+    sums or in the offsets taken through the bsums; every output the scalar definition's."""
+    rng = np.random.default_rng(1000 + int(qtype))
+    n, vtype, n_rows = 512, VEC_DOT_TYPE[qtype], 17
+    fills = (0x00, 0xFF, 0x80, 0x7F)
+    rows = np.stack([extreme_row(qtype, n, fills[(r + r // 4) % 4], rng) for r in range(n_rows)])
+    signs = [np.ones(n), -np.ones(n)] + [np.where(rng.random(n) < 0.5, -1.0, 1.0) for _ in range(5)]
+    for tokens in (9, 70):
+        xq = np.stack([c_quantize(vtype, signs[t % len(signs)].astype(np.float32))[1][:-GUARD] for t in range(tokens)])
+        want = scalar_steps(qtype, rows, xq, n)
+        for set_path in simd_paths_of_cpu:
+            simd = set_path()
+            ldy = n_rows + 1
+            y = np.full(tokens * ldy, np.nan, dtype=np.float32)
+            rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
+                                           ffi.from_buffer(xq), xq.shape[1], tokens, n, ffi.from_buffer("float[]", y), ldy)
+            assert rc == 0
+            y = y.reshape(tokens, ldy)
+            assert np.isnan(y[:, n_rows:]).all()
+            assert y[:, :n_rows].tobytes() == want.tobytes(), f"{qtype.name} tokens={tokens} simd={simd}"
