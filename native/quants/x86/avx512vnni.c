@@ -757,6 +757,136 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
 
 ROWS16_ENTRIES(q6_K)
 
+/* ---------------------------------------------------------------------------
+ * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows side by side, from the file's layout
+ * ------------------------------------------------------------------------- */
+
+/* x shifted left by n bits in each 32-bit lane, or right by -n: a bit of each byte moved
+ * to another place in the same byte, once masked (the bits from the neighbours masked off). */
+static inline __attribute__((always_inline)) TARGET v16i shift_bits(v16i x, int n) {
+    return n > 0 ? V16(slli_epi32)(x, n) : n < 0 ? V16(srli_epi32)(x, -n) : x;
+}
+
+/* Q5_K: the header of block (block i of row 0; the next rows row_bytes on) of sixteen rows
+ * side by side as Q4_K's (its first 16 bytes are Q4_K's: d, dmin and the packed scales and
+ * mins), and qh[j] lane r the qh bytes 4j..4j+3 of row r: the fifth bits of all its codes. */
+static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uint8_t *block, int64_t row_bytes,
+                                                                      v16i scale[8], v16i min2[8], v16i qh[8],
+                                                                      v16f *d, v16f *dmin) {
+    q4_K_headers16(block, row_bytes, 0, 0, scale, min2, d, dmin);
+    bytes32_side_by_side(((const block_q5_K *)block)->qh, row_bytes, qh);
+}
+
+/* Span c (elements 64c .. 64c + 63) of a Q5_K block of sixteen rows side by side, as
+ * q4_K_codes16's: the nibbles of qs, and bit 4 of element l of group g from bit g of byte l
+ * of qh (q5_K_header16), so codes in 0..31. */
+static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
+                                                                     const v16i qh[8], v16i code[2][8]) {
+    const v16i m4 = V16(set1_epi8)(0x0f), bit4 = V16(set1_epi8)(0x10);
+    v16i q[8];
+    bytes32_side_by_side(((const block_q5_K *)block)->qs + 32 * c, row_bytes, q);
+    for (int j = 0; j < 8; j++) {
+        /* (a & b) | c: ternary-logic 0xea */
+        code[0][j] = V16(ternarylogic_epi32)(q[j], m4, V16(and_si512)(shift_bits(qh[j], 4 - 2 * c), bit4), 0xea);
+        code[1][j] = V16(ternarylogic_epi32)(V16(srli_epi16)(q[j], 4), m4,
+                                             V16(and_si512)(shift_bits(qh[j], 3 - 2 * c), bit4), 0xea);
+    }
+}
+
+/* Block i's share of a token's integer sums from its bsums: the sum over p of the two
+ * int16 of pairs[p] times bsums 2p and 2p + 1 (vpdpwssd; two chains). */
+static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pairs[8], const int16_t *bsums) {
+    v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
+    for (int p = 0; p < 8; p += 2) {
+        even = dpwssd_pair(even, pairs[p], bsums + 2 * p);
+        odd = dpwssd_pair(odd, pairs[p + 1], bsums + 2 * p + 2);
+    }
+    return V16(add_epi32)(even, odd);
+}
+
+/* Sixteen rows of a type of 256-element blocks with Q8_K activations (Q5_K, IQ4_XS, Q3_K,
+ * Q2_K), row_bytes apart in the file's layout, times n_tokens activation rows, each output
+ * the scalar definition's bits for its row and token (quants/types.h), as rows16_q4_K takes
+ * Q4_K's: per block a header of sixteen rows side by side (<type>_header16: the integer
+ * scales, the pairs that meet the bsums, d and dmin), then four spans of 64 codes put side
+ * by side (<type>_codes16) that stay while the tile's tokens go by, each token's isum
+ * waiting for the block's last span. The codes go to vpdpbusd as unsigned bytes; where that
+ * takes an offset (IQ4_XS's grid values plus 128, Q3_K's codes with their scales folded
+ * in), the pairs take it back off exactly through the bsums at the block's start; Q5_K's
+ * and Q2_K's pairs are their mins, whose sum takes the second chain's block step at the
+ * block's end. A group's products meet its scale by vpmulld per token and group of 32
+ * (Q5_K, IQ4_XS, as Q4_K's), or are scaled in the codes (Q3_K, Q2_K: their groups of 16
+ * would take twice as many). y = sum, or sum - off. TILE tokens at a time: 16 for a few, 64
+ * for a prompt, which also asks for each token's next block a block ahead. The next sixteen
+ * rows' bytes are asked of memory up to stop a piece per span. y[t * ldy + r] for r < 16. */
+static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *rows,
+                                                                     int64_t row_bytes, const void *xq, int64_t stride,
+                                                                     int n_tokens, int64_t nb, const void *stop,
+                                                                     float *y, int64_t ldy, const int TILE) {
+    enum { MAX_TILE = 64 };
+    const int mins = type == SQ_Q5_K || type == SQ_Q2_K;
+    const int64_t bytes = type == SQ_Q5_K    ? (int64_t)sizeof(block_q5_K)
+                          : type == SQ_IQ4_XS ? (int64_t)sizeof(block_iq4_xs)
+                          : type == SQ_Q3_K   ? (int64_t)sizeof(block_q3_K)
+                                              : (int64_t)sizeof(block_q2_K);
+    const uint8_t *next16 = rows + 16 * row_bytes;
+    const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        v16f sum[MAX_TILE], off[MAX_TILE];
+        v16i isum[MAX_TILE];
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            const uint8_t *block = rows + i * bytes;
+            v16i scale[16], pairs[8], bits[8];  /* bits: Q5_K's qh */
+            v16f d_rows, dmin_rows = V16(setzero_ps)();
+            if (type == SQ_Q5_K)
+                q5_K_header16(block, row_bytes, scale, pairs, bits, &d_rows, &dmin_rows);
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (TILE == 64 && i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);
+                isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, a->bsums);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
+                if (t0 == 0)
+                    prefetch_next_rows(next16, 4 * i + c, piece, stop);
+                v16i code[2][8];
+                if (type == SQ_Q5_K)
+                    q5_K_codes16(block, row_bytes, c, bits, code);
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
+                    isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], isum[t]);
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                const v16f a_d = V16(set1_ps)(a->d);
+                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sum[t]);
+                if (mins)
+                    off[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(bsums16(pairs, a->bsums)), V16(mul_ps)(dmin_rows, a_d), off[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, mins ? V16(sub_ps)(sum[t], off[t]) : sum[t]);
+    }
+}
+
+/* sq_steps_dot16_<name>_avx512vnni: rows16_super for a type, its tokens sixteen at a time
+ * for a few, 64 at a time for a prompt. */
+#define ROWS16_SUPER_ENTRY(name, TYPE)                                                                          \
+    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,        \
+                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop, \
+                                                   float *y, int64_t ldy) {                                    \
+        if (n_tokens <= 16)                                                                                     \
+            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 16);                   \
+        else                                                                                                    \
+            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 64);                   \
+    }
+
+ROWS16_SUPER_ENTRY(q5_K, SQ_Q5_K)
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int sq_quants_avx512vnni_unused;
