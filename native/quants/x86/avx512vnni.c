@@ -793,6 +793,43 @@ static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint
     }
 }
 
+/* IQ4_XS: the header of a block of sixteen rows side by side: scale[g] lane r row r's
+ * scale of group g (s - 32, in -32..31); off[g] -128 times it in both int16 (|.| <= 4096),
+ * so that vpdpwssd by the group's two bsums takes off the 128 that iq4_xs_codes16 adds to
+ * every grid value; d each row's. */
+static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const uint8_t *block, int64_t row_bytes,
+                                                                        v16i scale[8], v16i off[8], v16f *d) {
+    v16i w[4];  /* w[0] lane r: row r's d (low half) and scales_h (high); w[1] its scales_l */
+    words16_side_by_side(block, row_bytes, w);
+    v16f unused;
+    halves16(w[0], d, &unused);
+    for (int g = 0; g < 8; g++) {
+        /* the low four bits: nibble g of scales_l; the high two: bits 2g, 2g + 1 of scales_h */
+        const v16i s = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w[1], 4 * g), V16(set1_epi32)(0x0f)),
+                                     V16(and_si512)(V16(srli_epi32)(w[0], 12 + 2 * g), V16(set1_epi32)(0x30)));
+        scale[g] = V16(sub_epi32)(s, V16(set1_epi32)(32));
+        const v16i o = V16(mullo_epi32)(scale[g], V16(set1_epi32)(-128));
+        off[g] = V16(or_si512)(V16(and_si512)(o, V16(set1_epi32)(0xffff)), V16(slli_epi32)(o, 16));
+    }
+}
+
+/* Span c of an IQ4_XS block of sixteen rows side by side, as q4_K_codes16's: code[h][j]
+ * lane r holds the grid values of row r's elements 32h + 4j .. +3 of the span (group 2c + h:
+ * its qs bytes 0..15 hold elements 0..15 in their low nibbles, 16..31 in their high ones),
+ * each plus 128 (1..241), so that it multiplies as an unsigned byte. */
+static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const uint8_t *block, int64_t row_bytes,
+                                                                       int c, v16i code[2][8]) {
+    const v16i m4 = V16(set1_epi8)(0x0f);
+    const v16i grid = V16(broadcast_i32x4)(AS128I(_mm_xor_si128(_mm_setr_epi8(SQ_IQ4_GRID), _mm_set1_epi8((char)0x80))));
+    v16i q[8];
+    bytes32_side_by_side(((const block_iq4_xs *)block)->qs + 32 * c, row_bytes, q);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++) {
+            code[h][j] = V16(shuffle_epi8)(grid, V16(and_si512)(q[4 * h + j], m4));
+            code[h][j + 4] = V16(shuffle_epi8)(grid, V16(and_si512)(V16(srli_epi16)(q[4 * h + j], 4), m4));
+        }
+}
+
 /* Block i's share of a token's integer sums from its bsums: the sum over p of the two
  * int16 of pairs[p] times bsums 2p and 2p + 1 (vpdpwssd; two chains). */
 static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pairs[8], const int16_t *bsums) {
@@ -843,6 +880,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             v16f d_rows, dmin_rows = V16(setzero_ps)();
             if (type == SQ_Q5_K)
                 q5_K_header16(block, row_bytes, scale, pairs, bits, &d_rows, &dmin_rows);
+            else if (type == SQ_IQ4_XS)
+                iq4_xs_header16(block, row_bytes, scale, pairs, &d_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 if (TILE == 64 && i + 1 < nb)
@@ -856,6 +895,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                 v16i code[2][8];
                 if (type == SQ_Q5_K)
                     q5_K_codes16(block, row_bytes, c, bits, code);
+                else if (type == SQ_IQ4_XS)
+                    iq4_xs_codes16(block, row_bytes, c, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
                     isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], isum[t]);
@@ -887,6 +928,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
     }
 
 ROWS16_SUPER_ENTRY(q5_K, SQ_Q5_K)
+ROWS16_SUPER_ENTRY(iq4_xs, SQ_IQ4_XS)
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int sq_quants_avx512vnni_unused;
