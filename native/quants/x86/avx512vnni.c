@@ -767,6 +767,11 @@ static inline __attribute__((always_inline)) TARGET v16i shift_bits(v16i x, int 
     return n > 0 ? V16(slli_epi32)(x, n) : n < 0 ? V16(srli_epi32)(x, -n) : x;
 }
 
+/* Byte b of each 32-bit word, as an int32. */
+static inline TARGET v16i byte_of_words(v16i x, int b) {
+    return V16(and_si512)(V16(srli_epi32)(x, 8 * b), V16(set1_epi32)(0xff));
+}
+
 /* Q5_K: the header of block (block i of row 0; the next rows row_bytes on) of sixteen rows
  * side by side as Q4_K's (its first 16 bytes are Q4_K's: d, dmin and the packed scales and
  * mins), and qh[j] lane r the qh bytes 4j..4j+3 of row r: the fifth bits of all its codes. */
@@ -830,6 +835,87 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const ui
         }
 }
 
+/* Q3_K: the header of a block of sixteen rows side by side, for codes that carry their
+ * group's scale sc (in -32..31) as unsigned bytes (q3_K_codes16): for group g, scale2[g]
+ * lane r |sc| of row r in both int16, flip[g] 7 in each byte where sc < 0, else 0; off[p]
+ * the offsets of groups 2p and 2p + 1 as two int16 (in -124..0), -4 sc where sc >= 0, 3 sc
+ * where sc < 0, so that vpdpwssd by a pair of bsums makes the block's sum of the codes'
+ * products exact (see q3_K_codes16); hmask[j] lane r the hmask bytes 4j..4j+3 of row r (the
+ * codes' high bits); d each row's. */
+static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uint8_t *block, int64_t row_bytes,
+                                                                      v16i scale2[16], v16i flip[16], v16i off[8],
+                                                                      v16i hmask[8], v16f *d) {
+    v16i w[4];  /* the block's last 16 bytes (qs's last two, the 12 of scales, d), as words */
+    words16_side_by_side(block + sizeof(block_q3_K) - 16, row_bytes, w);
+    v16i s[3];  /* s[j] lane r: row r's scales bytes 4j..4j+3 */
+    for (int j = 0; j < 3; j++)
+        s[j] = V16(or_si512)(V16(srli_epi32)(w[j], 16), V16(slli_epi32)(w[j + 1], 16));
+    v16f unused;
+    halves16(w[3], &unused, d);
+    const v16i m4 = V16(set1_epi8)(0x0f), m2 = V16(set1_epi8)(0x03);
+    v16i o[16];
+    for (int k = 0; k < 4; k++) {
+        /* u's bytes: groups 4k..4k+3's 6-bit codes, sc + 32. The low four bits: the low
+         * nibbles of scales 0..7 for groups 0..7, their high nibbles for 8..15; the high two:
+         * bits 2k, 2k + 1 of scales 8..11. */
+        const v16i low = k < 2 ? V16(and_si512)(s[k], m4) : V16(and_si512)(V16(srli_epi32)(s[k - 2], 4), m4);
+        const v16i u = V16(or_si512)(low, V16(slli_epi32)(V16(and_si512)(V16(srli_epi32)(s[2], 2 * k), m2), 4));
+        for (int b = 0; b < 4; b++) {
+            const int g = 4 * k + b;
+            const v16i sc = V16(sub_epi32)(byte_of_words(u, b), V16(set1_epi32)(32));
+            const v16i neg = V16(srai_epi32)(sc, 31);
+            const v16i abs = V16(abs_epi32)(sc);
+            scale2[g] = V16(or_si512)(abs, V16(slli_epi32)(abs, 16));
+            flip[g] = V16(and_si512)(neg, V16(set1_epi8)(7));
+            o[g] = V16(mullo_epi32)(sc, V16(sub_epi32)(V16(and_si512)(neg, V16(set1_epi32)(7)), V16(set1_epi32)(4)));
+        }
+    }
+    for (int p = 0; p < 8; p++)
+        off[p] = V16(or_si512)(V16(and_si512)(o[2 * p], V16(set1_epi32)(0xffff)), V16(slli_epi32)(o[2 * p + 1], 16));
+    bytes32_side_by_side(((const block_q3_K *)block)->hmask, row_bytes, hmask);
+}
+
+/* Span c (chunks 2c and 2c + 1 of 32 elements) of a Q3_K block of sixteen rows side by side:
+ * code[h][j] lane r holds row r's elements 64c + 32h + 4j .. +3 as bytes w = c' |sc| where
+ * sc >= 0, (7 - c') |sc| where sc < 0 (w <= 7 * 32 = 224), c' = q + 4 in 0..7 its code: the
+ * two low bits from bits 2s of the qs bytes 32m .. 32m + 31 of its half m = k / 4 (chunk k
+ * = 2c + h, s = k % 4), the third from bit k of hmask's; low: those 32 bytes side by side,
+ * read at the half's first span. Then sc q = w - 4 sc where sc >= 0 and w + 3 sc where sc <
+ * 0: the group's products sum(sc q a) are sum(w a) + off's share times its bsum
+ * (q3_K_header16). vpmullw multiplies two bytes at once by |sc| (the product of each stays
+ * in its byte), and the block's sum takes no multiply per token. */
+static inline __attribute__((always_inline)) TARGET void q3_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
+                                                                     v16i low[8], const v16i hmask[8],
+                                                                     const v16i scale2[16], const v16i flip[16],
+                                                                     v16i code[2][8]) {
+    const v16i m2 = V16(set1_epi8)(0x03), bit2 = V16(set1_epi8)(0x04);
+    if (c % 2 == 0)
+        bytes32_side_by_side(((const block_q3_K *)block)->qs + 16 * c, row_bytes, low);
+    for (int h = 0; h < 2; h++) {
+        const int k = 2 * c + h;
+        for (int j = 0; j < 8; j++) {
+            const int g = 2 * k + j / 4;
+            /* (a & b) ^ c: ternary-logic 0x6a; the code's bits apart, so ^ flip is 7 - c' */
+            const v16i high = V16(ternarylogic_epi32)(shift_bits(hmask[j], 2 - k), bit2, flip[g], 0x6a);
+            const v16i q = V16(ternarylogic_epi32)(shift_bits(low[j], -2 * (k % 4)), m2, high, 0x6a);
+            code[h][j] = V16(mullo_epi16)(q, scale2[g]);
+        }
+    }
+}
+
+/* A span's 64 products for one token (aq: its 64 codes) into isum, for codes that carry
+ * their scales (Q3_K's, Q2_K's): the products summed, in two chains of alternate words. */
+static inline __attribute__((always_inline)) TARGET v16i span16_scaled(const int8_t *aq, const v16i code[2][8],
+                                                                      v16i isum) {
+    v16i other = V16(setzero_si512)();
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 8; j += 2) {
+            isum = dpbusd_word(isum, code[h][j], aq + 32 * h + 4 * j);
+            other = dpbusd_word(other, code[h][j + 1], aq + 32 * h + 4 * j + 4);
+        }
+    return V16(add_epi32)(isum, other);
+}
+
 /* Block i's share of a token's integer sums from its bsums: the sum over p of the two
  * int16 of pairs[p] times bsums 2p and 2p + 1 (vpdpwssd; two chains). */
 static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pairs[8], const int16_t *bsums) {
@@ -876,12 +962,14 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             const uint8_t *block = rows + i * bytes;
-            v16i scale[16], pairs[8], bits[8];  /* bits: Q5_K's qh */
+            v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
             v16f d_rows, dmin_rows = V16(setzero_ps)();
             if (type == SQ_Q5_K)
                 q5_K_header16(block, row_bytes, scale, pairs, bits, &d_rows, &dmin_rows);
             else if (type == SQ_IQ4_XS)
                 iq4_xs_header16(block, row_bytes, scale, pairs, &d_rows);
+            else
+                q3_K_header16(block, row_bytes, scale, flip, pairs, bits, &d_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 if (TILE == 64 && i + 1 < nb)
@@ -897,9 +985,14 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                     q5_K_codes16(block, row_bytes, c, bits, code);
                 else if (type == SQ_IQ4_XS)
                     iq4_xs_codes16(block, row_bytes, c, code);
+                else
+                    q3_K_codes16(block, row_bytes, c, low, bits, scale, flip, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], isum[t]);
+                    if (type == SQ_Q3_K)
+                        isum[t] = span16_scaled(aq, code, isum[t]);
+                    else
+                        isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], isum[t]);
                 }
             }
             for (int t = 0; t < nt; t++) {
@@ -929,6 +1022,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
 
 ROWS16_SUPER_ENTRY(q5_K, SQ_Q5_K)
 ROWS16_SUPER_ENTRY(iq4_xs, SQ_IQ4_XS)
+ROWS16_SUPER_ENTRY(q3_K, SQ_Q3_K)
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int sq_quants_avx512vnni_unused;
