@@ -94,6 +94,7 @@ static const steps_dot8_fn steps_dot16[SQ_TYPE_SLOTS] = {
     [SQ_Q5_K] = sq_steps_dot16_q5_K_avx512vnni,
     [SQ_IQ4_XS] = sq_steps_dot16_iq4_xs_avx512vnni,
     [SQ_Q3_K] = sq_steps_dot16_q3_K_avx512vnni,
+    [SQ_Q2_K] = sq_steps_dot16_q2_K_avx512vnni,
 };
 
 /* A group of sixteen rows packed side by side (quants/rows16.c), same contract. */

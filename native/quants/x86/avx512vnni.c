@@ -767,6 +767,18 @@ static inline __attribute__((always_inline)) TARGET v16i shift_bits(v16i x, int 
     return n > 0 ? V16(slli_epi32)(x, n) : n < 0 ? V16(srli_epi32)(x, -n) : x;
 }
 
+/* Bytes b and b + 1 of each 32-bit word, as the two int16 of the word (unsigned). */
+static inline TARGET v16i byte_pair16(v16i x, int b) {
+    return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b + 1, -1, 4 + b, -1, 5 + b, -1, 8 + b,
+                                                                          -1, 9 + b, -1, 12 + b, -1, 13 + b, -1))));
+}
+
+/* Byte b of each 32-bit word, in both of its int16 (unsigned). */
+static inline TARGET v16i byte_twice16(v16i x, int b) {
+    return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1,
+                                                                          8 + b, -1, 12 + b, -1, 12 + b, -1))));
+}
+
 /* Byte b of each 32-bit word, as an int32. */
 static inline TARGET v16i byte_of_words(v16i x, int b) {
     return V16(and_si512)(V16(srli_epi32)(x, 8 * b), V16(set1_epi32)(0xff));
@@ -903,6 +915,40 @@ static inline __attribute__((always_inline)) TARGET void q3_K_codes16(const uint
     }
 }
 
+/* Q2_K: the header of a block of sixteen rows side by side: scale2[g] lane r row r's scale
+ * of group g (0..15) in both int16, for q2_K_codes16; min2[p] its mins of groups 2p and 2p +
+ * 1 (0..15) as two int16, for vpdpwssd by a pair of bsums; d and dmin each row's. */
+static inline __attribute__((always_inline)) TARGET void q2_K_header16(const uint8_t *block, int64_t row_bytes,
+                                                                      v16i scale2[16], v16i min2[8], v16f *d,
+                                                                      v16f *dmin) {
+    v16i w[4];  /* w[j] lane r: row r's scales bytes 4j..4j+3, each a scale (low nibble) and a min */
+    words16_side_by_side(block, row_bytes, w);
+    for (int g = 0; g < 16; g++)
+        scale2[g] = V16(and_si512)(byte_twice16(w[g / 4], g % 4), V16(set1_epi16)(0x0f));
+    for (int p = 0; p < 8; p++)
+        min2[p] = V16(srli_epi16)(byte_pair16(w[p / 2], 2 * (p % 2)), 4);
+    uint32_t dm[16];
+    for (int r = 0; r < 16; r++)
+        memcpy(&dm[r], block + r * row_bytes + offsetof(block_q2_K, d), 4);  /* d, dmin */
+    halves16(V16(loadu_si512)(dm), d, dmin);
+}
+
+/* Span c of a Q2_K block of sixteen rows side by side, as q3_K_codes16's but the 2-bit codes
+ * (0..3) alone, each times its group's scale (0..15) by vpmullw, two bytes at once: each
+ * product, at most 45, stays in its byte. */
+static inline __attribute__((always_inline)) TARGET void q2_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
+                                                                     v16i low[8], const v16i scale2[16],
+                                                                     v16i code[2][8]) {
+    const v16i m2 = V16(set1_epi8)(0x03);
+    if (c % 2 == 0)
+        bytes32_side_by_side(((const block_q2_K *)block)->qs + 16 * c, row_bytes, low);
+    for (int h = 0; h < 2; h++) {
+        const int k = 2 * c + h;
+        for (int j = 0; j < 8; j++)
+            code[h][j] = V16(mullo_epi16)(V16(and_si512)(shift_bits(low[j], -2 * (k % 4)), m2), scale2[2 * k + j / 4]);
+    }
+}
+
 /* A span's 64 products for one token (aq: its 64 codes) into isum, for codes that carry
  * their scales (Q3_K's, Q2_K's): the products summed, in two chains of alternate words. */
 static inline __attribute__((always_inline)) TARGET v16i span16_scaled(const int8_t *aq, const v16i code[2][8],
@@ -968,8 +1014,10 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                 q5_K_header16(block, row_bytes, scale, pairs, bits, &d_rows, &dmin_rows);
             else if (type == SQ_IQ4_XS)
                 iq4_xs_header16(block, row_bytes, scale, pairs, &d_rows);
-            else
+            else if (type == SQ_Q3_K)
                 q3_K_header16(block, row_bytes, scale, flip, pairs, bits, &d_rows);
+            else
+                q2_K_header16(block, row_bytes, scale, pairs, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 if (TILE == 64 && i + 1 < nb)
@@ -985,11 +1033,13 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                     q5_K_codes16(block, row_bytes, c, bits, code);
                 else if (type == SQ_IQ4_XS)
                     iq4_xs_codes16(block, row_bytes, c, code);
-                else
+                else if (type == SQ_Q3_K)
                     q3_K_codes16(block, row_bytes, c, low, bits, scale, flip, code);
+                else
+                    q2_K_codes16(block, row_bytes, c, low, scale, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    if (type == SQ_Q3_K)
+                    if (type == SQ_Q3_K || type == SQ_Q2_K)
                         isum[t] = span16_scaled(aq, code, isum[t]);
                     else
                         isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], isum[t]);
@@ -1023,6 +1073,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
 ROWS16_SUPER_ENTRY(q5_K, SQ_Q5_K)
 ROWS16_SUPER_ENTRY(iq4_xs, SQ_IQ4_XS)
 ROWS16_SUPER_ENTRY(q3_K, SQ_Q3_K)
+ROWS16_SUPER_ENTRY(q2_K, SQ_Q2_K)
+
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int sq_quants_avx512vnni_unused;
