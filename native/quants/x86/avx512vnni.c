@@ -975,19 +975,21 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
 
 /* Sixteen rows of a type of 256-element blocks with Q8_K activations (Q5_K, IQ4_XS, Q3_K,
  * Q2_K), row_bytes apart in the file's layout, times n_tokens activation rows, each output
- * the scalar definition's bits for its row and token (quants/types.h), as rows16_q4_K takes
- * Q4_K's: per block a header of sixteen rows side by side (<type>_header16: the integer
- * scales, the pairs that meet the bsums, d and dmin), then four spans of 64 codes put side
- * by side (<type>_codes16) that stay while the tile's tokens go by, each token's isum
- * waiting for the block's last span. The codes go to vpdpbusd as unsigned bytes; where that
- * takes an offset (IQ4_XS's grid values plus 128, Q3_K's codes with their scales folded
- * in), the pairs take it back off exactly through the bsums at the block's start; Q5_K's
- * and Q2_K's pairs are their mins, whose sum takes the second chain's block step at the
- * block's end. A group's products meet its scale by vpmulld per token and group of 32
- * (Q5_K, IQ4_XS, as Q4_K's), or are scaled in the codes (Q3_K, Q2_K: their groups of 16
- * would take twice as many). y = sum, or sum - off. TILE tokens at a time: 16 for a few, 64
- * for a prompt, which also asks for each token's next block a block ahead. The next sixteen
- * rows' bytes are asked of memory up to stop a piece per span. y[t * ldy + r] for r < 16. */
+ * the scalar definition's bits for its row and token (quants/types.h), as rows16_q4_K
+ * takes Q4_K's: per block a header of sixteen rows side by side (<type>_header16: the
+ * integer scales, the pairs that meet the bsums, d and dmin), then four spans of 64 codes
+ * put side by side (<type>_codes16) that stay while the tile's tokens go by, each token's
+ * isum waiting for the block's last span. The codes go to vpdpbusd as unsigned bytes;
+ * where that takes an offset (IQ4_XS's grid values plus 128, Q3_K's codes with their
+ * scales folded in), the pairs take it back off exactly through the bsums at the block's
+ * start; Q5_K's and Q2_K's pairs are their mins, whose sum takes the second chain's block
+ * step at the block's end. A group's products meet its scale by vpmulld per token and
+ * group of 32 (Q5_K, IQ4_XS, as Q4_K's), or are scaled in the codes (Q3_K, Q2_K: their
+ * groups of 16 would take twice as many). y = sum, or sum - off. TILE tokens at a time: 16
+ * for a few, 64 for a prompt (tiles of 32 were 2-4% slower; asking for each token's next
+ * activation block a block ahead, as rows16_q4_K does, made 64 tokens of Q5_K rows of
+ * 11,008 columns 12% slower, one thread). The next sixteen rows' bytes are asked of memory
+ * up to stop a piece per span. y[t * ldy + r] for r < 16. */
 static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *rows,
                                                                      int64_t row_bytes, const void *xq, int64_t stride,
                                                                      int n_tokens, int64_t nb, const void *stop,
@@ -1018,12 +1020,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                 q3_K_header16(block, row_bytes, scale, flip, pairs, bits, &d_rows);
             else
                 q2_K_header16(block, row_bytes, scale, pairs, &d_rows, &dmin_rows);
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                if (TILE == 64 && i + 1 < nb)
-                    prefetch_block_q8_K(a + 1);
-                isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, a->bsums);
-            }
+            for (int t = 0; t < nt; t++)
+                isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
                 if (t0 == 0)
