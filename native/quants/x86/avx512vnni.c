@@ -761,8 +761,8 @@ ROWS16_ENTRIES(q6_K)
  * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows side by side, from the file's layout
  * ------------------------------------------------------------------------- */
 
-/* x shifted left by n bits in each 32-bit lane, or right by -n: a bit of each byte moved
- * to another place in the same byte, once masked (the bits from the neighbours masked off). */
+/* x shifted left by n bits in each 32-bit lane, right by -n where n < 0: masked, a bit of
+ * each byte moved to another place in that byte (what crosses from a neighbour masked off). */
 static inline __attribute__((always_inline)) TARGET v16i shift_bits(v16i x, int n) {
     return n > 0 ? V16(slli_epi32)(x, n) : n < 0 ? V16(srli_epi32)(x, -n) : x;
 }
@@ -784,9 +784,10 @@ static inline TARGET v16i byte_of_words(v16i x, int b) {
     return V16(and_si512)(V16(srli_epi32)(x, 8 * b), V16(set1_epi32)(0xff));
 }
 
-/* Q5_K: the header of block (block i of row 0; the next rows row_bytes on) of sixteen rows
- * side by side as Q4_K's (its first 16 bytes are Q4_K's: d, dmin and the packed scales and
- * mins), and qh[j] lane r the qh bytes 4j..4j+3 of row r: the fifth bits of all its codes. */
+/* Q5_K: the header of a block of sixteen rows side by side (block: the first row's; the
+ * others' row_bytes apart), as q4_K_headers16 reads Q4_K's (a Q5_K block's first 16 bytes
+ * are a Q4_K block's: d, dmin, the packed scales and mins), and qh[j] lane r the qh bytes
+ * 4j..4j+3 of row r: the fifth bits of all its codes. */
 static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uint8_t *block, int64_t row_bytes,
                                                                       v16i scale[8], v16i min2[8], v16i qh[8],
                                                                       v16f *d, v16f *dmin) {
@@ -796,7 +797,8 @@ static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uin
 
 /* Span c (elements 64c .. 64c + 63) of a Q5_K block of sixteen rows side by side, as
  * q4_K_codes16's: the nibbles of qs, and bit 4 of element l of group g from bit g of byte l
- * of qh (q5_K_header16), so codes in 0..31. */
+ * of qh (q5_K_header16), so codes in 0..31 (a group's sum in q4_K_span16 at most 32 * 31 *
+ * 127 < 2^17, times a scale below 64). */
 static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
                                                                      const v16i qh[8], v16i code[2][8]) {
     const v16i m4 = V16(set1_epi8)(0x0f), bit4 = V16(set1_epi8)(0x10);
@@ -833,7 +835,9 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const u
 /* Span c of an IQ4_XS block of sixteen rows side by side, as q4_K_codes16's: code[h][j]
  * lane r holds the grid values of row r's elements 32h + 4j .. +3 of the span (group 2c + h:
  * its qs bytes 0..15 hold elements 0..15 in their low nibbles, 16..31 in their high ones),
- * each plus 128 (1..241), so that it multiplies as an unsigned byte. */
+ * each plus 128 (1..241), so that it multiplies as an unsigned byte (a group's sum in
+ * q4_K_span16 at most 32 * 241 * 127 < 2^20, times a scale of at most 32: the block's isum
+ * with the offsets' share stays below 2^29). */
 static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const uint8_t *block, int64_t row_bytes,
                                                                        int c, v16i code[2][8]) {
     const v16i m4 = V16(set1_epi8)(0x0f);
