@@ -154,6 +154,10 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q5_0].rows16.few = sq_steps_dot16_q5_0_avx512vnni,
         [SQ_Q5_1].rows16.few = sq_steps_dot16_q5_1_avx512vnni,
         [SQ_IQ4_NL].rows16.few = sq_steps_dot16_iq4_nl_avx512vnni,
+        [SQ_Q5_K].rows16.few = sq_steps_dot16_q5_K_avx512vnni,
+        [SQ_IQ4_XS].rows16.few = sq_steps_dot16_iq4_xs_avx512vnni,
+        [SQ_Q3_K].rows16.few = sq_steps_dot16_q3_K_avx512vnni,
+        [SQ_Q2_K].rows16.few = sq_steps_dot16_q2_K_avx512vnni,
 
         /* avx2's eight rows, after any sixteen at a time: a draft's tokens and a prompt's. */
         [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,

@@ -213,6 +213,17 @@ void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const v
 /* Sixteen Q6_K rows the same way, any number of tokens. */
 void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+/* Sixteen Q5_K, IQ4_XS, Q3_K or Q2_K rows at once, as sq_steps_dot16_q4_K_avx512vnni:
+ * y[t * ldy + r] for r < 16, each with the one-token vec_dot's bits, a prompt's tokens 64
+ * at a time. */
+void sq_steps_dot16_q5_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                                    int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot16_iq4_xs_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot16_q3_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                                    int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot16_q2_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                                    int64_t nb, const void *stop, float *y, int64_t ldy);
 
 /* The same vec_dots for CPUs with AVX-512 VNNI, VL and BW as well
  * (quants/x86/avx512vnni.c): the AVX2 ones' contract and bits. Call only when the CPU

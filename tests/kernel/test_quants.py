@@ -808,20 +808,26 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
 
 @pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
 def test_vec_dot_batch_rows_extreme_codes(qtype, simd_paths_of_cpu):
-    """The many-row kernels' integer sums with every code byte at its extremes (0x00, 0xFF,
-    0x80, 0x7F in turn from row to row, so that the lanes of a sixteen-row group differ; the
-    fifth bits of Q5_0 and Q5_1 all set or all clear) against activations at +-127, all
-    +127 and all -127: nothing overflows or saturates, every output the scalar definition's."""
+    """Rows times a batch with every code byte at its extremes (each row of a group of
+    sixteen with its own fill, so that every lane of the sixteen-row kernels meets each),
+    against activations at +-127 of one sign throughout (the bsums at their extremes) or of
+    both, in the few tokens' tiles and a prompt's: nothing saturates or wraps in the integer
+    sums or in the offsets taken through the bsums; every output the scalar definition's."""
     rng = np.random.default_rng(1000 + int(qtype))
-    n, n_rows, vtype = 512, 17, VEC_DOT_TYPE[qtype]
-    rows = np.stack([extreme_row(qtype, n, (0x00, 0xFF, 0x80, 0x7F)[r % 4], rng) for r in range(n_rows)])
-    signs = [np.where(rng.random(n) < 0.5, -1.0, 1.0) for _ in range(BATCH_MIN_TOKENS - 1)] + [np.ones(n), -np.ones(n)]
-    xq = np.stack([c_quantize(vtype, s.astype(np.float32))[1][:-GUARD] for s in signs])
-    want = scalar_steps(qtype, rows, xq, n)
-    for set_path in simd_paths_of_cpu:
-        simd = set_path()
-        y = np.full((len(xq), n_rows), np.nan, dtype=np.float32)
-        rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows, ffi.from_buffer(xq),
-                                       xq.shape[1], len(xq), n, ffi.from_buffer("float[]", y), n_rows)
-        assert rc == 0
-        assert y.tobytes() == want.tobytes(), f"{qtype.name} simd={simd}"
+    n, vtype, n_rows = 512, VEC_DOT_TYPE[qtype], 17
+    fills = (0x00, 0xFF, 0x80, 0x7F)
+    rows = np.stack([extreme_row(qtype, n, fills[(r + r // 4) % 4], rng) for r in range(n_rows)])
+    signs = [np.ones(n), -np.ones(n)] + [np.where(rng.random(n) < 0.5, -1.0, 1.0) for _ in range(5)]
+    for tokens in (9, 70):
+        xq = np.stack([c_quantize(vtype, signs[t % len(signs)].astype(np.float32))[1][:-GUARD] for t in range(tokens)])
+        want = scalar_steps(qtype, rows, xq, n)
+        for set_path in simd_paths_of_cpu:
+            simd = set_path()
+            ldy = n_rows + 1
+            y = np.full(tokens * ldy, np.nan, dtype=np.float32)
+            rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
+                                           ffi.from_buffer(xq), xq.shape[1], tokens, n, ffi.from_buffer("float[]", y), ldy)
+            assert rc == 0
+            y = y.reshape(tokens, ldy)
+            assert np.isnan(y[:, n_rows:]).all()
+            assert y[:, :n_rows].tobytes() == want.tobytes(), f"{qtype.name} tokens={tokens} simd={simd}"

@@ -925,6 +925,326 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
 
 ROWS16_ENTRIES(q6_K)
 
+/* ---------------------------------------------------------------------------
+ * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows side by side, from the file's layout
+ * ------------------------------------------------------------------------- */
+
+/* x shifted left by n bits in each 32-bit lane, right by -n where n < 0: masked, a bit of
+ * each byte moved to another place in that byte (what crosses from a neighbour masked off). */
+static inline __attribute__((always_inline)) TARGET v16i shift_bits(v16i x, int n) {
+    return n > 0 ? V16(slli_epi32)(x, n) : n < 0 ? V16(srli_epi32)(x, -n) : x;
+}
+
+/* Bytes b and b + 1 of each 32-bit word, as the two int16 of the word (unsigned). */
+static inline TARGET v16i byte_pair16(v16i x, int b) {
+    return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b + 1, -1, 4 + b, -1, 5 + b, -1, 8 + b,
+                                                                          -1, 9 + b, -1, 12 + b, -1, 13 + b, -1))));
+}
+
+/* Byte b of each 32-bit word, in both of its int16 (unsigned). */
+static inline TARGET v16i byte_twice16(v16i x, int b) {
+    return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1,
+                                                                          8 + b, -1, 12 + b, -1, 12 + b, -1))));
+}
+
+/* Byte b of each 32-bit word, as an int32. */
+static inline TARGET v16i byte_of_words(v16i x, int b) {
+    return V16(and_si512)(V16(srli_epi32)(x, 8 * b), V16(set1_epi32)(0xff));
+}
+
+/* Q5_K: the header of a block of sixteen rows side by side (block: the first row's; the
+ * others' row_bytes apart), as q4_K_headers16 reads Q4_K's (a Q5_K block's first 16 bytes
+ * are a Q4_K block's: d, dmin, the packed scales and mins), and qh[j] lane r the qh bytes
+ * 4j..4j+3 of row r: the fifth bits of all its codes. */
+static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uint8_t *block, int64_t row_bytes,
+                                                                      v16i scale[8], v16i min2[8], v16i qh[8],
+                                                                      v16f *d, v16f *dmin) {
+    q4_K_headers16(block, row_bytes, 0, 0, scale, min2, d, dmin);
+    bytes32_side_by_side(((const block_q5_K *)block)->qh, row_bytes, qh);
+}
+
+/* Span c (elements 64c .. 64c + 63) of a Q5_K block of sixteen rows side by side, as
+ * q4_K_codes16's: the nibbles of qs, and bit 4 of element l of group g from bit g of byte l
+ * of qh (q5_K_header16), so codes in 0..31 (a group's sum in q4_K_span16 at most 32 * 31 *
+ * 127 < 2^17, times a scale below 64). */
+static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
+                                                                     const v16i qh[8], v16i code[2][8]) {
+    const v16i m4 = V16(set1_epi8)(0x0f), bit4 = V16(set1_epi8)(0x10);
+    v16i q[8];
+    bytes32_side_by_side(((const block_q5_K *)block)->qs + 32 * c, row_bytes, q);
+    for (int j = 0; j < 8; j++) {
+        /* (a & b) | c: ternary-logic 0xea */
+        code[0][j] = V16(ternarylogic_epi32)(q[j], m4, V16(and_si512)(shift_bits(qh[j], 4 - 2 * c), bit4), 0xea);
+        code[1][j] = V16(ternarylogic_epi32)(V16(srli_epi16)(q[j], 4), m4,
+                                             V16(and_si512)(shift_bits(qh[j], 3 - 2 * c), bit4), 0xea);
+    }
+}
+
+/* IQ4_XS: the header of a block of sixteen rows side by side: scale[g] lane r row r's
+ * scale of group g (s - 32, in -32..31); off[g] -128 times it in both int16 (|.| <= 4096),
+ * so that vpdpwssd by the group's two bsums takes off the 128 that iq4_xs_codes16 adds to
+ * every grid value; d each row's. */
+static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const uint8_t *block, int64_t row_bytes,
+                                                                        v16i scale[8], v16i off[8], v16f *d) {
+    v16i w[4];  /* w[0] lane r: row r's d (low half) and scales_h (high); w[1] its scales_l */
+    words16_side_by_side(block, row_bytes, w);
+    v16f unused;
+    halves16(w[0], d, &unused);
+    for (int g = 0; g < 8; g++) {
+        /* the low four bits: nibble g of scales_l; the high two: bits 2g, 2g + 1 of scales_h */
+        const v16i s = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w[1], 4 * g), V16(set1_epi32)(0x0f)),
+                                     V16(and_si512)(V16(srli_epi32)(w[0], 12 + 2 * g), V16(set1_epi32)(0x30)));
+        scale[g] = V16(sub_epi32)(s, V16(set1_epi32)(32));
+        const v16i o = V16(mullo_epi32)(scale[g], V16(set1_epi32)(-128));
+        off[g] = V16(or_si512)(V16(and_si512)(o, V16(set1_epi32)(0xffff)), V16(slli_epi32)(o, 16));
+    }
+}
+
+/* Span c of an IQ4_XS block of sixteen rows side by side, as q4_K_codes16's: code[h][j]
+ * lane r holds the grid values of row r's elements 32h + 4j .. +3 of the span (group 2c + h:
+ * its qs bytes 0..15 hold elements 0..15 in their low nibbles, 16..31 in their high ones),
+ * each plus 128 (1..241), so that it multiplies as an unsigned byte (a group's sum in
+ * q4_K_span16 at most 32 * 241 * 127 < 2^20, times a scale of at most 32: the block's isum
+ * with the offsets' share stays below 2^29). */
+static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const uint8_t *block, int64_t row_bytes,
+                                                                       int c, v16i code[2][8]) {
+    const v16i m4 = V16(set1_epi8)(0x0f);
+    const v16i grid = V16(broadcast_i32x4)(AS128I(_mm_xor_si128(_mm_setr_epi8(SQ_IQ4_GRID), _mm_set1_epi8((char)0x80))));
+    v16i q[8];
+    bytes32_side_by_side(((const block_iq4_xs *)block)->qs + 32 * c, row_bytes, q);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++) {
+            code[h][j] = V16(shuffle_epi8)(grid, V16(and_si512)(q[4 * h + j], m4));
+            code[h][j + 4] = V16(shuffle_epi8)(grid, V16(and_si512)(V16(srli_epi16)(q[4 * h + j], 4), m4));
+        }
+}
+
+/* Q3_K: the header of a block of sixteen rows side by side, for codes that carry their
+ * group's scale sc (in -32..31) as unsigned bytes (q3_K_codes16): for group g, scale2[g]
+ * lane r |sc| of row r in both int16, flip[g] 7 in each byte where sc < 0, else 0; off[p]
+ * the offsets of groups 2p and 2p + 1 as two int16 (in -124..0), -4 sc where sc >= 0, 3 sc
+ * where sc < 0, so that vpdpwssd by a pair of bsums makes the block's sum of the codes'
+ * products exact (see q3_K_codes16); hmask[j] lane r the hmask bytes 4j..4j+3 of row r (the
+ * codes' high bits); d each row's. */
+static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uint8_t *block, int64_t row_bytes,
+                                                                      v16i scale2[16], v16i flip[16], v16i off[8],
+                                                                      v16i hmask[8], v16f *d) {
+    v16i w[4];  /* the block's last 16 bytes (qs's last two, the 12 of scales, d), as words */
+    words16_side_by_side(block + sizeof(block_q3_K) - 16, row_bytes, w);
+    v16i s[3];  /* s[j] lane r: row r's scales bytes 4j..4j+3 */
+    for (int j = 0; j < 3; j++)
+        s[j] = V16(or_si512)(V16(srli_epi32)(w[j], 16), V16(slli_epi32)(w[j + 1], 16));
+    v16f unused;
+    halves16(w[3], &unused, d);
+    const v16i m4 = V16(set1_epi8)(0x0f), m2 = V16(set1_epi8)(0x03);
+    v16i o[16];
+    for (int k = 0; k < 4; k++) {
+        /* u's bytes: groups 4k..4k+3's 6-bit codes, sc + 32. The low four bits: the low
+         * nibbles of scales 0..7 for groups 0..7, their high nibbles for 8..15; the high two:
+         * bits 2k, 2k + 1 of scales 8..11. */
+        const v16i low = k < 2 ? V16(and_si512)(s[k], m4) : V16(and_si512)(V16(srli_epi32)(s[k - 2], 4), m4);
+        const v16i u = V16(or_si512)(low, V16(slli_epi32)(V16(and_si512)(V16(srli_epi32)(s[2], 2 * k), m2), 4));
+        for (int b = 0; b < 4; b++) {
+            const int g = 4 * k + b;
+            const v16i sc = V16(sub_epi32)(byte_of_words(u, b), V16(set1_epi32)(32));
+            const v16i neg = V16(srai_epi32)(sc, 31);
+            const v16i abs = V16(abs_epi32)(sc);
+            scale2[g] = V16(or_si512)(abs, V16(slli_epi32)(abs, 16));
+            flip[g] = V16(and_si512)(neg, V16(set1_epi8)(7));
+            o[g] = V16(mullo_epi32)(sc, V16(sub_epi32)(V16(and_si512)(neg, V16(set1_epi32)(7)), V16(set1_epi32)(4)));
+        }
+    }
+    for (int p = 0; p < 8; p++)
+        off[p] = V16(or_si512)(V16(and_si512)(o[2 * p], V16(set1_epi32)(0xffff)), V16(slli_epi32)(o[2 * p + 1], 16));
+    bytes32_side_by_side(((const block_q3_K *)block)->hmask, row_bytes, hmask);
+}
+
+/* Span c (chunks 2c and 2c + 1 of 32 elements) of a Q3_K block of sixteen rows side by side:
+ * code[h][j] lane r holds row r's elements 64c + 32h + 4j .. +3 as bytes w = c' |sc| where
+ * sc >= 0, (7 - c') |sc| where sc < 0 (w <= 7 * 32 = 224), c' = q + 4 in 0..7 its code: the
+ * two low bits from bits 2s of the qs bytes 32m .. 32m + 31 of its half m = k / 4 (chunk k
+ * = 2c + h, s = k % 4), the third from bit k of hmask's; low: those 32 bytes side by side,
+ * read at the half's first span. Then sc q = w - 4 sc where sc >= 0 and w + 3 sc where sc <
+ * 0: the group's products sum(sc q a) are sum(w a) + off's share times its bsum
+ * (q3_K_header16). vpmullw multiplies two bytes at once by |sc| (the product of each stays
+ * in its byte), and the block's sum takes no multiply per token. */
+static inline __attribute__((always_inline)) TARGET void q3_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
+                                                                     v16i low[8], const v16i hmask[8],
+                                                                     const v16i scale2[16], const v16i flip[16],
+                                                                     v16i code[2][8]) {
+    const v16i m2 = V16(set1_epi8)(0x03), bit2 = V16(set1_epi8)(0x04);
+    if (c % 2 == 0)
+        bytes32_side_by_side(((const block_q3_K *)block)->qs + 16 * c, row_bytes, low);
+    for (int h = 0; h < 2; h++) {
+        const int k = 2 * c + h;
+        for (int j = 0; j < 8; j++) {
+            const int g = 2 * k + j / 4;
+            /* (a & b) ^ c: ternary-logic 0x6a; the code's bits apart, so ^ flip is 7 - c' */
+            const v16i high = V16(ternarylogic_epi32)(shift_bits(hmask[j], 2 - k), bit2, flip[g], 0x6a);
+            const v16i q = V16(ternarylogic_epi32)(shift_bits(low[j], -2 * (k % 4)), m2, high, 0x6a);
+            code[h][j] = V16(mullo_epi16)(q, scale2[g]);
+        }
+    }
+}
+
+/* Q2_K: the header of a block of sixteen rows side by side: scale2[g] lane r row r's scale
+ * of group g (0..15) in both int16, for q2_K_codes16; min2[p] its mins of groups 2p and 2p +
+ * 1 (0..15) as two int16, for vpdpwssd by a pair of bsums; d and dmin each row's. */
+static inline __attribute__((always_inline)) TARGET void q2_K_header16(const uint8_t *block, int64_t row_bytes,
+                                                                      v16i scale2[16], v16i min2[8], v16f *d,
+                                                                      v16f *dmin) {
+    v16i w[4];  /* w[j] lane r: row r's scales bytes 4j..4j+3, each a scale (low nibble) and a min */
+    words16_side_by_side(block, row_bytes, w);
+    for (int g = 0; g < 16; g++)
+        scale2[g] = V16(and_si512)(byte_twice16(w[g / 4], g % 4), V16(set1_epi16)(0x0f));
+    for (int p = 0; p < 8; p++)
+        min2[p] = V16(srli_epi16)(byte_pair16(w[p / 2], 2 * (p % 2)), 4);
+    uint32_t dm[16];
+    for (int r = 0; r < 16; r++)
+        memcpy(&dm[r], block + r * row_bytes + offsetof(block_q2_K, d), 4);  /* d, dmin */
+    halves16(V16(loadu_si512)(dm), d, dmin);
+}
+
+/* Span c of a Q2_K block of sixteen rows side by side, as q3_K_codes16's but the 2-bit codes
+ * (0..3) alone, each times its group's scale (0..15) by vpmullw, two bytes at once: each
+ * product, at most 45, stays in its byte. */
+static inline __attribute__((always_inline)) TARGET void q2_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
+                                                                     v16i low[8], const v16i scale2[16],
+                                                                     v16i code[2][8]) {
+    const v16i m2 = V16(set1_epi8)(0x03);
+    if (c % 2 == 0)
+        bytes32_side_by_side(((const block_q2_K *)block)->qs + 16 * c, row_bytes, low);
+    for (int h = 0; h < 2; h++) {
+        const int k = 2 * c + h;
+        for (int j = 0; j < 8; j++)
+            code[h][j] = V16(mullo_epi16)(V16(and_si512)(shift_bits(low[j], -2 * (k % 4)), m2), scale2[2 * k + j / 4]);
+    }
+}
+
+/* A span's 64 products for one token (aq: its 64 codes) into isum, for codes that carry
+ * their scales (Q3_K's, Q2_K's): the products summed, in two chains of alternate words. */
+static inline __attribute__((always_inline)) TARGET v16i span16_scaled(const int8_t *aq, const v16i code[2][8],
+                                                                      v16i isum) {
+    v16i other = V16(setzero_si512)();
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 8; j += 2) {
+            isum = dpbusd_word(isum, code[h][j], aq + 32 * h + 4 * j);
+            other = dpbusd_word(other, code[h][j + 1], aq + 32 * h + 4 * j + 4);
+        }
+    return V16(add_epi32)(isum, other);
+}
+
+/* Block i's share of a token's integer sums from its bsums: the sum over p of the two
+ * int16 of pairs[p] times bsums 2p and 2p + 1 (vpdpwssd; two chains). */
+static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pairs[8], const int16_t *bsums) {
+    v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
+    for (int p = 0; p < 8; p += 2) {
+        even = dpwssd_pair(even, pairs[p], bsums + 2 * p);
+        odd = dpwssd_pair(odd, pairs[p + 1], bsums + 2 * p + 2);
+    }
+    return V16(add_epi32)(even, odd);
+}
+
+/* Sixteen rows of a type of 256-element blocks with Q8_K activations (Q5_K, IQ4_XS, Q3_K,
+ * Q2_K), row_bytes apart in the file's layout, times n_tokens activation rows, each output
+ * the scalar definition's bits for its row and token (quants/types.h), as rows16_q4_K
+ * takes Q4_K's: per block a header of sixteen rows side by side (<type>_header16: the
+ * integer scales, the pairs that meet the bsums, d and dmin), then four spans of 64 codes
+ * put side by side (<type>_codes16) that stay while the tile's tokens go by, each token's
+ * isum waiting for the block's last span. The codes go to vpdpbusd as unsigned bytes;
+ * where that takes an offset (IQ4_XS's grid values plus 128, Q3_K's codes with their
+ * scales folded in), the pairs take it back off exactly through the bsums at the block's
+ * start; Q5_K's and Q2_K's pairs are their mins, whose sum takes the second chain's block
+ * step at the block's end. A group's products meet its scale by vpmulld per token and
+ * group of 32 (Q5_K, IQ4_XS, as Q4_K's), or are scaled in the codes (Q3_K, Q2_K: their
+ * groups of 16 would take twice as many). y = sum, or sum - off. TILE tokens at a time: 16
+ * for a few, 64 for a prompt (tiles of 32 were 2-4% slower; asking for each token's next
+ * activation block a block ahead, as rows16_q4_K does, made 64 tokens of Q5_K rows of
+ * 11,008 columns 12% slower, one thread). The next sixteen rows' bytes are asked of memory
+ * up to stop a piece per span. y[t * ldy + r] for r < 16. */
+static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *rows,
+                                                                     int64_t row_bytes, const void *xq, int64_t stride,
+                                                                     int n_tokens, int64_t nb, const void *stop,
+                                                                     float *y, int64_t ldy, const int TILE) {
+    enum { MAX_TILE = 64 };
+    const int mins = type == SQ_Q5_K || type == SQ_Q2_K;
+    const int64_t bytes = type == SQ_Q5_K    ? (int64_t)sizeof(block_q5_K)
+                          : type == SQ_IQ4_XS ? (int64_t)sizeof(block_iq4_xs)
+                          : type == SQ_Q3_K   ? (int64_t)sizeof(block_q3_K)
+                                              : (int64_t)sizeof(block_q2_K);
+    const uint8_t *next16 = rows + 16 * row_bytes;
+    const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        v16f sum[MAX_TILE], off[MAX_TILE];
+        v16i isum[MAX_TILE];
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            const uint8_t *block = rows + i * bytes;
+            v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
+            v16f d_rows, dmin_rows = V16(setzero_ps)();
+            if (type == SQ_Q5_K)
+                q5_K_header16(block, row_bytes, scale, pairs, bits, &d_rows, &dmin_rows);
+            else if (type == SQ_IQ4_XS)
+                iq4_xs_header16(block, row_bytes, scale, pairs, &d_rows);
+            else if (type == SQ_Q3_K)
+                q3_K_header16(block, row_bytes, scale, flip, pairs, bits, &d_rows);
+            else
+                q2_K_header16(block, row_bytes, scale, pairs, &d_rows, &dmin_rows);
+            for (int t = 0; t < nt; t++)
+                isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
+                if (t0 == 0)
+                    prefetch_next_rows(next16, 4 * i + c, piece, stop);
+                v16i code[2][8];
+                if (type == SQ_Q5_K)
+                    q5_K_codes16(block, row_bytes, c, bits, code);
+                else if (type == SQ_IQ4_XS)
+                    iq4_xs_codes16(block, row_bytes, c, code);
+                else if (type == SQ_Q3_K)
+                    q3_K_codes16(block, row_bytes, c, low, bits, scale, flip, code);
+                else
+                    q2_K_codes16(block, row_bytes, c, low, scale, code);
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
+                    if (type == SQ_Q3_K || type == SQ_Q2_K)
+                        isum[t] = span16_scaled(aq, code, isum[t]);
+                    else
+                        isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], isum[t]);
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                const v16f a_d = V16(set1_ps)(a->d);
+                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sum[t]);
+                if (mins)
+                    off[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(bsums16(pairs, a->bsums)), V16(mul_ps)(dmin_rows, a_d), off[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, mins ? V16(sub_ps)(sum[t], off[t]) : sum[t]);
+    }
+}
+
+/* sq_steps_dot16_<name>_avx512vnni: rows16_super for a type, its tokens sixteen at a time
+ * for a few, 64 at a time for a prompt. */
+#define ROWS16_SUPER_ENTRY(name, TYPE)                                                                          \
+    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,        \
+                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop, \
+                                                   float *y, int64_t ldy) {                                    \
+        if (n_tokens <= 16)                                                                                     \
+            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 16);                   \
+        else                                                                                                    \
+            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 64);                   \
+    }
+
+ROWS16_SUPER_ENTRY(q5_K, SQ_Q5_K)
+ROWS16_SUPER_ENTRY(iq4_xs, SQ_IQ4_XS)
+ROWS16_SUPER_ENTRY(q3_K, SQ_Q3_K)
+ROWS16_SUPER_ENTRY(q2_K, SQ_Q2_K)
+
 #else
 /* ISO C forbids an empty translation unit. */
 typedef int sq_quants_avx512vnni_unused;
