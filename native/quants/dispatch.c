@@ -101,6 +101,7 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx2,
 
         [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx2,
+        [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,
 
         /* Q4_K's prompt kernels take the tokens four at a time; the rest go one by one. */
         [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,
@@ -114,6 +115,12 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx2,
         [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,
         [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,
+
+        /* Eight rows from the file's layout, for a draft's tokens and a prompt's alike. */
+        [SQ_Q4_0].rows8.few = sq_steps_dot8_q4_0_avx2,
+        [SQ_Q5_0].rows8.few = sq_steps_dot8_q5_0_avx2,
+        [SQ_Q5_1].rows8.few = sq_steps_dot8_q5_1_avx2,
+        [SQ_IQ4_NL].rows8.few = sq_steps_dot8_iq4_nl_avx2,
     },
     /* The VNNI copies of the vec_dots and the few-token kernels, Q8_0's eight rows, and
      * sixteen rows at a time in 512-bit registers before eight; a prompt's one- and
@@ -148,6 +155,11 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q5_0].rows16.few = sq_steps_dot16_q5_0_avx512vnni,
         [SQ_Q5_1].rows16.few = sq_steps_dot16_q5_1_avx512vnni,
         [SQ_IQ4_NL].rows16.few = sq_steps_dot16_iq4_nl_avx512vnni,
+        /* The last 8-15 rows of a matrix, eight at a time (AVX2's). */
+        [SQ_Q4_0].rows8.few = sq_steps_dot8_q4_0_avx2,
+        [SQ_Q5_0].rows8.few = sq_steps_dot8_q5_0_avx2,
+        [SQ_Q5_1].rows8.few = sq_steps_dot8_q5_1_avx2,
+        [SQ_IQ4_NL].rows8.few = sq_steps_dot8_iq4_nl_avx2,
     },
 #elif defined(SQ_NEON)
     /* The vec_dots, and one row times a batch of any size. */
