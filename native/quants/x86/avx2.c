@@ -315,39 +315,42 @@ static inline int block32_bytes(const int type) {
 /* Block i of eight rows of type (a constant) side by side, in the form its token steps
  * take (see above): codes[l] lane r holds row r's codes of elements 4l..4l+3, unsigned, or
  * for IQ4_NL and Q8_0 their sizes, with the codes themselves in signs[l]; d, and Q5_1's
- * m, each row's. The scales and qh come word by word through general registers
- * (pair_words): the eight rows' two-byte loads stored to memory and loaded as a vector
- * wait on a failed store forwarding. */
+ * m, each row's. But for Q8_0's, the fields before qs come from the block's first 16 bytes
+ * side by side (word 0: d, and m or qh's low half; word 1: qh or its high half): the
+ * eight rows' halves gathered word by word in general registers (pair_halves) took longer
+ * where a token's work is short (Q4_0, Q5_0 and Q5_1 at 2 tokens: 6-10%). */
 static inline __attribute__((always_inline)) TARGET void block32_8(const int type, const uint8_t *rows,
                                                                   int64_t row_bytes, int64_t i, __m256i codes[8],
                                                                   __m256i signs[8], __m256 *d_rows, __m256 *m_rows) {
-    const int64_t at = i * block32_bytes(type);
-    const uint8_t *b = rows + at;
-    if (type == SQ_Q5_1) {
-        halves_of_words(pair_words(rows, row_bytes, 0, 8, 1, at, 0), d_rows, m_rows);
-        nibbles8(b + 8, row_bytes, codes);
-        fifth_bits8(pair_words(rows, row_bytes, 0, 8, 1, at + 4, 0), codes);
+    const uint8_t *b = rows + i * block32_bytes(type);
+    if (type == SQ_Q8_0) {
+        *d_rows = pair_halves(b, row_bytes, 0, 8, 1, 0, 0);
+        for (int r = 0; r < 8; r++)
+            signs[r] = _mm256_loadu_si256((const __m256i *)(b + 2 + r * row_bytes));
+        sq_transpose8_epi32(signs);
+        for (int l = 0; l < 8; l++)
+            codes[l] = _mm256_abs_epi8(signs[l]);  /* -128's is 0x80: 128 as the unsigned operand */
         return;
     }
-    *d_rows = pair_halves(rows, row_bytes, 0, 8, 1, at, 0);
+    __m256i h[4];
+    __m256 no_m;
+    words8_side_by_side(b, row_bytes, h);
+    halves_of_words(h[0], d_rows, type == SQ_Q5_1 ? m_rows : &no_m);
     if (type == SQ_Q4_0) {
         nibbles8(b + 2, row_bytes, codes);
     } else if (type == SQ_Q5_0) {
         nibbles8(b + 6, row_bytes, codes);
-        fifth_bits8(pair_words(rows, row_bytes, 0, 8, 1, at + 2, 0), codes);
-    } else if (type == SQ_IQ4_NL) {
+        fifth_bits8(_mm256_or_si256(_mm256_srli_epi32(h[0], 16), _mm256_slli_epi32(h[1], 16)), codes);
+    } else if (type == SQ_Q5_1) {
+        nibbles8(b + 8, row_bytes, codes);
+        fifth_bits8(h[1], codes);
+    } else {  /* SQ_IQ4_NL: the grid's values, looked up by index in each 128-bit half */
         const __m256i grid = _mm256_setr_epi8(SQ_IQ4_GRID, SQ_IQ4_GRID);
         nibbles8(b + 2, row_bytes, codes);
         for (int l = 0; l < 8; l++) {
             signs[l] = _mm256_shuffle_epi8(grid, codes[l]);
             codes[l] = _mm256_abs_epi8(signs[l]);
         }
-    } else {  /* SQ_Q8_0 */
-        for (int r = 0; r < 8; r++)
-            signs[r] = _mm256_loadu_si256((const __m256i *)(b + 2 + r * row_bytes));
-        sq_transpose8_epi32(signs);
-        for (int l = 0; l < 8; l++)
-            codes[l] = _mm256_abs_epi8(signs[l]);  /* -128's is 0x80: 128 as the unsigned operand */
     }
 }
 
@@ -460,13 +463,11 @@ static inline __attribute__((always_inline)) TARGET void tokens32_8(const int ty
         isums32_8(type, T, aq, at_k, codes[k], signs[k], isum);
         for (int u = 0; u < T; u++) {
             const uint16_t *h = (const uint16_t *)(a[u] + k * a_bytes);
-            if (type == SQ_Q5_1) {
-                const __m128 ds = h2f_pair(h);  /* the token's d, s */
-                s[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[u]), _mm256_mul_ps(d_rows[k], _mm256_broadcastss_ps(ds)), s[u]);
+            const __m128 ds = type == SQ_Q5_1 ? h2f_pair(h) : _mm_set_ss(h2f(*h));  /* the token's d (, s) */
+            const __m256 d = _mm256_mul_ps(d_rows[k], _mm256_broadcastss_ps(ds));
+            s[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[u]), d, s[u]);
+            if (type == SQ_Q5_1)
                 o[u] = _mm256_fmadd_ps(m_rows[k], _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), o[u]);
-            } else {
-                s[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[u]), _mm256_mul_ps(d_rows[k], _mm256_set1_ps(h2f(*h))), s[u]);
-            }
         }
     }
     for (int u = 0; u < T; u++) {
@@ -478,14 +479,14 @@ static inline __attribute__((always_inline)) TARGET void tokens32_8(const int ty
 /* Eight rows of a 32-element type (row_bytes apart, in the file's layout) times n_tokens
  * activation rows, each output the scalar vec_dot's bits for its row and token
  * (quants/types.h): ROWS8_CHUNK blocks put side by side at a time (block32_8), then the
- * tile's tokens, TOKENS at a time, each through them; y = sum (+ off for Q5_1). y[t * ldy
+ * tile's tokens through them; y = sum (+ off for Q5_1). y[t * ldy
  * + r] for r < 8. The next eight rows' bytes are asked of memory up to stop as the first
  * tile reads the blocks. */
 static inline __attribute__((always_inline)) TARGET void rows8_block32(const int type, const uint8_t *rows,
                                                                       int64_t row_bytes, const void *xq,
                                                                       int64_t stride, int n_tokens, int64_t nb,
                                                                       const void *stop, float *y, int64_t ldy) {
-    enum { TILE = 64, TOKENS = 4, CHUNK = ROWS8_CHUNK };
+    enum { TILE = 64, CHUNK = ROWS8_CHUNK };
     __m256i codes[CHUNK][8], signs[CHUNK][8];
     __m256 d_rows[CHUNK], m_rows[CHUNK];
     __m256 sum[TILE], off[TILE];
@@ -502,17 +503,26 @@ static inline __attribute__((always_inline)) TARGET void rows8_block32(const int
                     prefetch_next_rows(next, i0 + k, share, stop);
                 block32_8(type, rows, row_bytes, i0 + k, codes[k], signs[k], &d_rows[k], &m_rows[k]);
             }
-            for (int t = 0; t < nt;) {
-                const int T = nt - t >= TOKENS ? TOKENS : nt - t;
-                if (T == 4)
-                    tokens32_8(type, 4, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
-                else if (T == 3)
-                    tokens32_8(type, 3, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
-                else if (T == 2)
-                    tokens32_8(type, 2, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
-                else
+            /* IQ4_NL's and Q8_0's tokens four at a time, each register of codes and signs
+             * loaded once for the four (one by one: 64 tokens of Q8_0 5% slower); the
+             * others' one by one, their sums in fewer registers (four at a time: Q4_0 5%
+             * slower, Q5_1 20%). */
+            if (type == SQ_IQ4_NL || type == SQ_Q8_0) {
+                for (int t = 0; t < nt;) {
+                    const int T = nt - t >= 4 ? 4 : nt - t;
+                    if (T == 4)
+                        tokens32_8(type, 4, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
+                    else if (T == 3)
+                        tokens32_8(type, 3, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
+                    else if (T == 2)
+                        tokens32_8(type, 2, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
+                    else
+                        tokens32_8(type, 1, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
+                    t += T;
+                }
+            } else {
+                for (int t = 0; t < nt; t++)
                     tokens32_8(type, 1, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
-                t += T;
             }
         }
         for (int t = 0; t < nt; t++)
