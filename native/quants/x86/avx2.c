@@ -433,14 +433,18 @@ enum { ROWS8_CHUNK = 32 };  /* blocks put side by side at a time */
 
 /* T tokens (1 to 4) from token t through nc blocks of eight rows from block i0, each
  * block's isums (isums32_8) then each token's block steps: sum[u] and off[u] token t + u's
- * chains (off Q5_1's alone, whose activations are Q8_1; the others' Q8_0). */
+ * chains (off Q5_1's alone, whose activations are Q8_1; the others' Q8_0). With fetch,
+ * the next eight rows' share of each block is asked of memory up to stop as the pass goes
+ * (prefetch_next_rows). */
 static inline __attribute__((always_inline)) TARGET void tokens32_8(const int type, const int T, const void *xq,
                                                                    int64_t stride, int t, int64_t i0, int nc,
                                                                    const __m256i codes[][8], const __m256i signs[][8],
                                                                    const __m256 d_rows[], const __m256 m_rows[],
-                                                                   __m256 sum[], __m256 off[]) {
+                                                                   __m256 sum[], __m256 off[], const uint8_t *fetch,
+                                                                   const void *stop) {
     const int64_t a_bytes = type == SQ_Q5_1 ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0);
     const int qs_at = type == SQ_Q5_1 ? 4 : 2;
+    const int64_t share = 8 * (int64_t)block32_bytes(type);
     const uint8_t *a[4];  /* token u's block i0 */
     int32_t offset[4][ROWS8_CHUNK];
     __m256 s[4], o[4];
@@ -452,6 +456,8 @@ static inline __attribute__((always_inline)) TARGET void tokens32_8(const int ty
         o[u] = off[u];
     }
     for (int k = 0; k < nc; k++) {
+        if (fetch)
+            prefetch_next_rows(fetch, i0 + k, share, stop);
         const int8_t *aq[4];
         int32_t at_k[4] = {0, 0, 0, 0};
         __m256i isum[4];
@@ -476,12 +482,22 @@ static inline __attribute__((always_inline)) TARGET void tokens32_8(const int ty
     }
 }
 
+#define TOKENS32_8(T)                                                                                              \
+    case T:                                                                                                        \
+        tokens32_8(type, T, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t, fetch, stop); \
+        break;
+
 /* Eight rows of a 32-element type (row_bytes apart, in the file's layout) times n_tokens
  * activation rows, each output the scalar vec_dot's bits for its row and token
  * (quants/types.h): ROWS8_CHUNK blocks put side by side at a time (block32_8), then the
- * tile's tokens through them; y = sum (+ off for Q5_1). y[t * ldy
- * + r] for r < 8. The next eight rows' bytes are asked of memory up to stop as the first
- * tile reads the blocks. */
+ * tile's tokens through them; y = sum (+ off for Q5_1). y[t * ldy + r] for r < 8.
+ * IQ4_NL's and Q8_0's tokens go four at a time, each register of codes and signs loaded
+ * once for the four (one by one, 64 tokens of Q8_0 took 5% longer); the others' one by
+ * one, their sums in fewer registers (four at a time: Q4_0 5% slower, Q5_1 20%). The next
+ * eight rows' bytes are asked of memory up to stop as the first token goes through a
+ * chunk, spread over its work: asked for all at once as the blocks were put side by side,
+ * they left memory idle while the tokens went by (Q8_0 rows from memory, 2 tokens: 1.2x
+ * as long, and slower than dotn). */
 static inline __attribute__((always_inline)) TARGET void rows8_block32(const int type, const uint8_t *rows,
                                                                       int64_t row_bytes, const void *xq,
                                                                       int64_t stride, int n_tokens, int64_t nb,
@@ -490,39 +506,22 @@ static inline __attribute__((always_inline)) TARGET void rows8_block32(const int
     __m256i codes[CHUNK][8], signs[CHUNK][8];
     __m256 d_rows[CHUNK], m_rows[CHUNK];
     __m256 sum[TILE], off[TILE];
-    const uint8_t *next = rows + 8 * row_bytes;
-    const int64_t share = 8 * (int64_t)block32_bytes(type);  /* of the next rows, per block */
+    const int by4 = type == SQ_IQ4_NL || type == SQ_Q8_0;
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
             sum[t] = off[t] = _mm256_setzero_ps();
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
-            for (int k = 0; k < nc; k++) {
-                if (t0 == 0)
-                    prefetch_next_rows(next, i0 + k, share, stop);
+            for (int k = 0; k < nc; k++)
                 block32_8(type, rows, row_bytes, i0 + k, codes[k], signs[k], &d_rows[k], &m_rows[k]);
-            }
-            /* IQ4_NL's and Q8_0's tokens four at a time, each register of codes and signs
-             * loaded once for the four (one by one: 64 tokens of Q8_0 5% slower); the
-             * others' one by one, their sums in fewer registers (four at a time: Q4_0 5%
-             * slower, Q5_1 20%). */
-            if (type == SQ_IQ4_NL || type == SQ_Q8_0) {
-                for (int t = 0; t < nt;) {
-                    const int T = nt - t >= 4 ? 4 : nt - t;
-                    if (T == 4)
-                        tokens32_8(type, 4, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
-                    else if (T == 3)
-                        tokens32_8(type, 3, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
-                    else if (T == 2)
-                        tokens32_8(type, 2, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
-                    else
-                        tokens32_8(type, 1, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
-                    t += T;
+            for (int t = 0; t < nt;) {
+                const int T = !by4 ? 1 : nt - t >= 4 ? 4 : nt - t;
+                const uint8_t *fetch = t0 + t == 0 ? rows + 8 * row_bytes : NULL;
+                switch (T) {
+                    TOKENS32_8(4) TOKENS32_8(3) TOKENS32_8(2) TOKENS32_8(1)
                 }
-            } else {
-                for (int t = 0; t < nt; t++)
-                    tokens32_8(type, 1, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t);
+                t += T;
             }
         }
         for (int t = 0; t < nt; t++)
