@@ -101,6 +101,8 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx2,
 
         [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx2,
+        /* Eight rows at a time from two tokens on, dotn the rows left: 1.2x dotn's speed
+         * at 2 tokens, 1.4x at 8, 1.9x at 64. */
         [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,
 
         /* Q4_K's prompt kernels take the tokens four at a time; the rest go one by one. */

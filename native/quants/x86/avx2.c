@@ -254,7 +254,8 @@ TARGET void sq_packed_dotn16_q4_K_avx2(const void *group, const void *xq, int64_
  *    7874), a block's eight words summed in int16 on top of the offset's share (8 or 16
  *    times the activations' pair sums, taken off: offsets32_8). Those adds wrap, but the
  *    lane's true total, sum((q - c) * a) over its 16 elements, is at most 16 * 16 * 127 =
- *    32512 in size, so the wrapped int16 is exact; one vpmaddwd by ones widens it.
+ *    32512 in size (Q5_0; Q4_0 16256), so the wrapped int16 is exact, and one vpmaddwd by
+ *    ones widens it.
  *  - Q5_1: the unsigned codes with no offset (m's chain takes it): a lane's 16 products
  *    reach 16 * 31 * 127, past int16, so the words go in two int16 sums of four
  *    (4 * 2 * 31 * 127 = 31496), each widened.
@@ -315,10 +316,11 @@ static inline int block32_bytes(const int type) {
 /* Block i of eight rows of type (a constant) side by side, in the form its token steps
  * take (see above): codes[l] lane r holds row r's codes of elements 4l..4l+3, unsigned, or
  * for IQ4_NL and Q8_0 their sizes, with the codes themselves in signs[l]; d, and Q5_1's
- * m, each row's. But for Q8_0's, the fields before qs come from the block's first 16 bytes
- * side by side (word 0: d, and m or qh's low half; word 1: qh or its high half): the
- * eight rows' halves gathered word by word in general registers (pair_halves) took longer
- * where a token's work is short (Q4_0, Q5_0 and Q5_1 at 2 tokens: 6-10%). */
+ * m, each row's. The fields before qs come from the block's first 16 bytes side by side
+ * (word 0: d, and m or qh's low half; word 1: qh or its high half): gathered word by word
+ * in general registers (pair_halves), they took longer where a token's work is short
+ * (Q4_0, Q5_0 and Q5_1 at 2 tokens: 6-10%). Q8_0's d alone is gathered so: its codes
+ * come from other loads, and the sixteen bytes cost it more than they saved. */
 static inline __attribute__((always_inline)) TARGET void block32_8(const int type, const uint8_t *rows,
                                                                   int64_t row_bytes, int64_t i, __m256i codes[8],
                                                                   __m256i signs[8], __m256 *d_rows, __m256 *m_rows) {
