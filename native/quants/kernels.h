@@ -184,6 +184,19 @@ void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int
  * The next eight rows' bytes are asked of memory up to stop. */
 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
+/* Eight Q4_0, Q5_0, Q5_1, IQ4_NL or Q8_0 rows at once, from the file's layout, for any
+ * number of tokens: y[t * ldy + r], r < 8. The next eight rows' bytes are asked of memory
+ * up to stop. */
+void sq_steps_dot8_q4_0_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot8_q5_0_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot8_q5_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot8_iq4_nl_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                               int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot8_q8_0_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Rows 8 half .. 8 half + 7 (half 0 or 1) of a group of sixteen Q4_K rows packed side by
  * side (quants/rows16.c), as sq_batch_dot8_q4_K_avx2 takes them: y[t * ldy + r] for
  * r < 8. Half 0 asks for the group's bytes ahead, up to stop; half 1 finds them in cache. */

@@ -240,6 +240,309 @@ TARGET void sq_packed_dotn16_q4_K_avx2(const void *group, const void *xq, int64_
 }
 
 /* ---------------------------------------------------------------------------
+ * Q4_0, Q5_0, Q5_1, IQ4_NL and Q8_0: eight rows side by side
+ * ------------------------------------------------------------------------- */
+
+/* One body for the 32-element types (rows8_block32), as x86/avx512vnni.c's rows16_block32
+ * is for sixteen rows: a block decoder (block32_8) puts eight rows' codes side by side,
+ * codes[l] lane r holding row r's elements 4l..4l+3, so that an activation word broadcast
+ * to every lane multiplies the eight rows at once and each row's sum stays in its lane. AVX2
+ * multiplies bytes with vpmaddubsw (unsigned x signed, pair sums SATURATING at int16), so
+ * each type's codes take the form that keeps every pair sum, and every int16 sum a lane
+ * keeps, within int16 (activation codes in -127..127, as the quantizers make them):
+ *  - Q4_0, Q5_0: the unsigned codes, 0..15 or 0..31 (pair sums at most 2 * 31 * 127 =
+ *    7874), a block's eight words summed in int16 on top of the offset's share (8 or 16
+ *    times the activations' pair sums, taken off: offsets32_8). Those adds wrap, but the
+ *    lane's true total, sum((q - c) * a) over its 16 elements, is at most 16 * 16 * 127 =
+ *    32512 in size (Q5_0; Q4_0 16256), so the wrapped int16 is exact, and one vpmaddwd by
+ *    ones widens it.
+ *  - Q5_1: the unsigned codes with no offset (m's chain takes it): a lane's 16 products
+ *    reach 16 * 31 * 127, past int16, so the words go in two int16 sums of four
+ *    (4 * 2 * 31 * 127 = 31496), each widened.
+ *  - IQ4_NL, Q8_0: the codes are signed (the grid's -127..113; -128..127), so |c| goes in
+ *    codes and c in signs, and each token's word takes c's sign (vpsignb) before the
+ *    multiply, as the one-row vec_dots do: a pair sum reaches 2 * 128 * 127 = 32512, so
+ *    every word's is widened at once.
+ * Then each (row, token) pair's block step in its float lane, in block order. */
+
+/* Word j (bytes 4j..4j+3) of the 16 bytes at p + r * row_bytes, for rows r = 0..7, in
+ * lane r of w[j]. */
+static inline TARGET void words8_side_by_side(const uint8_t *p, int64_t row_bytes, __m256i w[4]) {
+    __m256i h[4];  /* rows r and r + 4 in one register's halves */
+    for (int r = 0; r < 4; r++)
+        h[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + r * row_bytes))),
+                                       _mm_loadu_si128((const __m128i *)(p + (r + 4) * row_bytes)), 1);
+    transpose4_halves(h, w);
+}
+
+/* The 32 nibbles of the 16 bytes at p of eight rows side by side in the elements' order:
+ * codes[l] lane r holds row r's elements 4l..4l+3, the low nibbles of its word l for l < 4,
+ * the high nibbles of word l - 4 after. */
+static inline TARGET void nibbles8(const uint8_t *p, int64_t row_bytes, __m256i codes[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i w[4];
+    words8_side_by_side(p, row_bytes, w);
+    for (int j = 0; j < 4; j++) {
+        codes[j] = _mm256_and_si256(w[j], m4);
+        codes[j + 4] = _mm256_and_si256(_mm256_srli_epi16(w[j], 4), m4);
+    }
+}
+
+/* Q5's fifth bits: 16 added to byte b of codes[l] where bit 4l + b of the lane's qh (one
+ * row's 32 bits, element e's at bit e) is set. Byte l / 2 of qh is copied to the lane's
+ * four bytes, each tested against its own bit. */
+static inline __attribute__((always_inline)) TARGET void fifth_bits8(__m256i qh, __m256i codes[8]) {
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int l = 0; l < 8; l++) {
+        const char b = (char)(l / 2);
+        const __m256i spread = _mm256_shuffle_epi8(
+            qh, _mm256_setr_epi8(b, b, b, b, 4 + b, 4 + b, 4 + b, 4 + b, 8 + b, 8 + b, 8 + b, 8 + b, 12 + b, 12 + b,
+                                 12 + b, 12 + b, b, b, b, b, 4 + b, 4 + b, 4 + b, 4 + b, 8 + b, 8 + b, 8 + b, 8 + b,
+                                 12 + b, 12 + b, 12 + b, 12 + b));
+        const __m256i bits = _mm256_set1_epi32((int)(0x08040201u << 4 * (l % 2)));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+        codes[l] = _mm256_or_si256(codes[l], _mm256_and_si256(set, sixteen));
+    }
+}
+
+/* Bytes in a block of type (Q4_0, Q5_0, Q5_1, IQ4_NL or Q8_0). */
+static inline int block32_bytes(const int type) {
+    return type == SQ_Q8_0   ? (int)sizeof(block_q8_0)
+           : type == SQ_Q5_0 ? (int)sizeof(block_q5_0)
+           : type == SQ_Q5_1 ? (int)sizeof(block_q5_1)
+                             : (int)sizeof(block_q4_0); /* IQ4_NL's the same */
+}
+
+/* Block i of eight rows of type (a constant) side by side, in the form its token steps
+ * take (see above): codes[l] lane r holds row r's codes of elements 4l..4l+3, unsigned, or
+ * for IQ4_NL and Q8_0 their sizes, with the codes themselves in signs[l]; d, and Q5_1's
+ * m, each row's. The fields before qs come from the block's first 16 bytes side by side
+ * (word 0: d, and m or qh's low half; word 1: qh or its high half): gathered word by word
+ * in general registers (pair_halves), they took longer where a token's work is short
+ * (Q4_0, Q5_0 and Q5_1 at 2 tokens: 6-10%). Q8_0's d alone is gathered so: its codes
+ * come from other loads, and the sixteen bytes cost it more than they saved. */
+static inline __attribute__((always_inline)) TARGET void block32_8(const int type, const uint8_t *rows,
+                                                                  int64_t row_bytes, int64_t i, __m256i codes[8],
+                                                                  __m256i signs[8], __m256 *d_rows, __m256 *m_rows) {
+    const uint8_t *b = rows + i * block32_bytes(type);
+    if (type == SQ_Q8_0) {
+        *d_rows = pair_halves(b, row_bytes, 0, 8, 1, 0, 0);
+        for (int r = 0; r < 8; r++)
+            signs[r] = _mm256_loadu_si256((const __m256i *)(b + 2 + r * row_bytes));
+        sq_transpose8_epi32(signs);
+        for (int l = 0; l < 8; l++)
+            codes[l] = _mm256_abs_epi8(signs[l]);  /* -128's is 0x80: 128 as the unsigned operand */
+        return;
+    }
+    __m256i h[4];
+    __m256 no_m;
+    words8_side_by_side(b, row_bytes, h);
+    halves_of_words(h[0], d_rows, type == SQ_Q5_1 ? m_rows : &no_m);
+    if (type == SQ_Q4_0) {
+        nibbles8(b + 2, row_bytes, codes);
+    } else if (type == SQ_Q5_0) {
+        nibbles8(b + 6, row_bytes, codes);
+        fifth_bits8(_mm256_or_si256(_mm256_srli_epi32(h[0], 16), _mm256_slli_epi32(h[1], 16)), codes);
+    } else if (type == SQ_Q5_1) {
+        nibbles8(b + 8, row_bytes, codes);
+        fifth_bits8(h[1], codes);
+    } else {  /* SQ_IQ4_NL: the grid's values, looked up by index in each 128-bit half */
+        const __m256i grid = _mm256_setr_epi8(SQ_IQ4_GRID, SQ_IQ4_GRID);
+        nibbles8(b + 2, row_bytes, codes);
+        for (int l = 0; l < 8; l++) {
+            signs[l] = _mm256_shuffle_epi8(grid, codes[l]);
+            codes[l] = _mm256_abs_epi8(signs[l]);
+        }
+    }
+}
+
+/* Lane j: the sum of v[j]'s eight 32-bit lanes, each as two int16 summed apart
+ * (wrapping: exact where the true sums fit), by lane_totals' tree with 16-bit adds. */
+static inline __attribute__((always_inline)) TARGET __m256i pair_totals8(const __m256i v[8]) {
+    __m256i q[2];
+    for (int h = 0; h < 2; h++) {
+        const __m256i *u = v + 4 * h;
+        const __m256i a = _mm256_add_epi16(_mm256_unpacklo_epi32(u[0], u[1]), _mm256_unpackhi_epi32(u[0], u[1]));
+        const __m256i c = _mm256_add_epi16(_mm256_unpacklo_epi32(u[2], u[3]), _mm256_unpackhi_epi32(u[2], u[3]));
+        q[h] = _mm256_add_epi16(_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c));
+    }
+    return _mm256_add_epi16(_mm256_permute2x128_si256(q[0], q[1], 0x20), _mm256_permute2x128_si256(q[0], q[1], 0x31));
+}
+
+/* The offset c (8 for Q4_0, 16 for Q5_0) of the unsigned codes, for activation blocks
+ * a[0..n-1]: out[k] = minus c times the sums of a[k]'s codes 4l and 4l + 1 over l (low
+ * int16), and of its codes 4l + 2 and 4l + 3 (high), what an int16 lane of the token step
+ * starts from; at most 16 * 16 * 127 = 32512 in size. Once per token and block for all
+ * eight rows, eight blocks at a time into one register: vpmaddubsw by c gives the pair
+ * sums (at most 16 * 254), and pair_totals8 adds each block's words. */
+static inline __attribute__((always_inline)) TARGET void offsets32_8(const block_q8_0 *a, int n, const int c,
+                                                                    int32_t out[]) {
+    for (int k0 = 0; k0 < n; k0 += 8) {
+        __m256i v[8];
+        for (int j = 0; j < 8; j++)
+            v[j] = k0 + j < n ? _mm256_maddubs_epi16(_mm256_set1_epi8((char)c),
+                                                     _mm256_loadu_si256((const __m256i *)a[k0 + j].qs))
+                              : _mm256_setzero_si256();
+        _mm256_storeu_si256((__m256i *)(out + k0), _mm256_sub_epi16(_mm256_setzero_si256(), pair_totals8(v)));
+    }
+}
+
+/* Word l (codes 4l..4l+3) of an activation block, in every lane. */
+static inline TARGET __m256i word8(const int8_t *aq, int l) {
+    int32_t w;
+    memcpy(&w, aq + 4 * l, 4);
+    return _mm256_set1_epi32(w);
+}
+
+/* One block's exact isum for T tokens (aq[u]: token u's 32 codes; offset[u] its
+ * offsets32_8 word, Q4_0 and Q5_0 alone), each row in its lane. Each word of codes is
+ * loaded once for the T. */
+static inline __attribute__((always_inline)) TARGET void isums32_8(const int type, const int T,
+                                                                  const int8_t *const aq[4], const int32_t offset[4],
+                                                                  const __m256i code[8], const __m256i sign[8],
+                                                                  __m256i isum[4]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (type == SQ_Q8_0 || type == SQ_IQ4_NL) {
+        for (int u = 0; u < T; u++)
+            isum[u] = _mm256_setzero_si256();
+        for (int l = 0; l < 8; l++)
+            for (int u = 0; u < T; u++) {
+                const __m256i p = _mm256_maddubs_epi16(code[l], _mm256_sign_epi8(word8(aq[u], l), sign[l]));
+                isum[u] = _mm256_add_epi32(isum[u], _mm256_madd_epi16(p, ones));
+            }
+    } else if (type == SQ_Q5_1) {
+        __m256i s16[4][2];
+        for (int l = 0; l < 8; l++)
+            for (int u = 0; u < T; u++) {
+                const __m256i p = _mm256_maddubs_epi16(code[l], word8(aq[u], l));
+                s16[u][l / 4] = l % 4 ? _mm256_add_epi16(s16[u][l / 4], p) : p;
+            }
+        for (int u = 0; u < T; u++)
+            isum[u] = _mm256_add_epi32(_mm256_madd_epi16(s16[u][0], ones), _mm256_madd_epi16(s16[u][1], ones));
+    } else {  /* Q4_0, Q5_0 */
+        __m256i s16[4];
+        for (int u = 0; u < T; u++)
+            s16[u] = _mm256_set1_epi32(offset[u]);
+        for (int l = 0; l < 8; l++)
+            for (int u = 0; u < T; u++)
+                s16[u] = _mm256_add_epi16(s16[u], _mm256_maddubs_epi16(code[l], word8(aq[u], l)));
+        for (int u = 0; u < T; u++)
+            isum[u] = _mm256_madd_epi16(s16[u], ones);
+    }
+}
+
+enum { ROWS8_CHUNK = 32 };  /* blocks put side by side at a time */
+
+/* T tokens (1 to 4) from token t through nc blocks of eight rows from block i0, each
+ * block's isums (isums32_8) then each token's block steps: sum[u] and off[u] token t + u's
+ * chains (off Q5_1's alone, whose activations are Q8_1; the others' Q8_0). With fetch,
+ * the next eight rows' share of each block is asked of memory up to stop as the pass goes
+ * (prefetch_next_rows). */
+static inline __attribute__((always_inline)) TARGET void tokens32_8(const int type, const int T, const void *xq,
+                                                                   int64_t stride, int t, int64_t i0, int nc,
+                                                                   const __m256i codes[][8], const __m256i signs[][8],
+                                                                   const __m256 d_rows[], const __m256 m_rows[],
+                                                                   __m256 sum[], __m256 off[], const uint8_t *fetch,
+                                                                   const void *stop) {
+    const int64_t a_bytes = type == SQ_Q5_1 ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0);
+    const int qs_at = type == SQ_Q5_1 ? 4 : 2;
+    const int64_t share = 8 * (int64_t)block32_bytes(type);
+    const uint8_t *a[4];  /* token u's block i0 */
+    int32_t offset[4][ROWS8_CHUNK];
+    __m256 s[4], o[4];
+    for (int u = 0; u < T; u++) {
+        a[u] = (const uint8_t *)token_row(xq, stride, t + u) + i0 * a_bytes;
+        if (type == SQ_Q4_0 || type == SQ_Q5_0)
+            offsets32_8((const block_q8_0 *)a[u], nc, type == SQ_Q4_0 ? 8 : 16, offset[u]);
+        s[u] = sum[u];
+        o[u] = off[u];
+    }
+    for (int k = 0; k < nc; k++) {
+        if (fetch)
+            prefetch_next_rows(fetch, i0 + k, share, stop);
+        const int8_t *aq[4];
+        int32_t at_k[4] = {0, 0, 0, 0};
+        __m256i isum[4];
+        for (int u = 0; u < T; u++) {
+            aq[u] = (const int8_t *)(a[u] + k * a_bytes + qs_at);
+            if (type == SQ_Q4_0 || type == SQ_Q5_0)
+                at_k[u] = offset[u][k];
+        }
+        isums32_8(type, T, aq, at_k, codes[k], signs[k], isum);
+        for (int u = 0; u < T; u++) {
+            const uint16_t *h = (const uint16_t *)(a[u] + k * a_bytes);
+            const __m128 ds = type == SQ_Q5_1 ? h2f_pair(h) : _mm_set_ss(h2f(*h));  /* the token's d (, s) */
+            const __m256 d = _mm256_mul_ps(d_rows[k], _mm256_broadcastss_ps(ds));
+            s[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[u]), d, s[u]);
+            if (type == SQ_Q5_1)
+                o[u] = _mm256_fmadd_ps(m_rows[k], _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), o[u]);
+        }
+    }
+    for (int u = 0; u < T; u++) {
+        sum[u] = s[u];
+        off[u] = o[u];
+    }
+}
+
+#define TOKENS32_8(T)                                                                                              \
+    case T:                                                                                                        \
+        tokens32_8(type, T, xq, stride, t0 + t, i0, nc, codes, signs, d_rows, m_rows, sum + t, off + t, fetch, stop); \
+        break;
+
+/* Eight rows of a 32-element type (row_bytes apart, in the file's layout) times n_tokens
+ * activation rows, each output the scalar vec_dot's bits for its row and token
+ * (quants/types.h): ROWS8_CHUNK blocks put side by side at a time (block32_8), then the
+ * tile's tokens through them; y = sum (+ off for Q5_1). y[t * ldy + r] for r < 8.
+ * IQ4_NL's and Q8_0's tokens go four at a time, each register of codes and signs loaded
+ * once for the four (one by one, 64 tokens of Q8_0 took 5% longer); the others' one by
+ * one, their sums in fewer registers (four at a time: Q4_0 5% slower, Q5_1 20%). The next
+ * eight rows' bytes are asked of memory up to stop as the first token goes through a
+ * chunk, spread over its work: asked for all at once as the blocks were put side by side,
+ * they left memory idle while the tokens went by (Q8_0 rows from memory, 2 tokens: 1.2x
+ * as long, and slower than dotn). */
+static inline __attribute__((always_inline)) TARGET void rows8_block32(const int type, const uint8_t *rows,
+                                                                      int64_t row_bytes, const void *xq,
+                                                                      int64_t stride, int n_tokens, int64_t nb,
+                                                                      const void *stop, float *y, int64_t ldy) {
+    enum { TILE = 64, CHUNK = ROWS8_CHUNK };
+    __m256i codes[CHUNK][8], signs[CHUNK][8];
+    __m256 d_rows[CHUNK], m_rows[CHUNK];
+    __m256 sum[TILE], off[TILE];
+    const int by4 = type == SQ_IQ4_NL || type == SQ_Q8_0;
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = _mm256_setzero_ps();
+        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
+            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
+            for (int k = 0; k < nc; k++)
+                block32_8(type, rows, row_bytes, i0 + k, codes[k], signs[k], &d_rows[k], &m_rows[k]);
+            for (int t = 0; t < nt;) {
+                const int T = !by4 ? 1 : nt - t >= 4 ? 4 : nt - t;
+                const uint8_t *fetch = t0 + t == 0 ? rows + 8 * row_bytes : NULL;
+                switch (T) {
+                    TOKENS32_8(4) TOKENS32_8(3) TOKENS32_8(2) TOKENS32_8(1)
+                }
+                t += T;
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + (t0 + t) * ldy, type == SQ_Q5_1 ? _mm256_add_ps(sum[t], off[t]) : sum[t]);
+    }
+}
+
+#define ROWS8_BLOCK32(name, NAME)                                                                               \
+    TARGET void sq_steps_dot8_##name##_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, \
+                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) { \
+        rows8_block32(SQ_##NAME, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy);                      \
+    }
+ROWS8_BLOCK32(q4_0, Q4_0)
+ROWS8_BLOCK32(q5_0, Q5_0)
+ROWS8_BLOCK32(q5_1, Q5_1)
+ROWS8_BLOCK32(iq4_nl, IQ4_NL)
+ROWS8_BLOCK32(q8_0, Q8_0)
+
+/* ---------------------------------------------------------------------------
  * Q6_K: eight rows, and one, times a prompt's tokens
  * ------------------------------------------------------------------------- */
 
