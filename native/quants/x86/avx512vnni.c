@@ -1,10 +1,12 @@
 /* quants/x86/avx512vnni.c: for CPUs with AVX-512 VNNI, VL and BW, the vec_dot kernels
  * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni) and the step kernels of
- * x86/step_order.h, compiled for this CPU; and the products of Q4_1, Q8_0, Q4_K and Q6_K
+ * x86/step_order.h, compiled for this CPU; and the products of every quantized type's
  * rows sixteen at a time in 512-bit registers, one row per 32-bit lane, so that an
- * activation word broadcast to every lane meets the same four codes of all sixteen rows:
- * from the file's layout (sq_steps_dot16_*, and a prompt's Q4_K and Q6_K products,
- * sq_batch_dot16_*) or from a group packed by quants/rows16.c (sq_packed_dot16_*, which
+ * activation word broadcast to every lane meets the same four codes of all sixteen rows,
+ * for two tokens and more: from the file's layout (sq_steps_dot16_*: Q4_1, Q8_0, Q4_K and
+ * Q6_K, with a prompt's Q4_K and Q6_K products sq_batch_dot16_*; Q4_0, Q5_0, Q5_1 and IQ4_NL
+ * through rows16_block32; Q5_K, IQ4_XS, Q3_K and Q2_K through rows16_super) or, for Q4_1,
+ * Q8_0, Q4_K and Q6_K, from a group packed by quants/rows16.c (sq_packed_dot16_*, which
  * decode runs, and sq_packed_batch16_*).
  *
  * Each gives the scalar definition's bits (quants/types.h) for every row and token: a

@@ -345,8 +345,9 @@ static inline TARGET void q8_0_side_by_side(const void *rows, int64_t row_bytes,
  * row per float lane. The codes are offset to unsigned, (x + 128) * y, so that one
  * vpdpbusd with a broadcast activation word does eight rows; the 128 * sum(y) that the
  * offset adds, the same for every row, starts each block's sum negated, and the block's
- * integer is exact. (The AVX2 copy has no such instruction that does not saturate, and
- * keeps to the dotn kernel.) y[t * ldy + r] for r < 8. */
+ * integer is exact. (AVX2 has no such instruction that does not saturate: its eight-row
+ * Q8_0 kernel, sq_steps_dot8_q8_0_avx2 in x86/avx2.c, takes the sign trick.) y[t * ldy +
+ * r] for r < 8. */
 TARGET void KERNEL(steps_dot8_q8_0)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { CHUNK = 32, TILE = 16 };
