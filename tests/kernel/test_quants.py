@@ -686,6 +686,14 @@ def special_blocks(qk: int, rng: np.random.Generator) -> list[np.ndarray]:
     b = normal() * np.float32(1e-40)
     b[rng.integers(qk)] = 1.0
     blocks.append(b)
+    # Largest magnitudes whose d = amax / 127 is an f16 edge: 65520 (a tie that rounds to
+    # inf), the largest finite f16, the smallest normal one, a subnormal one, half the
+    # smallest subnormal (a tie that rounds to 0).
+    for amax in (65520 * 127, 65504 * 127, 2.0**-14 * 127, 3e-6 * 127, 2.0**-25 * 127):
+        b = normal()
+        b *= np.float32(amax / 2) / np.abs(b).max()
+        b[rng.integers(qk)] = -amax
+        blocks.append(b.astype(np.float32))
     for at in (0, 7, 8, 31, qk - 1):
         b = normal() * np.float32(0.1)
         b[at] = 5.0 if at % 2 else -5.0
