@@ -238,6 +238,13 @@ void sq_steps_dot16_q3_K_avx512vnni(const void *rows, int64_t row_bytes, const v
 void sq_steps_dot16_q2_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
 
+/* The conversions of activations into Q8_0, Q8_1 and Q8_K blocks (quants/x86/activations.c):
+ * the bytes of scalar.c's quant_<format>_rows for every input. Call only when the CPU has
+ * AVX2, FMA and F16C. */
+void sq_quant_q8_0_avx2(const float *x, void *dst, int64_t nb);
+void sq_quant_q8_1_avx2(const float *x, void *dst, int64_t nb);
+void sq_quant_q8_K_avx2(const float *x, void *dst, int64_t nb);
+
 /* The same vec_dots for CPUs with AVX-512 VNNI, VL and BW as well
  * (quants/x86/avx512vnni.c): the AVX2 ones' contract and bits. Call only when the CPU
  * has all of those and the AVX2 set; a build with SQ_VNNI_VIA_SIMDE needs only the

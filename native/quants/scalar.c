@@ -277,11 +277,28 @@ static inline void decode_q8_0(const block_q8_0 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q8_0, QK8_0)
 
+/* The conversions into the activation formats (Q8_0, Q8_1, Q8_K) are the table's
+ * quant_<name>: on x86-64, while the SIMD paths are on, quants/x86/activations.c's, which
+ * give the bytes of quant_<name>_rows below for every input; otherwise those. */
+#ifdef SQ_X86
+#define ACTIVATION_QUANTIZER(name)                                                      \
+    static void quant_##name(const float *restrict x, void *restrict dst, int64_t nb) { \
+        if (sq_simd_enabled())                                                          \
+            sq_quant_##name##_avx2(x, dst, nb);                                         \
+        else                                                                            \
+            quant_##name##_rows(x, dst, nb);                                            \
+    }
+#else
+#define ACTIVATION_QUANTIZER(name)                                                      \
+    static void quant_##name(const float *restrict x, void *restrict dst, int64_t nb) { \
+        quant_##name##_rows(x, dst, nb);                                                \
+    }
+#endif
+
 /* The largest |x[j]| of n, NaNs passed over. The bits of a non-negative float order as
- * its value does, so the maximum is taken over them as integers: a reduction both copies
- * of a quantizer compute in vector registers (a float one, whose NaNs are ordered by
- * position, stays scalar). */
-SQ_TWIN float abs_max(const float *restrict x, int n) {
+ * its value does, so the maximum is taken over them as integers: a reduction compilers
+ * vectorize (a float one, whose NaNs are ordered by position, stays scalar). */
+static inline float abs_max(const float *restrict x, int n) {
     uint32_t m = 0;
     for (int j = 0; j < n; j++) {
         uint32_t b = sq_f32_bits(x[j]) & 0x7fffffffu;
@@ -299,7 +316,7 @@ SQ_TWIN float abs_max(const float *restrict x, int n) {
  * ties away from zero; the codes differ only where x * 127 / amax is within an
  * ulp or two of a half.) All-zero blocks get d = 0 and codes 0. Non-finite x
  * give unspecified codes (but no undefined behaviour). */
-SQ_TWIN float q8_32_codes(const float *restrict x, int8_t *restrict qs) {
+static inline float q8_32_codes(const float *restrict x, int8_t *restrict qs) {
     const float amax = abs_max(x, 32);
     const float id = amax != 0.0f ? 127.f / amax : 0.0f;
     for (int j = 0; j < 32; j++) {
@@ -309,13 +326,12 @@ SQ_TWIN float q8_32_codes(const float *restrict x, int8_t *restrict qs) {
     return amax / 127.f;
 }
 
-SQ_TWIN void quant_q8_0_rows(const float *restrict x, void *restrict dst, int64_t nb) {
+static void quant_q8_0_rows(const float *restrict x, void *restrict dst, int64_t nb) {
     block_q8_0 *y = dst;
     for (int64_t i = 0; i < nb; i++)
         y[i].d = sq_fp32_to_fp16(q8_32_codes(x + i * QK8_0, y[i].qs));
 }
-SQ_COMPILED_TWICE(static, quant_q8_0, quant_q8_0_rows, (const float *restrict x, void *restrict dst, int64_t nb),
-                  (x, dst, nb))
+ACTIVATION_QUANTIZER(q8_0)
 
 /* Q8_0 weights . Q8_0 activations: the block step (quants/types.h), isum = sum(qx * qy). */
 static float vec_dot_q8_0(const void *row, const void *xq, int64_t nb) {
@@ -343,7 +359,7 @@ static inline void decode_q8_1(const block_q8_1 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q8_1, QK8_1)
 
-SQ_TWIN void quant_q8_1_rows(const float *restrict x, void *restrict dst, int64_t nb) {
+static void quant_q8_1_rows(const float *restrict x, void *restrict dst, int64_t nb) {
     block_q8_1 *y = dst;
     for (int64_t i = 0; i < nb; i++) {
         const float d = q8_32_codes(x + i * QK8_1, y[i].qs);
@@ -354,8 +370,7 @@ SQ_TWIN void quant_q8_1_rows(const float *restrict x, void *restrict dst, int64_
         y[i].s = sq_fp32_to_fp16(d * (float)sum);
     }
 }
-SQ_COMPILED_TWICE(static, quant_q8_1, quant_q8_1_rows, (const float *restrict x, void *restrict dst, int64_t nb),
-                  (x, dst, nb))
+ACTIVATION_QUANTIZER(q8_1)
 
 /* ---------------------------------------------------------------------------
  * Q8_K: 256 elements, y = d * q, q a signed byte in -127..127, d a float
@@ -377,7 +392,7 @@ ROW_FUNCS(q8_K, QK_K)
  * d = 1 / iscale. An all-zero block gets d = 0, codes 0 and (unlike llama.cpp,
  * which leaves them as they were) bsums 0. For finite x, |iscale * x| <= 127
  * up to rounding, so the min() never acts; it is kept as llama.cpp has it. */
-SQ_TWIN void quant_q8_K_rows(const float *restrict x, void *restrict dst, int64_t nb) {
+static void quant_q8_K_rows(const float *restrict x, void *restrict dst, int64_t nb) {
     block_q8_K *y = dst;
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
         /* The largest magnitude, then the first element of it (the least index of one,
@@ -406,8 +421,7 @@ SQ_TWIN void quant_q8_K_rows(const float *restrict x, void *restrict dst, int64_
         y[i].d = 1.0f / iscale;
     }
 }
-SQ_COMPILED_TWICE(static, quant_q8_K, quant_q8_K_rows, (const float *restrict x, void *restrict dst, int64_t nb),
-                  (x, dst, nb))
+ACTIVATION_QUANTIZER(q8_K)
 
 /* ---------------------------------------------------------------------------
  * Q4_0: 32 elements, y = d * (q - 8), q a 4-bit code.

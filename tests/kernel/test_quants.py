@@ -362,39 +362,6 @@ def test_quantize_q8_k_sign_ties():
     assert d[0] > 0 and q[0, 5] == -127 and q[0, 9] == 127
 
 
-@pytest.mark.parametrize("vtype", [T.Q8_0, T.Q8_1, T.Q8_K], ids=lambda t: t.name)
-def test_quantize_same_bytes_on_every_path(vtype, simd_restore):
-    """The quantizers are compiled twice (plainly and for AVX2): both copies give the same
-    bytes, on rows whose largest magnitude is tied between signs, sits last, or is
-    infinite, next to NaNs, subnormals and zero blocks. (Non-finite rows have unspecified
-    codes, but the same unspecified codes.)"""
-    rng = np.random.default_rng(85 + int(vtype))
-    blocks = []
-    for k in range(24):
-        b = activations(256, rng)
-        if k % 6 == 1:
-            top = np.abs(b).max() * 2
-            b[17], b[200] = top, -top  # a tie: the first (17) decides the sign
-        elif k % 6 == 2:
-            b[255] = np.abs(b).max() * 3  # last
-        elif k % 6 == 3:
-            b[[3, 40, 170]] = [np.nan, np.inf, -np.nan]
-        elif k % 6 == 4:
-            b *= np.float32(1e-39)  # subnormal
-        elif k % 6 == 5:
-            b[:] = 0
-            b[100] = -0.0
-        blocks.append(b)
-    x = np.concatenate(blocks).astype(np.float32)
-    out = {}
-    for simd in (1, 0):
-        lib.sq_set_simd(simd)
-        rc, buf = c_quantize(vtype, x)
-        assert rc == 0 and (buf[-GUARD:] == 0xAB).all()
-        out[simd] = buf
-    assert out[0].tobytes() == out[1].tobytes()
-
-
 def test_quantize_float_formats():
     rng = np.random.default_rng(84)
     x = activations(999, rng)
@@ -666,6 +633,139 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_paths_of_cpu):
             simd = set_path()
             got = c_vec_dot(qtype, raw, xq, n)
             assert np.float32(got).tobytes() == want.tobytes(), f"{qtype.name} {what} simd={simd}"
+
+
+# --- SIMD activation conversions (native/quants/x86/activations.c) -------------------------
+
+F32_MAX = np.finfo(np.float32).max
+# NaNs whose payloads reach the codes (scalar.c's nearest_int keeps a NaN's low bits):
+# quiet and signalling, both signs, low bytes below, at and above Q8_K's clamp of 127.
+NANS = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800005, 0x7FC000AB, 0xFFC0007F, 0x7FC00080,
+                 0x7FC0017F, 0x7FFFFFFF], dtype=np.uint32).view(np.float32)
+
+
+def tie_blocks(qk: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Blocks whose values times their format's scale are exactly k + 0.5 for many k (the
+    scale: Q8_0's and Q8_1's 127 / amax, Q8_K's -127 / max, max the first of the largest
+    magnitude): scales of 1, 2, 1/2, 4 and -1 exactly, then scales of random blocks, with
+    the values whose product with it rounds to k + 0.5 exactly."""
+    blocks = []
+    for top in (127.0, -127.0, 63.5, 254.0, -31.75, float(rng.uniform(1, 200)), float(rng.uniform(1e-3, 1))):
+        scale = np.float32(127) / np.float32(abs(top)) if qk == 32 else np.float32(-127) / np.float32(top)
+        halves = rng.integers(-127, 127, 4 * qk) + 0.5
+        x = (halves / np.float64(scale)).astype(np.float32)
+        x = x[(x * scale == halves) & (np.abs(x) < abs(top))][:qk - 1]
+        assert len(x) >= qk // 2, "too few exact ties"
+        b = np.zeros(qk, dtype=np.float32)
+        b[1:1 + len(x)] = x
+        b[0] = top
+        blocks.append(rng.permutation(b) if qk == 32 else b)  # Q8_K's max stays first
+    return blocks
+
+
+def special_blocks(qk: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Finite blocks that are not ordinary rows: zeros of both signs, one huge value,
+    subnormals and values so small that the scale overflows, the largest magnitude at the
+    ends of registers and tied between signs."""
+    normal = lambda: rng.standard_normal(qk).astype(np.float32)  # noqa: E731
+    blocks = [np.zeros(qk, dtype=np.float32), np.full(qk, -0.0, dtype=np.float32),
+              np.where(rng.random(qk) < 0.5, np.float32(-0.0), np.float32(0.0))]
+    b = normal()
+    b[rng.random(qk) < 0.3] = -0.0
+    blocks.append(b)
+    for huge in (1e30, -3e38, F32_MAX):
+        b = normal()
+        b[rng.integers(qk)] = huge
+        blocks.append(b)
+        b = np.zeros(qk, dtype=np.float32)
+        b[rng.integers(qk)] = huge
+        blocks.append(b)
+    tiny = np.float32(1e-45)  # the smallest subnormal
+    blocks += [normal() * np.float32(1e-39), normal() * np.float32(1e-37), np.full(qk, tiny, dtype=np.float32),
+               np.where(rng.random(qk) < 0.5, -tiny, tiny).astype(np.float32)]
+    b = normal() * np.float32(1e-40)
+    b[rng.integers(qk)] = 1.0
+    blocks.append(b)
+    # Largest magnitudes whose d = amax / 127 is an f16 edge: 65520 (a tie that rounds to
+    # inf), the largest finite f16, the smallest normal one, a subnormal one, half the
+    # smallest subnormal (a tie that rounds to 0).
+    for amax in (65520 * 127, 65504 * 127, 2.0**-14 * 127, 3e-6 * 127, 2.0**-25 * 127):
+        b = normal()
+        b *= np.float32(amax / 2) / np.abs(b).max()
+        b[rng.integers(qk)] = -amax
+        blocks.append(b.astype(np.float32))
+    for at in (0, 7, 8, 31, qk - 1):
+        b = normal() * np.float32(0.1)
+        b[at] = 5.0 if at % 2 else -5.0
+        blocks.append(b)
+    for first, second in ((7, 8), (1, 9), (8, 7 + qk // 2), (qk - 2, qk - 1)):
+        b = normal()
+        top = 2 * np.abs(b).max()
+        b[first], b[second] = top, -top
+        blocks.append(b)
+        b = normal()
+        b[first], b[second] = -top, top
+        blocks.append(b)
+    return blocks
+
+
+def non_finite_blocks(qk: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Blocks with NaNs of several payloads, infinities, or both, among ordinary values,
+    zeros or subnormals."""
+    blocks = []
+    for base in (rng.standard_normal(qk).astype(np.float32), np.zeros(qk, dtype=np.float32),
+                 rng.standard_normal(qk).astype(np.float32) * np.float32(1e-39)):
+        for bad in ([np.inf], [-np.inf], [np.inf, -np.inf], [NANS[0]], NANS, [np.inf, *NANS[:3]]):
+            b = base.copy()
+            b[rng.choice(qk, len(bad), replace=False)] = bad
+            blocks.append(b)
+    blocks += [np.resize(NANS, qk), np.full(qk, np.inf, dtype=np.float32)]
+    return blocks
+
+
+def quantize_rows(qk: int, rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
+    """Rows for the conversions: random ones of lengths that leave every remainder of a
+    group of eight 32-blocks, and rows of the blocks above, whole and in pieces of every
+    length up to 19 blocks."""
+    rows = []
+    for blocks in ((1, 2, 3, 7, 8, 9, 15, 18, 19, 48, 65) if qk == 32 else (1, 2, 3, 6, 9)):
+        rows += [(f"random n={blocks * qk}", activations(blocks * qk, rng)) for _ in range(2)]
+    for what, blocks in (("ties", tie_blocks(qk, rng)), ("special", special_blocks(qk, rng)),
+                         ("non-finite", non_finite_blocks(qk, rng))):
+        for shift in (0, 1, 5):  # so that each block meets other lanes of a group of eight
+            rows.append((f"{what} shift={shift}", np.concatenate(blocks[len(blocks) - shift:] + blocks)))
+        mixed = [blocks[i] for i in rng.integers(0, len(blocks), 64)]
+        start = 0
+        for k in range(1, 20):
+            rows.append((f"{what} {k} blocks", np.concatenate(mixed[start % 40:start % 40 + k])))
+            start += k
+    return rows
+
+
+@pytest.mark.may_skip_in_ci  # on a CPU without AVX2/FMA (x86-64) or NEON
+@pytest.mark.parametrize("vtype", [T.Q8_0, T.Q8_1, T.Q8_K], ids=lambda t: t.name)
+def test_simd_quantize_matches_scalar(vtype, simd_paths_of_cpu):
+    """Every SIMD path converts activations to the scalar code's bytes: on random rows of
+    many lengths, on exact rounding ties, zero and negative zero blocks, huge values,
+    subnormals, and the largest magnitude tied between signs; and on NaNs and infinities,
+    whose codes are unspecified, the same bytes too (the finite blocks are checked
+    first, for a clearer message)."""
+    if not native_simd():
+        pytest.skip("no SIMD path on this CPU (no AVX2/FMA)")
+    qk, size = ACT_GEOMETRY[vtype]
+    for what, x in quantize_rows(qk, np.random.default_rng(500 + int(vtype))):
+        simd_paths_of_cpu[-1]()
+        rc, want = c_quantize(vtype, x)
+        assert rc == 0
+        want = want[:-GUARD].reshape(-1, size)
+        finite = np.isfinite(x.reshape(-1, qk)).all(axis=1)
+        for set_path in simd_paths_of_cpu[:-1]:
+            simd = set_path()
+            rc, got = c_quantize(vtype, x)
+            assert rc == 0 and (got[-GUARD:] == 0xAB).all(), f"{vtype.name} {what} simd={simd}"
+            differ = (got[:-GUARD].reshape(-1, size) != want).any(axis=1)
+            assert not (differ & finite).any(), f"{vtype.name} {what} simd={simd}: finite blocks {np.flatnonzero(differ & finite)}"
+            assert not differ.any(), f"{vtype.name} {what} simd={simd}: non-finite blocks {np.flatnonzero(differ)}"
 
 
 # --- Batched products (sq_vec_dot_batch) --------------------------------------------------
