@@ -1,5 +1,5 @@
 /* quants/arm/neon.c: NEON (AArch64 Advanced SIMD) versions of the vec_dot functions,
- * and of the batched Q4_K and Q6_K products.
+ * and of every type's product of one row and a batch of tokens.
  *
  * Advanced SIMD is part of every AArch64 CPU, so quants/dispatch.c uses these whenever
  * it is built for one (unless SMOLQ_SIMD=0 or sq_set_simd(0) asks for the scalar code).
