@@ -600,6 +600,10 @@ static inline const int8_t *act32_qs(const uint8_t *a, int q8_1) {
     return q8_1 ? ((const block_q8_1 *)a)->qs : ((const block_q8_0 *)a)->qs;
 }
 
+/* A Q8_0 or Q8_1 block's d (the first field of both), and a Q8_1 block's s. */
+static inline uint16_t act32_d(const uint8_t *a) { return ((const block_q8_0 *)a)->d; }
+static inline uint16_t act32_s(const uint8_t *a) { return ((const block_q8_1 *)a)->s; }
+
 /* One row of 32-element blocks times n_tokens rows: a sum chain per token and, where
  * q8_1 (Q4_1, Q5_1), the chain off of m * s, the result sum + off. */
 SQ_INLINE void batch32(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb, float *y,
@@ -619,12 +623,11 @@ SQ_INLINE void batch32(const void *row, const void *xq, int64_t stride, int n_to
                                                dot32(b.q[0], b.q[1], act32_qs(a[1], q8_1)),
                                                dot32(b.q[0], b.q[1], act32_qs(a[2], q8_1)),
                                                dot32(b.q[0], b.q[1], act32_qs(a[3], q8_1)));
-                const block_q8_0 *const *h = (const block_q8_0 *const *)a; /* d comes first in both */
-                const float32x4_t da = halves4(h[0]->d, h[1]->d, h[2]->d, h[3]->d);
+                const float32x4_t da = halves4(act32_d(a[0]), act32_d(a[1]), act32_d(a[2]), act32_d(a[3]));
                 sum[g] = vfmaq_f32(sum[g], vcvtq_f32_s32(isum), vmulq_n_f32(da, b.d));
                 if (q8_1) {
-                    const block_q8_1 *const *s = (const block_q8_1 *const *)a;
-                    off[g] = vfmaq_f32(off[g], vdupq_n_f32(b.m), halves4(s[0]->s, s[1]->s, s[2]->s, s[3]->s));
+                    const float32x4_t sa = halves4(act32_s(a[0]), act32_s(a[1]), act32_s(a[2]), act32_s(a[3]));
+                    off[g] = vfmaq_f32(off[g], vdupq_n_f32(b.m), sa);
                 }
             }
         }
