@@ -97,7 +97,7 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
  * quantized dot product; the batched ones and attention as on "avx2"), "avx2" on x86-64
  * when the CPU has AVX2, FMA and F16C (AVX2/FMA versions of every quantized dot product,
  * the batched ones and attention), "neon" on arm64 (NEON versions of every quantized dot
- * product and of the batched Q4_K and Q6_K ones), or "scalar". The environment variable
+ * product, one token's and a batch's), or "scalar". The environment variable
  * SMOLQ_SIMD set to "0" starts with "scalar", set to "avx2" keeps to "avx2" on a CPU
  * with AVX-512 VNNI. Every path gives the same bits. */
 const char *sq_simd_name(void);

@@ -180,8 +180,18 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
     /* The vec_dots, and one row times a batch of any size. */
     [SIMD_BASE] = {
         SQ_QUANT_TYPES(VEC_DOT, neon)
+        [SQ_Q8_0].row.prompt = sq_batch_dot_q8_0_neon,
+        [SQ_Q4_0].row.prompt = sq_batch_dot_q4_0_neon,
+        [SQ_Q4_1].row.prompt = sq_batch_dot_q4_1_neon,
+        [SQ_Q5_0].row.prompt = sq_batch_dot_q5_0_neon,
+        [SQ_Q5_1].row.prompt = sq_batch_dot_q5_1_neon,
+        [SQ_Q2_K].row.prompt = sq_batch_dot_q2_K_neon,
+        [SQ_Q3_K].row.prompt = sq_batch_dot_q3_K_neon,
         [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_neon,
+        [SQ_Q5_K].row.prompt = sq_batch_dot_q5_K_neon,
         [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_neon,
+        [SQ_IQ4_NL].row.prompt = sq_batch_dot_iq4_nl_neon,
+        [SQ_IQ4_XS].row.prompt = sq_batch_dot_iq4_xs_neon,
     },
 #endif
 };

@@ -257,10 +257,10 @@ SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx512vnni)
  * paid off on one x86 core and has not been measured on an arm64 one. */
 SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, neon)
 /* One row times a batch of any size, a block decoded once for up to 32 tokens. */
-void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
-                            float *y, int64_t ldy);
-void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
-                            float *y, int64_t ldy);
+#define SQ_DECLARE_BATCH_NEON(ctx, NAME, name, ...)                                                         \
+    void sq_batch_dot_##name##_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb, \
+                                    float *y, int64_t ldy);
+SQ_QUANT_TYPES(SQ_DECLARE_BATCH_NEON, _)
 #endif
 
 #endif

@@ -23,7 +23,7 @@ from llm_smolq._kernel import ffi, lib
 from test_quants import (ACT_GEOMETRY, GUARD, SIMD_TYPES, VEC_DOT_TYPE, activations, c_quantize, c_vec_dot,
                          extreme_row, random_row)
 
-BATCH_MIN_TOKENS = 8  # quants/dispatch.c's: from here on a batch takes the batch kernels
+BATCH_MIN_TOKENS = 2  # quants/dispatch.c's on NEON: from here on a batch takes the batch kernels
 NEON_TILE = 32  # quants/arm/neon.c's TILE: the tokens a batch kernel decodes a block once for
 FILLS = (0x00, 0xFF, 0x80, 0x7F)
 
@@ -297,13 +297,13 @@ def check_batch(k, qtype, rows, xq, n, what):
 @pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
 def test_vec_dot_batch(emu, qtype):
     """One row (sq_vec_dot_batch) and several (sq_vec_dot_batch_rows) times batches below
-    and above BATCH_MIN_TOKENS, of sizes that are and are not multiples of 4 (Q4_K's batch
-    kernel is given its tokens four at a time, the rest go one by one), each output the
-    one-token definition's bits."""
+    and above BATCH_MIN_TOKENS, of sizes that are and are not multiples of 4 (every type's
+    batch kernel fills a register's spare lanes) and past a tile of NEON_TILE tokens, each
+    output the one-token definition's bits."""
     rng = np.random.default_rng(1300 + int(qtype))
     qk = GGML_QUANT_SIZES[qtype][0]
-    for n_rows, tokens, n in ((1, 3, qk), (1, 6, 3 * qk), (1, BATCH_MIN_TOKENS, 2 * qk), (1, 13, qk),
-                              (3, 5, 2 * qk), (9, 13, qk), (8, 4, qk), (2, 12, qk)):
+    for n_rows, tokens, n in ((1, 1, qk), (1, 3, qk), (1, 6, 3 * qk), (1, BATCH_MIN_TOKENS, 2 * qk), (1, 13, qk),
+                              (3, 5, 2 * qk), (9, 13, qk), (8, 4, qk), (2, 12, qk), (3, NEON_TILE + 6, 2 * qk)):
         rows, xq = batch_inputs(qtype, n, n_rows, tokens, rng)
         check_batch(emu, qtype, rows, xq, n, f"rows={n_rows} tokens={tokens} n={n}")
         emu.reset()
@@ -331,24 +331,34 @@ def act_rows(vtype: T, n: int, tokens: int, rng: np.random.Generator, raw: bool 
     return np.stack([make() for _ in range(tokens)])
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def batch_fn(qtype: T) -> str:
+    """The name of qtype's NEON batch kernel: sq_batch_dot_q4_K_neon, sq_batch_dot_iq4_nl_neon."""
+    name = qtype.name.lower()
+    return f"sq_batch_dot_{name[:-1] + 'K' if name.endswith('_k') else name}_neon"
+
+
+@pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
 def test_batch_kernel_any_token_count(emu, qtype):
-    """sq_batch_dot_<type>_neon called directly, for token counts the dispatcher never gives it
-    (Q4_K's are multiples of 4 from 8 on): 1 to 5, and past a tile of NEON_TILE tokens by a
-    part of a register; every output the native scalar sq_vec_dot's bits, the y columns
-    between them untouched. Raw activation codes too (-128 included)."""
+    """sq_batch_dot_<type>_neon called directly, for every token count from 1 to past a tile of
+    NEON_TILE tokens (one the dispatcher never gives it, and each way of filling a register's
+    lanes), on rows of one block and of several; every output the native scalar sq_vec_dot's
+    bits, the y columns between them untouched. Raw activation codes (-128 included) and
+    extreme weight codes too."""
     rng = np.random.default_rng(1400 + int(qtype))
     qk = GGML_QUANT_SIZES[qtype][0]
-    fn = f"sq_batch_dot_{qtype.name.lower()[:-1]}K_neon"
+    vtype = VEC_DOT_TYPE[qtype]
     ldy = 3
-    for tokens, n_blocks, raw in ((1, 1, False), (2, 3, False), (3, 2, True), (5, 1, False),
-                                  (NEON_TILE + 6, 2, False), (NEON_TILE + 1, 1, True)):
+    cases = [(tokens, 1 + tokens % 3, tokens % 5 == 0, None) for tokens in range(1, NEON_TILE + 7)]
+    cases += [(NEON_TILE + 1, 2, True, fill) for fill in FILLS] + [(7, 2, False, fill) for fill in FILLS]
+    for tokens, n_blocks, raw, fill in cases:
         n = n_blocks * qk
-        row, xq = random_row(qtype, n, rng), act_rows(T.Q8_K, n, tokens, rng, raw)
+        row = random_row(qtype, n, rng) if fill is None else extreme_row(qtype, n, fill, rng)
+        xq = act_rows(vtype, n, tokens, rng, raw)
         emu.reset()
         y = emu.put(np.full(tokens * ldy, np.nan, dtype=np.float32))
-        emu.call(fn, emu.put(row), emu.put(xq), xq.shape[1], tokens, n_blocks, y, ldy)
+        emu.call(batch_fn(qtype), emu.put(row), emu.put(xq), xq.shape[1], tokens, n_blocks, y, ldy)
         got = np.frombuffer(emu.read(y, 4 * tokens * ldy), dtype=np.float32).reshape(tokens, ldy)
-        assert np.isnan(got[:, 1:]).all(), f"{qtype.name} tokens={tokens}"
+        what = f"{qtype.name} tokens={tokens} blocks={n_blocks} raw={raw} fill={fill}"
+        assert np.isnan(got[:, 1:]).all(), what
         want = native_scalar(lambda: np.array([c_vec_dot(qtype, row, x, n) for x in xq], dtype=np.float32))
-        assert got[:, 0].tobytes() == want.tobytes(), f"{qtype.name} tokens={tokens} blocks={n_blocks}"
+        assert got[:, 0].tobytes() == want.tobytes(), what

@@ -1,5 +1,5 @@
 /* quants/arm/neon.c: NEON (AArch64 Advanced SIMD) versions of the vec_dot functions,
- * and of the batched Q4_K and Q6_K products.
+ * and of every type's product of one row and a batch of tokens.
  *
  * Advanced SIMD is part of every AArch64 CPU, so quants/dispatch.c uses these whenever
  * it is built for one (unless SMOLQ_SIMD=0 or sq_set_simd(0) asks for the scalar code).
@@ -517,14 +517,199 @@ float sq_vec_dot_iq4_xs_neon(const void *row, const void *xq, int64_t nb, const 
 
 enum { TILE = 32 };
 
-static inline const block_q8_K *act_block(const void *xq, int64_t stride, int t, int64_t i) {
-    return (const block_q8_K *)((const uint8_t *)xq + t * stride) + i;
+/* y[k * ldy] = lane k of v for k < n. */
+static inline void store_tokens(float32x4_t v, int n, float *y, int64_t ldy) {
+    float out[4];
+    vst1q_f32(out, v);
+    for (int k = 0; k < n && k < 4; k++)
+        y[k * ldy] = out[k];
+}
+
+/* The four tokens' f16 scales as float lanes, widened exactly. */
+static inline float32x4_t halves4(uint16_t h0, uint16_t h1, uint16_t h2, uint16_t h3) {
+    const uint16_t h[4] = { h0, h1, h2, h3 };
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
+}
+
+/* The batch bodies below take their block decoder and integer sums as parameters and
+ * are inlined into each type's kernel (always_inline: they are too large for the
+ * compiler to inline on its own), so the calls through those pointers become direct
+ * code and nothing is called per block or per token. */
+#define SQ_INLINE static inline __attribute__((always_inline))
+
+/* --- 32-element blocks, Q8_0 or Q8_1 activations --- */
+
+/* A block decoded once for the tile: its 32 codes with the integer offsets folded in
+ * (as the one-token kernels form them), its d and (Q4_1, Q5_1) m as floats. */
+typedef struct { int8x16_t q[2]; float d, m; } block32;
+typedef void (*decode32_fn)(const void *row, int64_t i, block32 *b);
+
+static inline void decode32_q8_0(const void *row, int64_t i, block32 *b) {
+    const block_q8_0 *x = (const block_q8_0 *)row + i;
+    b->q[0] = vld1q_s8(x->qs);
+    b->q[1] = vld1q_s8(x->qs + 16);
+    b->d = half_to_f32(x->d);
+}
+
+static inline void decode32_q4_0(const void *row, int64_t i, block32 *b) {
+    const block_q4_0 *x = (const block_q4_0 *)row + i;
+    unpack_nibbles(x->qs, &b->q[0], &b->q[1]);
+    b->q[0] = vsubq_s8(b->q[0], vdupq_n_s8(8));
+    b->q[1] = vsubq_s8(b->q[1], vdupq_n_s8(8));
+    b->d = half_to_f32(x->d);
+}
+
+static inline void decode32_q4_1(const void *row, int64_t i, block32 *b) {
+    const block_q4_1 *x = (const block_q4_1 *)row + i;
+    unpack_nibbles(x->qs, &b->q[0], &b->q[1]);
+    b->d = half_to_f32(x->d);
+    b->m = half_to_f32(x->m);
+}
+
+static inline void decode32_q5_0(const void *row, int64_t i, block32 *b) {
+    const block_q5_0 *x = (const block_q5_0 *)row + i;
+    q5_codes(x->qs, x->qh, &b->q[0], &b->q[1]);
+    b->q[0] = vsubq_s8(b->q[0], vdupq_n_s8(16));
+    b->q[1] = vsubq_s8(b->q[1], vdupq_n_s8(16));
+    b->d = half_to_f32(x->d);
+}
+
+static inline void decode32_q5_1(const void *row, int64_t i, block32 *b) {
+    const block_q5_1 *x = (const block_q5_1 *)row + i;
+    q5_codes(x->qs, x->qh, &b->q[0], &b->q[1]);
+    b->d = half_to_f32(x->d);
+    b->m = half_to_f32(x->m);
+}
+
+static inline void decode32_iq4_nl(const void *row, int64_t i, block32 *b) {
+    const block_iq4_nl *x = (const block_iq4_nl *)row + i;
+    iq4_values(x->qs, vld1q_s8(iq4_grid), &b->q[0], &b->q[1]);
+    b->d = half_to_f32(x->d);
+}
+
+/* Block i of tokens t..t+3's activation rows (Q8_1 if q8_1, else Q8_0), the last
+ * token below end repeated past it. */
+static inline void act32_blocks4(const void *xq, int64_t stride, int t, int end, int64_t i, int q8_1,
+                                 const uint8_t *a[4]) {
+    const int64_t size = q8_1 ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0);
+    for (int k = 0; k < 4; k++)
+        a[k] = (const uint8_t *)xq + (int64_t)(t + k < end ? t + k : end - 1) * stride + i * size;
+}
+
+static inline const int8_t *act32_qs(const uint8_t *a, int q8_1) {
+    return q8_1 ? ((const block_q8_1 *)a)->qs : ((const block_q8_0 *)a)->qs;
+}
+
+/* A Q8_0 or Q8_1 block's d (the first field of both), and a Q8_1 block's s. */
+static inline uint16_t act32_d(const uint8_t *a) { return ((const block_q8_0 *)a)->d; }
+static inline uint16_t act32_s(const uint8_t *a) { return ((const block_q8_1 *)a)->s; }
+
+/* One row of 32-element blocks times n_tokens rows: a sum chain per token and, where
+ * q8_1 (Q4_1, Q5_1), the chain off of m * s, the result sum + off. */
+SQ_INLINE void batch32(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb, float *y,
+                       int64_t ldy, decode32_fn decode, int q8_1) {
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int end = n_tokens - t0 < TILE ? n_tokens : t0 + TILE;
+        float32x4_t sum[TILE / 4], off[TILE / 4];
+        for (int g = 0; g < TILE / 4; g++)
+            sum[g] = off[g] = vdupq_n_f32(0.0f);
+        for (int64_t i = 0; i < nb; i++) {
+            block32 b;
+            decode(row, i, &b);
+            for (int t = t0, g = 0; t < end; t += 4, g++) {
+                const uint8_t *a[4];
+                act32_blocks4(xq, stride, t, end, i, q8_1, a);
+                const int32x4_t isum = totals4(dot32(b.q[0], b.q[1], act32_qs(a[0], q8_1)),
+                                               dot32(b.q[0], b.q[1], act32_qs(a[1], q8_1)),
+                                               dot32(b.q[0], b.q[1], act32_qs(a[2], q8_1)),
+                                               dot32(b.q[0], b.q[1], act32_qs(a[3], q8_1)));
+                const float32x4_t da = halves4(act32_d(a[0]), act32_d(a[1]), act32_d(a[2]), act32_d(a[3]));
+                sum[g] = vfmaq_f32(sum[g], vcvtq_f32_s32(isum), vmulq_n_f32(da, b.d));
+                if (q8_1) {
+                    const float32x4_t sa = halves4(act32_s(a[0]), act32_s(a[1]), act32_s(a[2]), act32_s(a[3]));
+                    off[g] = vfmaq_f32(off[g], vdupq_n_f32(b.m), sa);
+                }
+            }
+        }
+        for (int t = t0, g = 0; t < end; t += 4, g++)
+            store_tokens(q8_1 ? vaddq_f32(sum[g], off[g]) : sum[g], end - t, y + t * ldy, ldy);
+    }
+}
+
+#define SQ_BATCH32(name, q8_1)                                                                              \
+    void sq_batch_dot_##name##_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb, \
+                                    float *y, int64_t ldy) {                                                \
+        batch32(row, xq, stride, n_tokens, nb, y, ldy, decode32_##name, q8_1);                              \
+    }
+SQ_BATCH32(q8_0, 0)
+SQ_BATCH32(q4_0, 0)
+SQ_BATCH32(q4_1, 1)
+SQ_BATCH32(q5_0, 0)
+SQ_BATCH32(q5_1, 1)
+SQ_BATCH32(iq4_nl, 0)
+
+/* --- 256-element blocks, Q8_K activations --- */
+
+/* A block decoded once for the tile: groups of 16 (Q2_K, Q3_K, Q6_K) or of 32 (Q4_K,
+ * Q5_K, IQ4_XS), d and (Q2_K, Q4_K, Q5_K) dmin as floats. */
+typedef struct {
+    union { groups16 g16; groups32 g32; } w;
+    float d, dmin;
+} blockK;
+typedef void (*decodeK_fn)(const void *row, int64_t i, blockK *b);
+/* A block's isum (or imin) against one token's block, as four partial sums. */
+typedef int32x4_t (*sumK_fn)(const blockK *b, const block_q8_K *a);
+
+static inline int32x4_t isum16(const blockK *b, const block_q8_K *a) { return groups16_dot(&b->w.g16, a->qs); }
+static inline int32x4_t imin16(const blockK *b, const block_q8_K *a) { return bsums16_dot(b->w.g16.m, a->bsums); }
+static inline int32x4_t isum32(const blockK *b, const block_q8_K *a) { return groups32_dot(&b->w.g32, a->qs); }
+static inline int32x4_t imin32(const blockK *b, const block_q8_K *a) { return k_mins_dot(b->w.g32.mn, a->bsums); }
+
+static inline void decodeK_q2_K(const void *row, int64_t i, blockK *b) {
+    const block_q2_K *x = (const block_q2_K *)row + i;
+    decode_q2_K(x, &b->w.g16);
+    b->d = half_to_f32(x->d);
+    b->dmin = half_to_f32(x->dmin);
+}
+
+static inline void decodeK_q3_K(const void *row, int64_t i, blockK *b) {
+    const block_q3_K *x = (const block_q3_K *)row + i;
+    decode_q3_K(x, &b->w.g16);
+    b->d = half_to_f32(x->d);
+}
+
+static inline void decodeK_q4_K(const void *row, int64_t i, blockK *b) {
+    const block_q4_K *x = (const block_q4_K *)row + i;
+    decode_q4_K(x, &b->w.g32);
+    b->d = half_to_f32(x->d);
+    b->dmin = half_to_f32(x->dmin);
+}
+
+static inline void decodeK_q5_K(const void *row, int64_t i, blockK *b) {
+    const block_q5_K *x = (const block_q5_K *)row + i;
+    decode_q5_K(x, &b->w.g32);
+    b->d = half_to_f32(x->d);
+    b->dmin = half_to_f32(x->dmin);
+}
+
+/* Q6_K's signed codes are formed once per block for the tile, so no token needs the
+ * bsums term of the one-token kernel. */
+static inline void decodeK_q6_K(const void *row, int64_t i, blockK *b) {
+    const block_q6_K *x = (const block_q6_K *)row + i;
+    decode_q6_K(x, 32, &b->w.g16);
+    b->d = half_to_f32(x->d);
+}
+
+static inline void decodeK_iq4_xs(const void *row, int64_t i, blockK *b) {
+    const block_iq4_xs *x = (const block_iq4_xs *)row + i;
+    decode_iq4_xs(x, vld1q_s8(iq4_grid), &b->w.g32);
+    b->d = half_to_f32(x->d);
 }
 
 /* Block i of tokens t..t+3, the last one below end repeated past it. */
 static inline void act_blocks4(const void *xq, int64_t stride, int t, int end, int64_t i, const block_q8_K *a[4]) {
     for (int k = 0; k < 4; k++)
-        a[k] = act_block(xq, stride, t + k < end ? t + k : end - 1, i);
+        a[k] = (const block_q8_K *)((const uint8_t *)xq + (int64_t)(t + k < end ? t + k : end - 1) * stride) + i;
 }
 
 /* The four tokens' Q8_K scales, one per lane. */
@@ -536,69 +721,46 @@ static inline float32x4_t act_scales4(const block_q8_K *const a[4]) {
     return vld1q_lane_f32(&a[3]->d, d, 3);
 }
 
-/* y[k * ldy] = lane k of v for k < n. */
-static inline void store_tokens(float32x4_t v, int n, float *y, int64_t ldy) {
-    float out[4];
-    vst1q_f32(out, v);
-    for (int k = 0; k < n && k < 4; k++)
-        y[k * ldy] = out[k];
-}
-
-void sq_batch_dot_q4_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
-                            float *y, int64_t ldy) {
-    const block_q4_K *x = row;
+/* One row of 256-element blocks times n_tokens rows: a sum chain per token and, where
+ * imin is given (the types with mins), the chain off, the result sum - off. */
+SQ_INLINE void batchK(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb, float *y,
+                      int64_t ldy, decodeK_fn decode, sumK_fn isum, sumK_fn imin) {
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int end = n_tokens - t0 < TILE ? n_tokens : t0 + TILE;
         float32x4_t sum[TILE / 4], off[TILE / 4];
         for (int g = 0; g < TILE / 4; g++)
             sum[g] = off[g] = vdupq_n_f32(0.0f);
         for (int64_t i = 0; i < nb; i++) {
-            groups32 w;
-            decode_q4_K(&x[i], &w);
-            const float dw = half_to_f32(x[i].d), dminw = half_to_f32(x[i].dmin);
+            blockK b;
+            decode(row, i, &b);
             for (int t = t0, g = 0; t < end; t += 4, g++) {
                 const block_q8_K *a[4];
                 act_blocks4(xq, stride, t, end, i, a);
-                const int32x4_t isum = totals4(groups32_dot(&w, a[0]->qs), groups32_dot(&w, a[1]->qs),
-                                               groups32_dot(&w, a[2]->qs), groups32_dot(&w, a[3]->qs));
-                const int32x4_t imin = totals4(k_mins_dot(w.mn, a[0]->bsums), k_mins_dot(w.mn, a[1]->bsums),
-                                               k_mins_dot(w.mn, a[2]->bsums), k_mins_dot(w.mn, a[3]->bsums));
                 const float32x4_t da = act_scales4(a);
-                sum[g] = vfmaq_f32(sum[g], vcvtq_f32_s32(isum), vmulq_n_f32(da, dw));
-                off[g] = vfmaq_f32(off[g], vcvtq_f32_s32(imin), vmulq_n_f32(da, dminw));
+                const int32x4_t is = totals4(isum(&b, a[0]), isum(&b, a[1]), isum(&b, a[2]), isum(&b, a[3]));
+                sum[g] = vfmaq_f32(sum[g], vcvtq_f32_s32(is), vmulq_n_f32(da, b.d));
+                if (imin) {
+                    const int32x4_t im = totals4(imin(&b, a[0]), imin(&b, a[1]), imin(&b, a[2]), imin(&b, a[3]));
+                    off[g] = vfmaq_f32(off[g], vcvtq_f32_s32(im), vmulq_n_f32(da, b.dmin));
+                }
             }
         }
         for (int t = t0, g = 0; t < end; t += 4, g++)
-            store_tokens(vsubq_f32(sum[g], off[g]), end - t, y + t * ldy, ldy);
+            store_tokens(imin ? vsubq_f32(sum[g], off[g]) : sum[g], end - t, y + t * ldy, ldy);
     }
 }
 
-/* Q6_K's signed codes are formed once per block for the tile, so no token needs
- * the bsums term of the one-token kernel. */
-void sq_batch_dot_q6_K_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
-                            float *y, int64_t ldy) {
-    const block_q6_K *x = row;
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
-        const int end = n_tokens - t0 < TILE ? n_tokens : t0 + TILE;
-        float32x4_t sum[TILE / 4];
-        for (int g = 0; g < TILE / 4; g++)
-            sum[g] = vdupq_n_f32(0.0f);
-        for (int64_t i = 0; i < nb; i++) {
-            groups16 w;
-            decode_q6_K(&x[i], 32, &w);
-            const float dw = half_to_f32(x[i].d);
-            for (int t = t0, g = 0; t < end; t += 4, g++) {
-                const block_q8_K *a[4];
-                act_blocks4(xq, stride, t, end, i, a);
-                const int32x4_t isum = totals4(groups16_dot(&w, a[0]->qs), groups16_dot(&w, a[1]->qs),
-                                               groups16_dot(&w, a[2]->qs), groups16_dot(&w, a[3]->qs));
-                sum[g] = vfmaq_f32(sum[g], vcvtq_f32_s32(isum), vmulq_n_f32(act_scales4(a), dw));
-            }
-        }
-        for (int t = t0, g = 0; t < end; t += 4, g++)
-            store_tokens(sum[g], end - t, y + t * ldy, ldy);
+#define SQ_BATCH_K(name, size, imin)                                                                        \
+    void sq_batch_dot_##name##_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb, \
+                                    float *y, int64_t ldy) {                                                \
+        batchK(row, xq, stride, n_tokens, nb, y, ldy, decodeK_##name, isum##size, imin);                    \
     }
-}
+SQ_BATCH_K(q2_K, 16, imin16)
+SQ_BATCH_K(q3_K, 16, NULL)
+SQ_BATCH_K(q4_K, 32, imin32)
+SQ_BATCH_K(q5_K, 32, imin32)
+SQ_BATCH_K(q6_K, 16, NULL)
+SQ_BATCH_K(iq4_xs, 32, NULL)
 
 #else
 /* ISO C forbids an empty translation unit. */
