@@ -875,6 +875,23 @@ def test_vec_dot_rows_bad_arguments():
         assert rc == -1 and (y == 7.0).all(), (qtype, n, n_rows)
 
 
+def assert_batch_rows_on_every_path(qtype, rows: np.ndarray, xq: np.ndarray, n: int, paths, label: str) -> None:
+    """sq_vec_dot_batch_rows of rows times the activation rows xq on each path: every output
+    the scalar definition's bits, and y written only where it should be."""
+    n_rows, tokens = rows.shape[0], xq.shape[0]
+    want = scalar_steps(qtype, rows, xq, n)
+    for set_path in paths:
+        simd = set_path()
+        ldy = n_rows + 2
+        y = np.full(tokens * ldy, np.nan, dtype=np.float32)
+        rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
+                                       ffi.from_buffer(xq), xq.shape[1], tokens, n, ffi.from_buffer("float[]", y), ldy)
+        assert rc == 0
+        y = y.reshape(tokens, ldy)
+        assert np.isnan(y[:, n_rows:]).all()
+        assert y[:, :n_rows].tobytes() == want.tobytes(), f"{qtype.name} {label} simd={simd}"
+
+
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t in VEC_DOT_TYPE], ids=lambda t: t.name)
 def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
     """Rows times a batch: every output exactly the scalar sq_vec_dot's bits, for token
@@ -893,17 +910,7 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
     for n, n_rows, tokens in cases:
         rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
         xq = quantized_rows(vtype, n, tokens, rng)
-        want = scalar_steps(qtype, rows, xq, n)
-        for set_path in simd_paths_of_cpu:
-            simd = set_path()
-            ldy = n_rows + 2
-            y = np.full(tokens * ldy, np.nan, dtype=np.float32)
-            rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
-                                           ffi.from_buffer(xq), xq.shape[1], tokens, n, ffi.from_buffer("float[]", y), ldy)
-            assert rc == 0
-            y = y.reshape(tokens, ldy)
-            assert np.isnan(y[:, n_rows:]).all()
-            assert y[:, :n_rows].tobytes() == want.tobytes(), f"{qtype.name} rows={n_rows} tokens={tokens} simd={simd}"
+        assert_batch_rows_on_every_path(qtype, rows, xq, n, simd_paths_of_cpu, f"rows={n_rows} tokens={tokens}")
 
 
 @pytest.mark.parametrize("qtype", [t for t in TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
@@ -920,14 +927,4 @@ def test_vec_dot_batch_rows_extreme_codes(qtype, simd_paths_of_cpu):
     signs = [np.ones(n), -np.ones(n)] + [np.where(rng.random(n) < 0.5, -1.0, 1.0) for _ in range(5)]
     for tokens in (9, 70):
         xq = np.stack([c_quantize(vtype, signs[t % len(signs)].astype(np.float32))[1][:-GUARD] for t in range(tokens)])
-        want = scalar_steps(qtype, rows, xq, n)
-        for set_path in simd_paths_of_cpu:
-            simd = set_path()
-            ldy = n_rows + 1
-            y = np.full(tokens * ldy, np.nan, dtype=np.float32)
-            rc = lib.sq_vec_dot_batch_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1], n_rows,
-                                           ffi.from_buffer(xq), xq.shape[1], tokens, n, ffi.from_buffer("float[]", y), ldy)
-            assert rc == 0
-            y = y.reshape(tokens, ldy)
-            assert np.isnan(y[:, n_rows:]).all()
-            assert y[:, :n_rows].tobytes() == want.tobytes(), f"{qtype.name} tokens={tokens} simd={simd}"
+        assert_batch_rows_on_every_path(qtype, rows, xq, n, simd_paths_of_cpu, f"tokens={tokens}")
