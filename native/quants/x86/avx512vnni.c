@@ -6,8 +6,8 @@
  * for two tokens and more: from the file's layout (sq_steps_dot16_*: Q4_1, Q8_0, Q4_K and
  * Q6_K, with a prompt's Q4_K and Q6_K products sq_batch_dot16_*; Q4_0, Q5_0, Q5_1 and IQ4_NL
  * through rows16_block32; Q5_K, IQ4_XS, Q3_K and Q2_K through rows16_super) or, for Q4_1,
- * Q8_0, Q4_K and Q6_K, from a group packed by quants/rows16.c (sq_packed_dot16_*, which
- * decode runs, and sq_packed_batch16_*).
+ * Q8_0, Q4_K, Q5_K and Q6_K, from a group packed by quants/rows16.c (sq_packed_dot16_*,
+ * which decode runs, and sq_packed_batch16_*).
  *
  * Each gives the scalar definition's bits (quants/types.h) for every row and token: a
  * lane forms a block's exact integer sum however the instructions group the products,
@@ -928,7 +928,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
 ROWS16_ENTRIES(q6_K)
 
 /* ---------------------------------------------------------------------------
- * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows side by side, from the file's layout
+ * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows side by side, from the file's layout (and
+ * Q5_K from a packed group)
  * ------------------------------------------------------------------------- */
 
 /* x shifted left by n bits in each 32-bit lane, right by -n where n < 0: masked, a bit of
@@ -954,32 +955,68 @@ static inline TARGET v16i byte_of_words(v16i x, int b) {
     return V16(and_si512)(V16(srli_epi32)(x, 8 * b), V16(set1_epi32)(0xff));
 }
 
-/* Q5_K: the header of a block of sixteen rows side by side (block: the first row's; the
- * others' row_bytes apart), as q4_K_headers16 reads Q4_K's (a Q5_K block's first 16 bytes
- * are a Q4_K block's: d, dmin, the packed scales and mins), and qh[j] lane r the qh bytes
- * 4j..4j+3 of row r: the fifth bits of all its codes. */
+/* Where a packed Q5_K run's words lie, in 64-byte units from the run's start (the d and
+ * dmin, sixteen halves each, take the first): the scales, the fifth bits, the codes. */
+enum { Q5_K_SCALES_AT = 1, Q5_K_QH_AT = 4, Q5_K_QS_AT = 12 };
+
+/* Q5_K: the header of a block of sixteen rows side by side (block: the first row's, the
+ * others' row_bytes apart; or a packed group's run), as q4_K_headers16 reads Q4_K's (a
+ * Q5_K block's first 16 bytes are a Q4_K block's: d, dmin, the packed scales and mins, and
+ * so are a packed run's first 256), and qh[j] lane r the qh bytes 4j..4j+3 of row r: the
+ * fifth bits of all its codes. */
 static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uint8_t *block, int64_t row_bytes,
-                                                                      v16i scale[8], v16i min2[8], v16i qh[8],
-                                                                      v16f *d, v16f *dmin) {
-    q4_K_headers16(block, row_bytes, 0, 0, scale, min2, d, dmin);
-    bytes32_side_by_side(((const block_q5_K *)block)->qh, row_bytes, qh);
+                                                                      const int packed, v16i scale[8], v16i min2[8],
+                                                                      v16i qh[8], v16f *d, v16f *dmin) {
+    q4_K_headers16(block, row_bytes, 0, packed, scale, min2, d, dmin);
+    if (packed)
+        for (int j = 0; j < 8; j++)
+            qh[j] = V16(loadu_si512)(block + 64 * (Q5_K_QH_AT + j));
+    else
+        bytes32_side_by_side(((const block_q5_K *)block)->qh, row_bytes, qh);
+}
+
+/* The codes of one register of a Q5_K span (q: the bytes of qs word j of span c, sixteen
+ * rows; qh: their qh word j): bit 4 of element l of group g is bit g of byte l of qh. */
+static inline __attribute__((always_inline)) TARGET void q5_K_word16(v16i q, v16i qh, int c, v16i *low, v16i *high) {
+    const v16i m4 = V16(set1_epi8)(0x0f), bit4 = V16(set1_epi8)(0x10);
+    /* (a & b) | c: ternary-logic 0xea */
+    *low = V16(ternarylogic_epi32)(q, m4, V16(and_si512)(shift_bits(qh, 4 - 2 * c), bit4), 0xea);
+    *high = V16(ternarylogic_epi32)(V16(srli_epi16)(q, 4), m4, V16(and_si512)(shift_bits(qh, 3 - 2 * c), bit4), 0xea);
 }
 
 /* Span c (elements 64c .. 64c + 63) of a Q5_K block of sixteen rows side by side, as
- * q4_K_codes16's: the nibbles of qs, and bit 4 of element l of group g from bit g of byte l
- * of qh (q5_K_header16), so codes in 0..31 (a group's sum in q4_K_span16 at most 32 * 31 *
- * 127 < 2^17, times a scale below 64). */
+ * q4_K_codes16's: the nibbles of qs and the fifth bits of qh (q5_K_header16), so codes in
+ * 0..31 (a group's sum in q4_K_span16 at most 32 * 31 * 127 < 2^17, times a scale below
+ * 64). From a packed run each register's bytes are one load. */
 static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
-                                                                     const v16i qh[8], v16i code[2][8]) {
-    const v16i m4 = V16(set1_epi8)(0x0f), bit4 = V16(set1_epi8)(0x10);
+                                                                     const int packed, const v16i qh[8],
+                                                                     v16i code[2][8]) {
     v16i q[8];
-    bytes32_side_by_side(((const block_q5_K *)block)->qs + 32 * c, row_bytes, q);
+    if (packed)
+        for (int j = 0; j < 8; j++)
+            q[j] = V16(loadu_si512)(block + 64 * (Q5_K_QS_AT + 8 * c + j));
+    else
+        bytes32_side_by_side(((const block_q5_K *)block)->qs + 32 * c, row_bytes, q);
+    for (int j = 0; j < 8; j++)
+        q5_K_word16(q[j], qh[j], c, &code[0][j], &code[1][j]);
+}
+
+/* q5_K_codes16 and q4_K_span16 at once for one token and a packed run, as
+ * q4_K_packed_span16 for Q4_K: each register of codes from its load straight to its
+ * products, none parked on the stack. */
+static inline __attribute__((always_inline)) TARGET v16i q5_K_packed_span16(const uint8_t *run, int c,
+                                                                            const v16i qh[8], const int8_t *aq,
+                                                                            v16i sc_low, v16i sc_high, v16i isum) {
+    v16i low[2], high[2];  /* the two groups' chains of alternate words, as q4_K_span16's */
+    low[0] = low[1] = high[0] = high[1] = V16(setzero_si512)();
     for (int j = 0; j < 8; j++) {
-        /* (a & b) | c: ternary-logic 0xea */
-        code[0][j] = V16(ternarylogic_epi32)(q[j], m4, V16(and_si512)(shift_bits(qh[j], 4 - 2 * c), bit4), 0xea);
-        code[1][j] = V16(ternarylogic_epi32)(V16(srli_epi16)(q[j], 4), m4,
-                                             V16(and_si512)(shift_bits(qh[j], 3 - 2 * c), bit4), 0xea);
+        v16i lo, hi;
+        q5_K_word16(V16(loadu_si512)(run + 64 * (Q5_K_QS_AT + 8 * c + j)), qh[j], c, &lo, &hi);
+        low[j & 1] = dpbusd_word(low[j & 1], lo, aq + 4 * j);
+        high[j & 1] = dpbusd_word(high[j & 1], hi, aq + 32 + 4 * j);
     }
+    isum = V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(low[0], low[1]), sc_low));
+    return V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(high[0], high[1]), sc_high));
 }
 
 /* IQ4_XS: the header of a block of sixteen rows side by side: scale[g] lane r row r's
@@ -1148,7 +1185,8 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
 }
 
 /* Sixteen rows of a type of 256-element blocks with Q8_K activations (Q5_K, IQ4_XS, Q3_K,
- * Q2_K), row_bytes apart in the file's layout, times n_tokens activation rows, each output
+ * Q2_K), row_bytes apart in the file's layout (or a packed Q5_K group), times n_tokens
+ * activation rows, each output
  * the scalar definition's bits for its row and token (quants/types.h), as rows16_q4_K
  * takes Q4_K's: per block a header of sixteen rows side by side (<type>_header16: the
  * integer scales, the pairs that meet the bsums, d and dmin), then four spans of 64 codes
@@ -1162,12 +1200,16 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
  * groups of 16 would take twice as many). y = sum, or sum - off. TILE tokens at a time: 16
  * for a few, 64 for a prompt (tiles of 32 were 2-4% slower; asking for each token's next
  * activation block a block ahead, as rows16_q4_K does, made 64 tokens of Q5_K rows of
- * 11,008 columns 12% slower, one thread). The next sixteen rows' bytes are asked of memory
- * up to stop a piece per span. y[t * ldy + r] for r < 16. */
+ * 11,008 columns 12% slower, one thread); 1 for decode from a packed Q5_K group, each
+ * span's codes from the loads straight to the products (q5_K_packed_span16). The bytes to
+ * come are asked of memory up to stop a piece per span: from the file's layout the next
+ * sixteen rows', from a packed group those PACKED_AHEAD_K ahead of the span, as
+ * rows16_q4_K asks. y[t * ldy + r] for r < 16. */
 static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *rows,
                                                                      int64_t row_bytes, const void *xq, int64_t stride,
                                                                      int n_tokens, int64_t nb, const void *stop,
-                                                                     float *y, int64_t ldy, const int TILE) {
+                                                                     float *y, int64_t ldy, const int packed,
+                                                                     const int TILE) {
     enum { MAX_TILE = 64 };
     const int mins = type == SQ_Q5_K || type == SQ_Q2_K;
     const int64_t bytes = type == SQ_Q5_K    ? (int64_t)sizeof(block_q5_K)
@@ -1183,11 +1225,11 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
         for (int t = 0; t < nt; t++)
             sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
-            const uint8_t *block = rows + i * bytes;
+            const uint8_t *block = rows + i * (packed ? 16 : 1) * bytes;  /* the first row's, or the run */
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
             v16f d_rows, dmin_rows = V16(setzero_ps)();
             if (type == SQ_Q5_K)
-                q5_K_header16(block, row_bytes, scale, pairs, bits, &d_rows, &dmin_rows);
+                q5_K_header16(block, row_bytes, packed, scale, pairs, bits, &d_rows, &dmin_rows);
             else if (type == SQ_IQ4_XS)
                 iq4_xs_header16(block, row_bytes, scale, pairs, &d_rows);
             else if (type == SQ_Q3_K)
@@ -1198,11 +1240,18 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                 isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
-                if (t0 == 0)
+                if (t0 == 0 && packed)  /* one stream: ahead of a quarter of the run per span */
+                    prefetch_run(block + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
+                else if (t0 == 0)
                     prefetch_next_rows(next16, 4 * i + c, piece, stop);
+                if (TILE == 1 && type == SQ_Q5_K) {
+                    const int8_t *aq = token_block(xq, stride, 0, i)->qs + 64 * c;
+                    isum[0] = q5_K_packed_span16(block, c, bits, aq, scale[2 * c], scale[2 * c + 1], isum[0]);
+                    continue;
+                }
                 v16i code[2][8];
                 if (type == SQ_Q5_K)
-                    q5_K_codes16(block, row_bytes, c, bits, code);
+                    q5_K_codes16(block, row_bytes, c, packed, bits, code);
                 else if (type == SQ_IQ4_XS)
                     iq4_xs_codes16(block, row_bytes, c, code);
                 else if (type == SQ_Q3_K)
@@ -1237,15 +1286,30 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                                                    int64_t stride, int n_tokens, int64_t nb, const void *stop, \
                                                    float *y, int64_t ldy) {                                    \
         if (n_tokens <= 16)                                                                                     \
-            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 16);                   \
+            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);                \
         else                                                                                                    \
-            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 64);                   \
+            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);                \
+    }
+
+/* The same for a packed group, decode's one token in a tile of its own (no packed prompt
+ * kernel: a prompt's tokens come here too, 64 at a time). */
+#define ROWS16_SUPER_PACKED_ENTRY(name, TYPE)                                                                   \
+    TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
+                                                    int64_t stride, int n_tokens, int64_t nb, const void *stop,\
+                                                    float *y, int64_t ldy) {                                   \
+        if (n_tokens == 1)                                                                                      \
+            rows16_super(TYPE, group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);                       \
+        else if (n_tokens <= 16)                                                                                \
+            rows16_super(TYPE, group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);               \
+        else                                                                                                    \
+            rows16_super(TYPE, group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);               \
     }
 
 ROWS16_SUPER_ENTRY(q5_K, SQ_Q5_K)
 ROWS16_SUPER_ENTRY(iq4_xs, SQ_IQ4_XS)
 ROWS16_SUPER_ENTRY(q3_K, SQ_Q3_K)
 ROWS16_SUPER_ENTRY(q2_K, SQ_Q2_K)
+ROWS16_SUPER_PACKED_ENTRY(q5_K, SQ_Q5_K)
 
 #else
 /* ISO C forbids an empty translation unit. */
