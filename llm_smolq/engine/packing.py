@@ -1,8 +1,8 @@
 """Weight matrices packed sixteen rows side by side, for the kernel's SIMD paths.
 
 Where the kernel runs its "avx512vnni" path, it multiplies sixteen rows at once, and reads
-Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices fastest with each group of sixteen rows interleaved
-block by block (native/quants/rows16.c): no transpose of the rows on every pass, and one
+Q4_1, Q8_0, Q4_K, Q5_K, IQ4_XS and Q6_K matrices fastest with each group of sixteen rows
+interleaved block by block (native/quants/rows16.c): no transpose of the rows on every pass, and one
 stream of memory where there were sixteen. On the 3B shape a decode step took 16% less
 time and a lookup draft's check of eight tokens 13% less (BENCHMARKS.md). On the "avx2"
 path only Q4_K matrices are packed: its eight-row Q4_K kernels take fewer multiplies per

@@ -6,8 +6,8 @@
  * for two tokens and more: from the file's layout (sq_steps_dot16_*: Q4_1, Q8_0, Q4_K and
  * Q6_K, with a prompt's Q4_K and Q6_K products sq_batch_dot16_*; Q4_0, Q5_0, Q5_1 and IQ4_NL
  * through rows16_block32; Q5_K, IQ4_XS, Q3_K and Q2_K through rows16_super) or, for Q4_1,
- * Q8_0, Q4_K, Q5_K and Q6_K, from a group packed by quants/rows16.c (sq_packed_dot16_*,
- * which decode runs, and sq_packed_batch16_*).
+ * Q8_0, Q4_K, Q5_K, IQ4_XS and Q6_K, from a group packed by quants/rows16.c
+ * (sq_packed_dot16_*, which decode runs, and sq_packed_batch16_*).
  *
  * Each gives the scalar definition's bits (quants/types.h) for every row and token: a
  * lane forms a block's exact integer sum however the instructions group the products,
@@ -929,7 +929,7 @@ ROWS16_ENTRIES(q6_K)
 
 /* ---------------------------------------------------------------------------
  * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows side by side, from the file's layout (and
- * Q5_K from a packed group)
+ * Q5_K and IQ4_XS from a packed group)
  * ------------------------------------------------------------------------- */
 
 /* x shifted left by n bits in each 32-bit lane, right by -n where n < 0: masked, a bit of
@@ -1026,16 +1026,27 @@ static inline __attribute__((always_inline)) TARGET void q5_K_packed_span16(cons
     }
 }
 
-/* IQ4_XS: the header of a block of sixteen rows side by side: scale[g] lane r row r's
- * scale of group g (s - 32, in -32..31); off[g] -128 times it in both int16 (|.| <= 4096),
- * so that vpdpwssd by the group's two bsums takes off the 128 that iq4_xs_codes16 adds to
- * every grid value; d each row's. */
+/* Where a packed IQ4_XS run's words lie, in 64-byte units (d and scales_h, sixteen of each,
+ * take the first): the low bits of the scales, the codes. */
+enum { IQ4_XS_SCALES_AT = 1, IQ4_XS_QS_AT = 2 };
+
+/* IQ4_XS: the header of a block of sixteen rows side by side (or a packed run): scale[g]
+ * lane r row r's scale of group g (s - 32, in -32..31); off[g] -128 times it in both int16
+ * (|.| <= 4096), so that vpdpwssd by the group's two bsums takes off the 128 that
+ * iq4_xs_codes16 adds to every grid value; d each row's. */
 static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const uint8_t *block, int64_t row_bytes,
-                                                                        v16i scale[8], v16i off[8], v16f *d) {
+                                                                        const int packed, v16i scale[8], v16i off[8],
+                                                                        v16f *d) {
     v16i w[4];  /* w[0] lane r: row r's d (low half) and scales_h (high); w[1] its scales_l */
-    words16_side_by_side(block, row_bytes, w);
-    v16f unused;
-    halves16(w[0], d, &unused);
+    if (packed) {
+        w[0] = V16(slli_epi32)(V16(cvtepu16_epi32)(AS256I(_mm256_loadu_si256((const __m256i *)(block + 32)))), 16);
+        w[1] = V16(loadu_si512)(block + 64 * IQ4_XS_SCALES_AT);
+        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)block)));
+    } else {
+        words16_side_by_side(block, row_bytes, w);
+        v16f unused;
+        halves16(w[0], d, &unused);
+    }
     for (int g = 0; g < 8; g++) {
         /* the low four bits: nibble g of scales_l; the high two: bits 2g, 2g + 1 of scales_h */
         const v16i s = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w[1], 4 * g), V16(set1_epi32)(0x0f)),
@@ -1046,23 +1057,55 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const u
     }
 }
 
+/* The grid values, each plus 128, of the nibbles of one register of IQ4_XS codes. */
+static inline __attribute__((always_inline)) TARGET void iq4_xs_word16(v16i q, v16i *low, v16i *high) {
+    const v16i m4 = V16(set1_epi8)(0x0f);
+    const v16i grid = V16(broadcast_i32x4)(AS128I(_mm_xor_si128(_mm_setr_epi8(SQ_IQ4_GRID), _mm_set1_epi8((char)0x80))));
+    *low = V16(shuffle_epi8)(grid, V16(and_si512)(q, m4));
+    *high = V16(shuffle_epi8)(grid, V16(and_si512)(V16(srli_epi16)(q, 4), m4));
+}
+
 /* Span c of an IQ4_XS block of sixteen rows side by side, as q4_K_codes16's: code[h][j]
  * lane r holds the grid values of row r's elements 32h + 4j .. +3 of the span (group 2c + h:
  * its qs bytes 0..15 hold elements 0..15 in their low nibbles, 16..31 in their high ones),
  * each plus 128 (1..241), so that it multiplies as an unsigned byte (a group's sum in
  * q4_K_span16 at most 32 * 241 * 127 < 2^20, times a scale of at most 32: the block's isum
- * with the offsets' share stays below 2^29). */
+ * with the offsets' share stays below 2^29). From a packed run each register is one load. */
 static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const uint8_t *block, int64_t row_bytes,
-                                                                       int c, v16i code[2][8]) {
-    const v16i m4 = V16(set1_epi8)(0x0f);
-    const v16i grid = V16(broadcast_i32x4)(AS128I(_mm_xor_si128(_mm_setr_epi8(SQ_IQ4_GRID), _mm_set1_epi8((char)0x80))));
+                                                                       int c, const int packed, v16i code[2][8]) {
     v16i q[8];
-    bytes32_side_by_side(((const block_iq4_xs *)block)->qs + 32 * c, row_bytes, q);
+    if (packed)
+        for (int j = 0; j < 8; j++)
+            q[j] = V16(loadu_si512)(block + 64 * (IQ4_XS_QS_AT + 8 * c + j));
+    else
+        bytes32_side_by_side(((const block_iq4_xs *)block)->qs + 32 * c, row_bytes, q);
     for (int h = 0; h < 2; h++)
-        for (int j = 0; j < 4; j++) {
-            code[h][j] = V16(shuffle_epi8)(grid, V16(and_si512)(q[4 * h + j], m4));
-            code[h][j + 4] = V16(shuffle_epi8)(grid, V16(and_si512)(V16(srli_epi16)(q[4 * h + j], 4), m4));
+        for (int j = 0; j < 4; j++)
+            iq4_xs_word16(q[4 * h + j], &code[h][j], &code[h][j + 4]);
+}
+
+/* iq4_xs_codes16 and q4_K_span16 at once for T tokens (one or two) and a packed run, as
+ * q5_K_packed_span16: register k of the span's codes holds group k / 4's elements 4k..
+ * (low nibbles) and 16 + 4k.. (high), each summed in a chain of its own. */
+static inline __attribute__((always_inline)) TARGET void iq4_xs_packed_span16(const uint8_t *run, int c, const int T,
+                                                                             const int8_t *const aq[2], v16i sc_low,
+                                                                             v16i sc_high, v16i isum[2]) {
+    v16i acc[2][2][2];  /* token, group, nibble */
+    for (int t = 0; t < T; t++)
+        acc[t][0][0] = acc[t][0][1] = acc[t][1][0] = acc[t][1][1] = V16(setzero_si512)();
+    for (int k = 0; k < 8; k++) {
+        v16i lo, hi;
+        iq4_xs_word16(V16(loadu_si512)(run + 64 * (IQ4_XS_QS_AT + 8 * c + k)), &lo, &hi);
+        const int h = k / 4, j = k % 4;
+        for (int t = 0; t < T; t++) {
+            acc[t][h][0] = dpbusd_word(acc[t][h][0], lo, aq[t] + 32 * h + 4 * j);
+            acc[t][h][1] = dpbusd_word(acc[t][h][1], hi, aq[t] + 32 * h + 16 + 4 * j);
         }
+    }
+    for (int t = 0; t < T; t++) {
+        isum[t] = V16(add_epi32)(isum[t], V16(mullo_epi32)(V16(add_epi32)(acc[t][0][0], acc[t][0][1]), sc_low));
+        isum[t] = V16(add_epi32)(isum[t], V16(mullo_epi32)(V16(add_epi32)(acc[t][1][0], acc[t][1][1]), sc_high));
+    }
 }
 
 /* Q3_K: the header of a block of sixteen rows side by side, for codes that carry their
@@ -1192,7 +1235,7 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
 }
 
 /* Sixteen rows of a type of 256-element blocks with Q8_K activations (Q5_K, IQ4_XS, Q3_K,
- * Q2_K), row_bytes apart in the file's layout (or a packed Q5_K group), times n_tokens
+ * Q2_K), row_bytes apart in the file's layout (or a packed Q5_K or IQ4_XS group), times n_tokens
  * activation rows, each output
  * the scalar definition's bits for its row and token (quants/types.h), as rows16_q4_K
  * takes Q4_K's: per block a header of sixteen rows side by side (<type>_header16: the
@@ -1207,7 +1250,7 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
  * groups of 16 would take twice as many). y = sum, or sum - off. TILE tokens at a time: 16
  * for a few, 64 for a prompt (tiles of 32 were 2-4% slower; asking for each token's next
  * activation block a block ahead, as rows16_q4_K does, made 64 tokens of Q5_K rows of
- * 11,008 columns 12% slower, one thread); 1 (decode) or 2 from a packed Q5_K group, each
+ * 11,008 columns 12% slower, one thread); 1 (decode) or 2 from a packed Q5_K or IQ4_XS group, each
  * span's codes from the loads straight to the products (q5_K_packed_span16). The bytes to
  * come are asked of memory up to stop a piece per span: from the file's layout the next
  * sixteen rows', from a packed group those PACKED_AHEAD_K ahead of the span, as
@@ -1238,7 +1281,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             if (type == SQ_Q5_K)
                 q5_K_header16(block, row_bytes, packed, scale, pairs, bits, &d_rows, &dmin_rows);
             else if (type == SQ_IQ4_XS)
-                iq4_xs_header16(block, row_bytes, scale, pairs, &d_rows);
+                iq4_xs_header16(block, row_bytes, packed, scale, pairs, &d_rows);
             else if (type == SQ_Q3_K)
                 q3_K_header16(block, row_bytes, scale, flip, pairs, bits, &d_rows);
             else
@@ -1251,18 +1294,21 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                     prefetch_run(block + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
                 else if (t0 == 0)
                     prefetch_next_rows(next16, 4 * i + c, piece, stop);
-                if (TILE <= 2 && type == SQ_Q5_K) {  /* TILE tokens exactly: the entry sees to it */
+                if (TILE <= 2 && (type == SQ_Q5_K || type == SQ_IQ4_XS)) {  /* TILE tokens exactly (the entry) */
                     const int8_t *aq[2];
                     for (int t = 0; t < TILE; t++)
                         aq[t] = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    q5_K_packed_span16(block, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
+                    if (type == SQ_Q5_K)
+                        q5_K_packed_span16(block, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
+                    else
+                        iq4_xs_packed_span16(block, c, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
                     continue;
                 }
                 v16i code[2][8];
                 if (type == SQ_Q5_K)
                     q5_K_codes16(block, row_bytes, c, packed, bits, code);
                 else if (type == SQ_IQ4_XS)
-                    iq4_xs_codes16(block, row_bytes, c, code);
+                    iq4_xs_codes16(block, row_bytes, c, packed, code);
                 else if (type == SQ_Q3_K)
                     q3_K_codes16(block, row_bytes, c, low, bits, scale, flip, code);
                 else
@@ -1321,6 +1367,7 @@ ROWS16_SUPER_ENTRY(iq4_xs, SQ_IQ4_XS)
 ROWS16_SUPER_ENTRY(q3_K, SQ_Q3_K)
 ROWS16_SUPER_ENTRY(q2_K, SQ_Q2_K)
 ROWS16_SUPER_PACKED_ENTRY(q5_K, SQ_Q5_K)
+ROWS16_SUPER_PACKED_ENTRY(iq4_xs, SQ_IQ4_XS)
 
 #else
 /* ISO C forbids an empty translation unit. */
