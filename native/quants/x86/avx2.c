@@ -390,10 +390,10 @@ static inline __attribute__((always_inline)) TARGET void offsets32_8(const block
     }
 }
 
-/* Word l (codes 4l..4l+3) of an activation block, in every lane. */
-static inline TARGET __m256i word8(const int8_t *aq, int l) {
+/* The 32-bit word at p (four activation codes, or two bsums) in every lane. */
+static inline TARGET __m256i word8(const void *p) {
     int32_t w;
-    memcpy(&w, aq + 4 * l, 4);
+    memcpy(&w, p, 4);
     return _mm256_set1_epi32(w);
 }
 
@@ -410,14 +410,14 @@ static inline __attribute__((always_inline)) TARGET void isums32_8(const int typ
             isum[u] = _mm256_setzero_si256();
         for (int l = 0; l < 8; l++)
             for (int u = 0; u < T; u++) {
-                const __m256i p = _mm256_maddubs_epi16(code[l], _mm256_sign_epi8(word8(aq[u], l), sign[l]));
+                const __m256i p = _mm256_maddubs_epi16(code[l], _mm256_sign_epi8(word8(aq[u] + 4 * l), sign[l]));
                 isum[u] = _mm256_add_epi32(isum[u], _mm256_madd_epi16(p, ones));
             }
     } else if (type == SQ_Q5_1) {
         __m256i s16[4][2];
         for (int l = 0; l < 8; l++)
             for (int u = 0; u < T; u++) {
-                const __m256i p = _mm256_maddubs_epi16(code[l], word8(aq[u], l));
+                const __m256i p = _mm256_maddubs_epi16(code[l], word8(aq[u] + 4 * l));
                 s16[u][l / 4] = l % 4 ? _mm256_add_epi16(s16[u][l / 4], p) : p;
             }
         for (int u = 0; u < T; u++)
@@ -428,7 +428,7 @@ static inline __attribute__((always_inline)) TARGET void isums32_8(const int typ
             s16[u] = _mm256_set1_epi32(offset[u]);
         for (int l = 0; l < 8; l++)
             for (int u = 0; u < T; u++)
-                s16[u] = _mm256_add_epi16(s16[u], _mm256_maddubs_epi16(code[l], word8(aq[u], l)));
+                s16[u] = _mm256_add_epi16(s16[u], _mm256_maddubs_epi16(code[l], word8(aq[u] + 4 * l)));
         for (int u = 0; u < T; u++)
             isum[u] = _mm256_madd_epi16(s16[u], ones);
     }
@@ -683,17 +683,6 @@ TARGET void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stri
  * Q5_K, IQ4_XS, Q3_K and Q2_K: eight rows side by side, from the file's layout
  * ------------------------------------------------------------------------- */
 
-/* The 16 bytes at p + r * row_bytes of eight rows r side by side: w[j] lane r holds bytes
- * 4j..4j+3 of row r's (rows r and r + 4 in one register's halves, then a 4 x 4 transpose
- * of words in each half). */
-static inline TARGET void super8_words16(const uint8_t *p, int64_t row_bytes, __m256i w[4]) {
-    __m256i z[4];
-    for (int k = 0; k < 4; k++)
-        z[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + k * row_bytes))),
-                                       _mm_loadu_si128((const __m128i *)(p + (k + 4) * row_bytes)), 1);
-    transpose4_halves(z, w);
-}
-
 /* The 32 bytes at p + r * row_bytes of eight rows side by side: q[j] lane r holds bytes
  * 4j..4j+3 of row r's. */
 static inline TARGET void super8_bytes32(const uint8_t *p, int64_t row_bytes, __m256i q[8]) {
@@ -730,7 +719,7 @@ static inline __attribute__((always_inline)) TARGET void q5_K_header8(const uint
                                                                      super8_block *b) {
     const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30);
     __m256i w[4];
-    super8_words16(block, row_bytes, w);
+    words8_side_by_side(block, row_bytes, w);
     /* Byte g of each lane: the scales and mins of groups g (low) and 4 + g (high). */
     const __m256i sc_low = _mm256_and_si256(w[1], m6), mn_low = _mm256_and_si256(w[2], m6);
     const __m256i sc_high = _mm256_or_si256(_mm256_and_si256(w[3], m4), _mm256_and_si256(_mm256_srli_epi32(w[1], 2), top2));
@@ -750,7 +739,7 @@ static inline __attribute__((always_inline)) TARGET void q5_K_header8(const uint
 static inline __attribute__((always_inline)) TARGET void iq4_xs_header8(const uint8_t *block, int64_t row_bytes,
                                                                        super8_block *b) {
     __m256i w[4];
-    super8_words16(block, row_bytes, w);
+    words8_side_by_side(block, row_bytes, w);
     for (int g = 0; g < 8; g++) {
         /* the low four bits: nibble g of scales_l; the high two: bits 2g, 2g + 1 of scales_h */
         const __m256i s = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w[1], 4 * g), _mm256_set1_epi32(0x0f)),
@@ -770,7 +759,7 @@ static inline __attribute__((always_inline)) TARGET void q3_K_header8(const uint
                                                                      super8_block *b) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03), c32 = _mm256_set1_epi16(32);
     __m256i w[4], s[3];
-    super8_words16(block + sizeof(block_q3_K) - 16, row_bytes, w);
+    words8_side_by_side(block + sizeof(block_q3_K) - 16, row_bytes, w);
     for (int j = 0; j < 3; j++)  /* s[j] lane r: row r's scales bytes 4j..4j+3 */
         s[j] = _mm256_or_si256(_mm256_srli_epi32(w[j], 16), _mm256_slli_epi32(w[j + 1], 16));
     for (int k = 0; k < 4; k++) {
@@ -793,7 +782,7 @@ static inline __attribute__((always_inline)) TARGET void q3_K_header8(const uint
 static inline __attribute__((always_inline)) TARGET void q2_K_header8(const uint8_t *block, int64_t row_bytes,
                                                                      super8_block *b) {
     __m256i w[4];
-    super8_words16(block, row_bytes, w);
+    words8_side_by_side(block, row_bytes, w);
     for (int g = 0; g < 16; g++)
         b->scale[g] = _mm256_and_si256(super8_bytes(w[g / 4], g % 4, g % 4), _mm256_set1_epi16(0x0f));
     for (int p = 0; p < 8; p++)
@@ -859,13 +848,6 @@ static inline __attribute__((always_inline)) TARGET void super8_chunk(const int 
     }
 }
 
-/* The 32-bit word of activation codes at p, in every lane. */
-static inline TARGET __m256i super8_word(const int8_t *p) {
-    int32_t w;
-    memcpy(&w, p, 4);
-    return _mm256_set1_epi32(w);
-}
-
 /* Chunk k's products for one token (aq: its 32 activation codes, -127..127) against eight
  * rows' codes (super8_chunk), each row's group sums times their scales, in int32: s_lo
  * scales words 0..3 (codes 0..15), s_hi words 4..7 (the one group's scale in both for
@@ -880,8 +862,8 @@ static inline __attribute__((always_inline)) TARGET __m256i super8_products(cons
     if (type == SQ_IQ4_XS) {
         __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
         for (int j = 0; j < 8; j += 2) {
-            const __m256i p0 = _mm256_maddubs_epi16(code[j], _mm256_sign_epi8(super8_word(aq + 4 * j), sgn[j]));
-            const __m256i p1 = _mm256_maddubs_epi16(code[j + 1], _mm256_sign_epi8(super8_word(aq + 4 * j + 4), sgn[j + 1]));
+            const __m256i p0 = _mm256_maddubs_epi16(code[j], _mm256_sign_epi8(word8(aq + 4 * j), sgn[j]));
+            const __m256i p1 = _mm256_maddubs_epi16(code[j + 1], _mm256_sign_epi8(word8(aq + 4 * j + 4), sgn[j + 1]));
             even = _mm256_add_epi32(even, _mm256_madd_epi16(p0, s_lo));
             odd = _mm256_add_epi32(odd, _mm256_madd_epi16(p1, s_lo));
         }
@@ -889,7 +871,7 @@ static inline __attribute__((always_inline)) TARGET __m256i super8_products(cons
     }
     __m256i p[8];
     for (int j = 0; j < 8; j++)
-        p[j] = _mm256_maddubs_epi16(code[j], super8_word(aq + 4 * j));
+        p[j] = _mm256_maddubs_epi16(code[j], word8(aq + 4 * j));
     const __m256i lo = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
     const __m256i hi = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
     return _mm256_add_epi32(_mm256_madd_epi16(lo, s_lo), _mm256_madd_epi16(hi, s_hi));
@@ -899,8 +881,8 @@ static inline __attribute__((always_inline)) TARGET __m256i super8_products(cons
 static inline __attribute__((always_inline)) TARGET __m256i super8_bsums(const __m256i pairs[8], const int16_t *bsums) {
     __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
     for (int p = 0; p < 8; p += 2) {
-        even = _mm256_add_epi32(even, _mm256_madd_epi16(pairs[p], super8_word((const int8_t *)(bsums + 2 * p))));
-        odd = _mm256_add_epi32(odd, _mm256_madd_epi16(pairs[p + 1], super8_word((const int8_t *)(bsums + 2 * p + 2))));
+        even = _mm256_add_epi32(even, _mm256_madd_epi16(pairs[p], word8(bsums + 2 * p)));
+        odd = _mm256_add_epi32(odd, _mm256_madd_epi16(pairs[p + 1], word8(bsums + 2 * p + 2)));
     }
     return _mm256_add_epi32(even, odd);
 }
