@@ -141,6 +141,25 @@ static inline TARGET void bytes32_side_by_side(const uint8_t *p, int64_t row_byt
     transpose8_halves(q);
 }
 
+/* The f16 at p + r * row_bytes for sixteen rows r, as floats. */
+static inline TARGET v16f f16_rows16(const uint8_t *p, int64_t row_bytes) {
+    uint16_t h[16];
+    for (int r = 0; r < 16; r++)
+        memcpy(&h[r], p + r * row_bytes, 2);
+    return V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)h)));
+}
+
+/* Byte b of each 32-bit word, as an int32. */
+static inline TARGET v16i byte_of_words(v16i x, int b) {
+    return V16(and_si512)(V16(srli_epi32)(x, 8 * b), V16(set1_epi32)(0xff));
+}
+
+/* Byte b of each 32-bit word, in both of its int16 (unsigned). */
+static inline TARGET v16i byte_twice16(v16i x, int b) {
+    return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1,
+                                                                          8 + b, -1, 12 + b, -1, 12 + b, -1))));
+}
+
 /* The two f16 halves of each lane of pairs (a block's d, and its m or dmin, of sixteen
  * rows) as floats: first lane r from lane r's low half, second from its high half. */
 static inline TARGET void halves16(v16i pairs, v16f *first, v16f *second) {
@@ -210,15 +229,11 @@ static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const ui
     const v16i sc_high = V16(or_si512)(V16(and_si512)(w[3], m4), V16(and_si512)(V16(srli_epi32)(w[1], 2), top2));
     const v16i mn_high = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w[3], 4), m4),
                                        V16(and_si512)(V16(srli_epi32)(w[2], 2), top2));
-    const v16i byte0 = V16(set1_epi32)(0xff);
     for (int g = 0; g < 4; g++) {
-        scale[g] = V16(and_si512)(V16(srli_epi32)(sc_low, 8 * g), byte0);
-        scale[g + 4] = V16(and_si512)(V16(srli_epi32)(sc_high, 8 * g), byte0);
-        /* byte g of each lane into bytes 0 and 2 */
-        const v16i dup = V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(g, -1, g, -1, 4 + g, -1, 4 + g, -1, 8 + g, -1, 8 + g, -1,
-                                                                   12 + g, -1, 12 + g, -1)));
-        min2[g] = V16(shuffle_epi8)(mn_low, dup);
-        min2[g + 4] = V16(shuffle_epi8)(mn_high, dup);
+        scale[g] = byte_of_words(sc_low, g);
+        scale[g + 4] = byte_of_words(sc_high, g);
+        min2[g] = byte_twice16(mn_low, g);
+        min2[g + 4] = byte_twice16(mn_high, g);
     }
     if (packed) {
         *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
@@ -503,10 +518,7 @@ static inline __attribute__((always_inline)) TARGET void q8_0_block16(const uint
         for (int l = 0; l < 8; l++)
             codes[l] = V16(loadu_si512)(run + 32 + 64 * l);
     } else {
-        uint16_t d[16];
-        for (int r = 0; r < 16; r++)
-            memcpy(&d[r], rows + r * row_bytes + i * (int64_t)sizeof(block_q8_0), 2);
-        *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)d)));
+        *d_rows = f16_rows16(rows + i * (int64_t)sizeof(block_q8_0), row_bytes);
         bytes32_side_by_side((const uint8_t *)((const block_q8_0 *)rows + i)->qs, row_bytes, codes);
     }
     for (int l = 0; l < 8; l++)
@@ -623,14 +635,6 @@ TARGET void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes
  * (q8_0_offset16): the codes' offset costs the 16 rows no more than Q8_0's does.
  * vpdpbusd sums into int32 and saturates nothing; a block's products, at most 32 * 241 *
  * 127 (the grid's 113 + 128) in size, stay far below 2^31 with q8_0_tokens16's 2^19. */
-
-/* The f16 at p + r * row_bytes for sixteen rows r, as floats. */
-static inline TARGET v16f f16_rows16(const uint8_t *p, int64_t row_bytes) {
-    uint16_t h[16];
-    for (int r = 0; r < 16; r++)
-        memcpy(&h[r], p + r * row_bytes, 2);
-    return V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)h)));
-}
 
 /* The 32 nibbles of the 16 bytes at p of sixteen rows, side by side in Q4_1's order
  * (q4_1_block16): codes[l] lane r holds row r's elements 4l..4l+3, the low nibbles of its
@@ -942,17 +946,6 @@ static inline __attribute__((always_inline)) TARGET v16i shift_bits(v16i x, int 
 static inline TARGET v16i byte_pair16(v16i x, int b) {
     return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b + 1, -1, 4 + b, -1, 5 + b, -1, 8 + b,
                                                                           -1, 9 + b, -1, 12 + b, -1, 13 + b, -1))));
-}
-
-/* Byte b of each 32-bit word, in both of its int16 (unsigned). */
-static inline TARGET v16i byte_twice16(v16i x, int b) {
-    return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1,
-                                                                          8 + b, -1, 12 + b, -1, 12 + b, -1))));
-}
-
-/* Byte b of each 32-bit word, as an int32. */
-static inline TARGET v16i byte_of_words(v16i x, int b) {
-    return V16(and_si512)(V16(srli_epi32)(x, 8 * b), V16(set1_epi32)(0xff));
 }
 
 /* Where a packed Q5_K run's words lie, in 64-byte units from the run's start (the d and
