@@ -97,6 +97,7 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
 #if defined(SQ_X86)
     [SIMD_BASE] = {
         SQ_QUANT_TYPES(VEC_DOT, avx2)
+        SQ_FLOAT_TYPES(VEC_DOT, avx2)
         [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx2,
         [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx2,
 
@@ -133,6 +134,7 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
      * eight-row kernels are avx2's. The 512-bit kernels read every packable type packed. */
     [SIMD_VNNI] = {
         SQ_QUANT_TYPES(VEC_DOT, avx512vnni)
+        SQ_FLOAT_TYPES(VEC_DOT, avx2)
         [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx512vnni,
         [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx512vnni,
         [SQ_Q4_1].rows16.few = sq_steps_dot16_q4_1_avx512vnni,

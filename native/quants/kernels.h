@@ -110,6 +110,9 @@ typedef void (*sq_rows_fn)(const void *rows, int64_t row_bytes, const void *xq, 
  * up to `stop`. Compiled with target attributes; call only when the CPU has AVX2, FMA
  * and F16C. */
 SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
+/* The float types' vec_dots with AVX2 and F16C (quants/x86/float_dots.c), at both x86
+ * settings: a 512-bit copy would be held back by the same memory. */
+SQ_FLOAT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
 /* The few-token kernels below come in two copies (quants/x86/step_order.h), _avx2 and,
  * for the CPUs of the VNNI vec_dots, _avx512vnni: the same contract and bits. */
 #define SQ_DECLARE_STEP_ORDER(simd)                                                                         \

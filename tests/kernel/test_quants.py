@@ -635,6 +635,48 @@ def test_simd_vec_dot_matches_scalar(qtype, simd_paths_of_cpu):
             assert np.float32(got).tobytes() == want.tobytes(), f"{qtype.name} {what} simd={simd}"
 
 
+def float_rows(qtype: T, rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(what, row, activations) of a float type: lengths around the 32 lanes, and every one
+    of the 65,536 bit patterns of a 16-bit type (subnormals, infinities and NaNs; F32's
+    edge values), each row in pairs of 1,024 against random activations."""
+    unit = np.float32 if qtype == T.F32 else np.uint16
+    cases = [(f"n={n}", random_row(qtype, n, rng), random_row(qtype, n, rng))
+             for n in (1, 7, 31, 32, 33, 64, 95, 1000, 4096 + 7)]
+    if qtype == T.F32:
+        edges = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-39, np.finfo(np.float32).tiny, np.finfo(np.float32).max,
+                          -np.finfo(np.float32).max, np.inf, -np.inf, np.nan], dtype=np.float32)
+        every = np.resize(edges, 4096)
+    else:
+        every = np.arange(65536, dtype=np.uint16)
+    every = rng.permutation(every)
+    for at in range(0, len(every), 1024):
+        row = every[at:at + 1024].astype(unit)
+        cases.append((f"patterns {at}..", row.view(np.uint8), random_row(qtype, 1024, rng)))
+    return cases
+
+
+@pytest.mark.may_skip_in_ci  # on a CPU without AVX2/FMA (x86-64) or NEON
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
+def test_simd_float_vec_dot_matches_scalar(qtype, simd_paths_of_cpu):
+    """The float types' SIMD vec_dots (quants/x86/float_dots.c) have the definition's bits,
+    in llama.cpp's 32-lane order; a NaN anywhere gives a NaN (which NaN depends on the order
+    the compiler gave an add's operands, in the definition as here)."""
+    if not native_simd():
+        pytest.skip("no SIMD path on this CPU (no AVX2/FMA)")
+    rng = np.random.default_rng(430 + int(qtype))
+    for what, raw, xq in float_rows(qtype, rng):
+        n = len(raw) // (4 if qtype == T.F32 else 2)
+        simd_paths_of_cpu[-1]()
+        want = np.float32(c_vec_dot(qtype, raw, xq, n))
+        for set_path in simd_paths_of_cpu[:-1]:
+            simd = set_path()
+            got = np.float32(c_vec_dot(qtype, raw, xq, n))
+            if np.isnan(want):
+                assert np.isnan(got), f"{qtype.name} {what} simd={simd}: {got} where the definition gives NaN"
+            else:
+                assert got.tobytes() == want.tobytes(), f"{qtype.name} {what} simd={simd}: {got!r} != {want!r}"
+
+
 # --- SIMD activation conversions (native/quants/x86/activations.c) -------------------------
 
 F32_MAX = np.finfo(np.float32).max
