@@ -185,6 +185,7 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
     /* The vec_dots, and one row times a batch of any size. */
     [SIMD_BASE] = {
         SQ_QUANT_TYPES(VEC_DOT, neon)
+        SQ_FLOAT_TYPES(VEC_DOT, neon)
         [SQ_Q8_0].row.prompt = sq_batch_dot_q8_0_neon,
         [SQ_Q4_0].row.prompt = sq_batch_dot_q4_0_neon,
         [SQ_Q4_1].row.prompt = sq_batch_dot_q4_1_neon,

@@ -263,6 +263,8 @@ SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx512vnni)
 /* NEON (quants/arm/neon.c). They take the AVX2 ones' `stop` but do not prefetch: that
  * paid off on one x86 core and has not been measured on an arm64 one. */
 SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, neon)
+/* The float types' (quants/arm/float_dots.c). */
+SQ_FLOAT_TYPES(SQ_DECLARE_VEC_DOT, neon)
 /* One row times a batch of any size, a block decoded once for up to 32 tokens. */
 #define SQ_DECLARE_BATCH_NEON(ctx, NAME, name, ...)                                                         \
     void sq_batch_dot_##name##_neon(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb, \

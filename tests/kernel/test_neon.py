@@ -21,7 +21,7 @@ from helpers.aarch64_kernel import CPU_BASELINE, CPU_DOTPROD, Aarch64Kernel, Bui
 from helpers.run_once import once_per_run
 from llm_smolq._kernel import ffi, lib
 from test_quants import (ACT_GEOMETRY, GUARD, SIMD_TYPES, VEC_DOT_TYPE, activations, c_quantize, c_vec_dot,
-                         extreme_row, random_row)
+                         extreme_row, float_rows, random_row)
 
 BATCH_MIN_TOKENS = 2  # quants/dispatch.c's on NEON: from here on a batch takes the batch kernels
 NEON_TILE = 32  # quants/arm/neon.c's TILE: the tokens a batch kernel decodes a block once for
@@ -175,6 +175,23 @@ def test_vec_dot(emu, qtype):
         raw = extreme_row(qtype, n, fill, rng)
         xq = quantized(vtype, np.where(rng.random(n) < 0.5, -1.0, 1.0).astype(np.float32))
         check_vec_dot(emu, qtype, raw, xq, n, f"fill={fill:#x}")
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
+def test_float_vec_dot(emu, qtype):
+    """The float types' vec_dots (quants/arm/float_dots.c): lengths around the 32 lanes and
+    every 16-bit pattern, the definition's bits; a NaN anywhere gives a NaN (which one
+    depends on the order a compiler gave an add's operands)."""
+    rng = np.random.default_rng(1200 + int(qtype))
+    for what, raw, xq in float_rows(qtype, rng):
+        n = len(raw) // (4 if qtype == T.F32 else 2)
+        neon, scalar = emu_paths(emu, emu_vec_dot, qtype, emu.put(raw), emu.put(xq), n)
+        native = bits(native_scalar(c_vec_dot, qtype, raw, xq, n))
+        got = np.array([neon, scalar, native], dtype=np.uint32).view(np.float32)
+        if np.isnan(got[2]):
+            assert np.isnan(got).all(), f"{qtype.name} {what}: NEON {got[0]}, scalar {got[1]}, native NaN"
+        else:
+            assert neon == scalar == native, f"{qtype.name} {what}: NEON {neon:#010x}, scalar {scalar:#010x}, native {native:#010x}"
 
 
 def raw_activations(vtype: T, n: int, rng: np.random.Generator) -> np.ndarray:
