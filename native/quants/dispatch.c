@@ -161,9 +161,13 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         /* Sixteen rows from the file's layout (and Q5_K's and IQ4_XS's packed), for a draft's
          * tokens and a prompt's alike. */
         [SQ_Q4_0].rows16.few = sq_steps_dot16_q4_0_avx512vnni,
+        [SQ_Q4_0].packed.few = sq_packed_dot16_q4_0_avx512vnni,
         [SQ_Q5_0].rows16.few = sq_steps_dot16_q5_0_avx512vnni,
+        [SQ_Q5_0].packed.few = sq_packed_dot16_q5_0_avx512vnni,
         [SQ_Q5_1].rows16.few = sq_steps_dot16_q5_1_avx512vnni,
+        [SQ_Q5_1].packed.few = sq_packed_dot16_q5_1_avx512vnni,
         [SQ_IQ4_NL].rows16.few = sq_steps_dot16_iq4_nl_avx512vnni,
+        [SQ_IQ4_NL].packed.few = sq_packed_dot16_iq4_nl_avx512vnni,
         [SQ_Q5_K].rows16.few = sq_steps_dot16_q5_K_avx512vnni,
         [SQ_Q5_K].packed.few = sq_packed_dot16_q5_K_avx512vnni,
         [SQ_IQ4_XS].rows16.few = sq_steps_dot16_iq4_xs_avx512vnni,

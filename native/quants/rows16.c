@@ -10,9 +10,10 @@
  * A group takes the bytes its rows took (16 * row_bytes at row 16g's offset), so a range
  * of whole groups lies where its rows did. Within the group, block i of the sixteen rows
  * is one run of 16 blocks' bytes at i * 16 * (block bytes): first the block's f16 fields
- * (d, then m for Q4_1 or dmin for Q4_K and Q5_K; IQ4_XS's scales_h taken as one), each
- * as sixteen halves, row 0's first; then the rest of the block (codes, and the scales of
- * Q4_K, Q5_K and IQ4_XS before them, Q6_K's after; Q5_K's fifth bits between) as 32-bit
+ * (d, then m for Q4_1 and Q5_1 or dmin for Q4_K and Q5_K; IQ4_XS's scales_h taken as one),
+ * each as sixteen halves, row 0's first; then the rest of the block (codes, and the scales
+ * of Q4_K, Q5_K and IQ4_XS before them, Q6_K's after; the fifth bits of Q5_0 and Q5_1
+ * before, Q5_K's between) as 32-bit
  * words, word j of the sixteen rows together
  * (64 bytes), in order of j. Nothing is lost:
  * sq_rows16_unpack gives back the file's bytes.
@@ -34,6 +35,10 @@ static block_shape shape_of(int type) {
     switch (type) {
     case SQ_Q4_1: return (block_shape){0, 2, 4, QK4_1 / 8};  /* d, m; 16 code bytes */
     case SQ_Q8_0: return (block_shape){0, 1, 2, QK8_0 / 4};  /* d; 32 code bytes */
+    case SQ_Q4_0: return (block_shape){0, 1, 2, QK4_0 / 8};  /* d; 16 code bytes */
+    case SQ_IQ4_NL: return (block_shape){0, 1, 2, QK4_NL / 8};  /* d; 16 bytes of grid indices */
+    case SQ_Q5_0: return (block_shape){0, 1, 2, 1 + QK5_0 / 8};  /* d; qh, 16 code bytes */
+    case SQ_Q5_1: return (block_shape){0, 2, 4, 1 + QK5_1 / 8};  /* d, m; qh, 16 code bytes */
     case SQ_Q4_K: return (block_shape){0, 2, 4, (12 + QK_K / 2) / 4};  /* d, dmin; 12 bytes of scales, 128 of codes */
     case SQ_Q5_K: return (block_shape){0, 2, 4, (12 + QK_K / 8 + QK_K / 2) / 4};
         /* d, dmin; 12 bytes of scales, 32 of fifth bits, 128 of codes */
@@ -47,6 +52,10 @@ static block_shape shape_of(int type) {
 
 static_assert(2 * 2 + 4 * (QK4_1 / 8) == sizeof(block_q4_1), "Q4_1's shape is its block");
 static_assert(2 * 1 + 4 * (QK8_0 / 4) == sizeof(block_q8_0), "Q8_0's shape is its block");
+static_assert(2 * 1 + 4 * (QK4_0 / 8) == sizeof(block_q4_0), "Q4_0's shape is its block");
+static_assert(2 * 1 + 4 * (QK4_NL / 8) == sizeof(block_iq4_nl), "IQ4_NL's shape is its block");
+static_assert(2 * 1 + 4 * (1 + QK5_0 / 8) == sizeof(block_q5_0), "Q5_0's shape is its block");
+static_assert(2 * 2 + 4 * (1 + QK5_1 / 8) == sizeof(block_q5_1), "Q5_1's shape is its block");
 static_assert(2 * 2 + 4 * ((12 + QK_K / 2) / 4) == sizeof(block_q4_K), "Q4_K's shape is its block");
 static_assert(2 * 2 + 4 * ((12 + QK_K / 8 + QK_K / 2) / 4) == sizeof(block_q5_K), "Q5_K's shape is its block");
 static_assert(2 * 2 + 4 * ((QK_K / 64 + QK_K / 2) / 4) == sizeof(block_iq4_xs), "IQ4_XS's shape is its block");

@@ -27,7 +27,7 @@ def run(eng) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K_M", "Q5_K_M", "IQ4_XS"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K_M", "Q5_K_M", "IQ4_XS"])
 def test_packed_weights_give_the_same_logits(kind, reference_dir, monkeypatch):
     path = reference_dir / f"tiny-smollm3-{kind}.gguf"
     before = file_digest(path)
@@ -69,7 +69,7 @@ def test_a_model_is_packed_once(reference_dir, monkeypatch):
     assert second.eval([1, 2, 3]).tobytes() == first.eval([1, 2, 3]).tobytes()
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K_M", "Q5_K_M", "IQ4_XS"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K_M", "Q5_K_M", "IQ4_XS"])
 def test_packed_where_the_path_wants_it(kind, reference_dir, monkeypatch):
     from llm_smolq._kernel import ffi
     from llm_smolq.engine.packing import packable

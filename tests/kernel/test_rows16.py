@@ -12,9 +12,9 @@ from test_quants import VEC_DOT_TYPE, quantized_rows, random_row, scalar_steps
 
 from llm_smolq._kernel import ffi, lib
 
-PACKED_TYPES = [T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.IQ4_XS, T.Q6_K]
+PACKED_TYPES = [T.Q4_1, T.Q8_0, T.Q4_0, T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q4_K, T.Q5_K, T.IQ4_XS, T.Q6_K]
 # where a block's f16 fields are (d, then m or dmin): (first byte, how many)
-HALVES = {T.Q4_1: (0, 2), T.Q8_0: (0, 1), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.IQ4_XS: (0, 2), T.Q6_K: (208, 1)}
+HALVES = {T.Q4_1: (0, 2), T.Q8_0: (0, 1), T.Q4_0: (0, 1), T.Q5_0: (0, 1), T.Q5_1: (0, 2), T.IQ4_NL: (0, 1), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.IQ4_XS: (0, 2), T.Q6_K: (208, 1)}
 
 
 def matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

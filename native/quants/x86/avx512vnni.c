@@ -5,9 +5,9 @@
  * activation word broadcast to every lane meets the same four codes of all sixteen rows,
  * for two tokens and more: from the file's layout (sq_steps_dot16_*: Q4_1, Q8_0, Q4_K and
  * Q6_K, with a prompt's Q4_K and Q6_K products sq_batch_dot16_*; Q4_0, Q5_0, Q5_1 and IQ4_NL
- * through rows16_block32; Q5_K, IQ4_XS, Q3_K and Q2_K through rows16_super) or, for Q4_1,
- * Q8_0, Q4_K, Q5_K, IQ4_XS and Q6_K, from a group packed by quants/rows16.c
- * (sq_packed_dot16_*, which decode runs, and sq_packed_batch16_*).
+ * through rows16_block32; Q5_K, IQ4_XS, Q3_K and Q2_K through rows16_super) or, for every
+ * type but Q3_K and Q2_K, from a group packed by quants/rows16.c (sq_packed_dot16_*, which
+ * decode runs, and sq_packed_batch16_*).
  *
  * Each gives the scalar definition's bits (quants/types.h) for every row and token: a
  * lane forms a block's exact integer sum however the instructions group the products,
@@ -636,13 +636,10 @@ TARGET void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes
  * vpdpbusd sums into int32 and saturates nothing; a block's products, at most 32 * 241 *
  * 127 (the grid's 113 + 128) in size, stay far below 2^31 with q8_0_tokens16's 2^19. */
 
-/* The 32 nibbles of the 16 bytes at p of sixteen rows, side by side in Q4_1's order
- * (q4_1_block16): codes[l] lane r holds row r's elements 4l..4l+3, the low nibbles of its
- * word l for l < 4, the high nibbles of word l - 4 after; plus `plus` in every byte. */
-static inline __attribute__((always_inline)) TARGET void nibbles16(const uint8_t *p, int64_t row_bytes, int plus,
-                                                                  v16i codes[8]) {
-    v16i w[4];
-    words16_side_by_side(p, row_bytes, w);
+/* The 32 nibbles of four words of sixteen rows (w[j] lane r: word j of row r), in Q4_1's
+ * order (q4_1_block16): codes[l] lane r holds row r's elements 4l..4l+3, the low nibbles of
+ * its word l for l < 4, the high nibbles of word l - 4 after; plus `plus` in every byte. */
+static inline __attribute__((always_inline)) TARGET void nibbles16(const v16i w[4], int plus, v16i codes[8]) {
     const v16i m4 = V16(set1_epi8)(0x0f), add = V16(set1_epi8)((char)plus);
     for (int j = 0; j < 8; j++) {
         const v16i nibble = j < 4 ? w[j] : V16(srli_epi16)(w[j - 4], 4);
@@ -670,39 +667,57 @@ static inline __attribute__((always_inline)) TARGET void fifth_bits16(v16i qh, v
 
 /* Block i of sixteen rows of type (Q4_0, Q5_0, Q5_1 or IQ4_NL, a constant) side by side,
  * as its token steps take it: codes[l] lane r holds row r's codes of elements 4l..4l+3
- * (unsigned for Q5_1, else plus 128); d, and Q5_1's m, each row's. */
+ * (unsigned for Q5_1, else plus 128); d, and Q5_1's m, each row's. From the file's layout
+ * (transposed here) or a packed group (quants/rows16.c: the run holds the sixteen d, and
+ * Q5_1's m, then word j of the sixteen rows at each 64 bytes, Q5's qh before the codes). */
 static inline __attribute__((always_inline)) TARGET void block32_16(const int type, const uint8_t *rows,
-                                                                   int64_t row_bytes, int64_t i, v16i codes[8],
-                                                                   v16f *d_rows, v16f *m_rows) {
-    if (type == SQ_Q4_0) {
-        const block_q4_0 *b = (const block_q4_0 *)rows + i;
-        *d_rows = f16_rows16((const uint8_t *)&b->d, row_bytes);
-        nibbles16(b->qs, row_bytes, 128 - 8, codes);
-    } else if (type == SQ_IQ4_NL) {
-        const block_iq4_nl *b = (const block_iq4_nl *)rows + i;
-        *d_rows = f16_rows16((const uint8_t *)&b->d, row_bytes);
-        nibbles16(b->qs, row_bytes, 0, codes);
-        /* the grid's values plus 128, looked up by index in every 128-bit quarter */
-        const v16i grid = V16(broadcast_i32x4)(
-            AS128I(_mm_xor_si128(_mm_setr_epi8(SQ_IQ4_GRID), _mm_set1_epi8((char)0x80))));
-        for (int l = 0; l < 8; l++)
-            codes[l] = V16(shuffle_epi8)(grid, codes[l]);
+                                                                   int64_t row_bytes, int64_t i, const int packed,
+                                                                   v16i codes[8], v16f *d_rows, v16f *m_rows) {
+    const int block_bytes = type == SQ_Q4_0 ? (int)sizeof(block_q4_0) : type == SQ_IQ4_NL ? (int)sizeof(block_iq4_nl)
+                          : type == SQ_Q5_0 ? (int)sizeof(block_q5_0) : (int)sizeof(block_q5_1);
+    const int fifth = type == SQ_Q5_0 || type == SQ_Q5_1;
+    v16i w[4], qh = V16(setzero_si512)();
+    if (packed) {
+        const uint8_t *run = rows + i * 16 * (int64_t)block_bytes;
+        const int halves = type == SQ_Q5_1 ? 2 : 1;
+        *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+        if (type == SQ_Q5_1)
+            *m_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
+        const uint8_t *words = run + 32 * halves;
+        if (fifth)
+            qh = V16(loadu_si512)(words);
+        for (int j = 0; j < 4; j++)
+            w[j] = V16(loadu_si512)(words + 64 * (fifth + j));
+    } else if (type == SQ_Q4_0 || type == SQ_IQ4_NL) {
+        const uint8_t *b = rows + i * block_bytes;  /* d, then the 16 code bytes */
+        *d_rows = f16_rows16(b, row_bytes);
+        words16_side_by_side(b + 2, row_bytes, w);
     } else if (type == SQ_Q5_0) {
         const block_q5_0 *b = (const block_q5_0 *)rows + i;
         v16i h[4];  /* the block's first 16 bytes: h[0] d and qh's low half, h[1] qh's high half */
         words16_side_by_side((const uint8_t *)b, row_bytes, h);
         v16f unused;  /* qh's low half, as if an f16 */
         halves16(h[0], d_rows, &unused);
-        nibbles16(b->qs, row_bytes, 128 - 16, codes);
-        fifth_bits16(V16(or_si512)(V16(srli_epi32)(h[0], 16), V16(slli_epi32)(h[1], 16)), codes);
+        qh = V16(or_si512)(V16(srli_epi32)(h[0], 16), V16(slli_epi32)(h[1], 16));
+        words16_side_by_side(b->qs, row_bytes, w);
     } else {  /* SQ_Q5_1 */
         const block_q5_1 *b = (const block_q5_1 *)rows + i;
         v16i h[4];  /* the block's first 16 bytes: h[0] d and m, h[1] qh */
         words16_side_by_side((const uint8_t *)b, row_bytes, h);
         halves16(h[0], d_rows, m_rows);
-        nibbles16(b->qs, row_bytes, 0, codes);
-        fifth_bits16(h[1], codes);
+        qh = h[1];
+        words16_side_by_side(b->qs, row_bytes, w);
     }
+    nibbles16(w, type == SQ_Q4_0 ? 128 - 8 : type == SQ_Q5_0 ? 128 - 16 : 0, codes);
+    if (type == SQ_IQ4_NL) {
+        /* the grid's values plus 128, looked up by index in every 128-bit quarter */
+        const v16i grid = V16(broadcast_i32x4)(
+            AS128I(_mm_xor_si128(_mm_setr_epi8(SQ_IQ4_GRID), _mm_set1_epi8((char)0x80))));
+        for (int l = 0; l < 8; l++)
+            codes[l] = V16(shuffle_epi8)(grid, codes[l]);
+    }
+    if (fifth)
+        fifth_bits16(qh, codes);
 }
 
 /* T tokens (1 to 4) from token t through nc blocks of sixteen rows from block i0: the
@@ -725,23 +740,26 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
     }
 }
 
-/* Sixteen rows of a 32-element type (row_bytes apart, in the file's layout) times n_tokens
+/* Sixteen rows of a 32-element type (row_bytes apart, or a packed group) times n_tokens
  * activation rows, each output the scalar vec_dot's bits for its row and token
  * (quants/types.h), as steps_dot16_q8_0 and steps_dot16_q4_1 do theirs: CHUNK blocks put
- * side by side at a time (block32_16), then the tile's tokens, four at a time, each
- * through them; y = sum (+ off for Q5_1). y[t * ldy + r] for r < 16. The next sixteen
- * rows' bytes are asked of memory up to stop as the first tile reads the blocks. */
+ * side by side at a time (block32_16; 1 for decode, a block's codes straight from the
+ * loads to the products), then the tile's tokens, four at a time, each through them; y =
+ * sum (+ off for Q5_1). y[t * ldy + r] for r < 16. The bytes to come are asked of memory
+ * up to stop as the first tile reads the blocks: the next sixteen rows' from the file's
+ * layout, a packed group's a chunk beyond PREFETCH_AHEAD. */
 static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, int block_bytes,
                                                                        const uint8_t *rows, int64_t row_bytes,
                                                                        const void *xq, int64_t stride, int n_tokens,
                                                                        int64_t nb, const void *stop, float *y,
-                                                                       int64_t ldy) {
-    enum { TILE = 16, CHUNK = 32 };
-    v16i codes[CHUNK][8];
-    v16f d_rows[CHUNK], m_rows[CHUNK];
+                                                                       int64_t ldy, const int packed, const int CHUNK) {
+    enum { TILE = 16 };
+    v16i codes[32][8];
+    v16f d_rows[32], m_rows[32];
     v16f sum[TILE], off[TILE];
     const uint8_t *next = rows + 16 * row_bytes;
-    const int64_t share = 16 * (int64_t)block_bytes;  /* of the next rows, per block */
+    const int64_t share = 16 * (int64_t)block_bytes;  /* of the next rows, or of a packed run, per block */
+    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
@@ -749,9 +767,11 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
-                if (t0 == 0)
+                if (t0 == 0 && packed)
+                    prefetch_run(rows + (i0 + k) * share, (int)share, ahead, stop);
+                else if (t0 == 0)
                     prefetch_next_rows(next, i0 + k, share, stop);
-                block32_16(type, rows, row_bytes, i0 + k, codes[k], &d_rows[k], &m_rows[k]);
+                block32_16(type, rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k], &m_rows[k]);
             }
             for (int t = 0; t < nt;) {
                 const int T = nt - t >= 4 ? 4 : nt - t;
@@ -771,12 +791,24 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     }
 }
 
+/* Each type's kernels: from the file's layout, and from a packed group (decode, one token,
+ * a block at a time; more, 32 blocks at a time). */
 #define ROWS16_BLOCK32(name, NAME)                                                                                \
     TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,          \
                                                    int64_t stride, int n_tokens, int64_t nb, const void *stop,   \
                                                    float *y, int64_t ldy) {                                      \
         rows16_block32(SQ_##NAME, (int)sizeof(block_##name), rows, row_bytes, xq, stride, n_tokens, nb, stop, y, \
-                       ldy);                                                                                      \
+                       ldy, 0, 32);                                                                               \
+    }                                                                                                             \
+    TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,        \
+                                                    int64_t stride, int n_tokens, int64_t nb, const void *stop,  \
+                                                    float *y, int64_t ldy) {                                     \
+        if (n_tokens == 1)                                                                                        \
+            rows16_block32(SQ_##NAME, (int)sizeof(block_##name), group, row_bytes, xq, stride, 1, nb, stop, y,    \
+                           ldy, 1, 1);                                                                            \
+        else                                                                                                      \
+            rows16_block32(SQ_##NAME, (int)sizeof(block_##name), group, row_bytes, xq, stride, n_tokens, nb,      \
+                           stop, y, ldy, 1, 32);                                                                  \
     }
 ROWS16_BLOCK32(q4_0, Q4_0)
 ROWS16_BLOCK32(q5_0, Q5_0)
