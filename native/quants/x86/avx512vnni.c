@@ -439,73 +439,6 @@ static inline __attribute__((always_inline)) TARGET void q4_1_tokens16(const int
     }
 }
 
-/* Sixteen Q4_1 rows (row_bytes apart, or a packed group) times n_tokens activation rows,
- * each output the scalar definition's bits for its row and token (quants/types.h): per
- * block the exact sum of codes times the token's codes in each row's lane, its block step
- * by the row's d times the token's, and the offset chain's fmaf(m, s); y = sum + off. CHUNK
- * blocks are put side by side at a time (1 for decode: a block's codes straight from the
- * loads to the products; 32 for a few tokens, which then each run through them). y[t *
- * ldy + r] for r < 16. The bytes to come are asked of memory up to stop as the blocks are
- * read: from the file's layout the next sixteen rows' (prefetch_next_rows), from a packed
- * group those a chunk beyond PREFETCH_AHEAD, since a chunk's blocks are read at once (from
- * memory, one thread, 2 tokens: 1.3-1.5x as fast as at PREFETCH_AHEAD alone). */
-static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(
-    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed, const int CHUNK) {
-    enum { TILE = 16 };
-    v16i codes[32][8];
-    v16f d_rows[32], m_rows[32];
-    v16f sum_tokens[TILE], off_tokens[TILE];
-    const uint8_t *next = rows + 16 * row_bytes;
-    const int64_t share = 16 * (int64_t)sizeof(block_q4_1);  /* of the next rows, per block */
-    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
-        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        for (int t = 0; t < nt; t++)
-            sum_tokens[t] = off_tokens[t] = V16(setzero_ps)();
-        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
-            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
-            for (int k = 0; k < nc; k++) {
-                if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
-                    prefetch_run(rows + (i0 + k) * share, (int)share, ahead, stop);
-                else if (t0 == 0)
-                    prefetch_next_rows(next, i0 + k, share, stop);
-                q4_1_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k], &m_rows[k]);
-            }
-            for (int t = 0; t < nt;) {
-                const block_q8_1 *a[4];
-                const int T = nt - t >= 4 ? 4 : nt - t;
-                for (int u = 0; u < T; u++)
-                    a[u] = (const block_q8_1 *)token_row(xq, stride, t0 + t + u) + i0;
-                if (T == 4)
-                    q4_1_tokens16(4, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
-                else if (T == 3)
-                    q4_1_tokens16(3, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
-                else if (T == 2)
-                    q4_1_tokens16(2, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
-                else
-                    q4_1_tokens16(1, a, nc, codes, d_rows, m_rows, sum_tokens + t, off_tokens + t);
-                t += T;
-            }
-        }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, V16(add_ps)(sum_tokens[t], off_tokens[t]));
-    }
-}
-
-TARGET void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    steps_dot16_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 32);
-}
-
-TARGET void sq_packed_dot16_q4_1_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens == 1)
-        steps_dot16_q4_1(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
-    else
-        steps_dot16_q4_1(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 32);
-}
-
 /* Block i of sixteen Q8_0 rows side by side: codes[l] lane r holds row r's codes 4l..4l+3,
  * each plus 128 so that it multiplies as an unsigned byte; d each row's. From the file's
  * layout or a packed group. */
@@ -563,71 +496,11 @@ static inline __attribute__((always_inline)) TARGET void q8_0_tokens16(const int
         sum[u] = s[u];
 }
 
-/* Sixteen Q8_0 rows (or a packed group), as steps_dot16_q4_1 does Q4_1's: per block the
- * exact sum of the codes (plus 128) times the token's, less the offset's share
- * (q8_0_offset16), and its block step; y = sum. */
-static inline __attribute__((always_inline)) TARGET void steps_dot16_q8_0(
-    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed, const int CHUNK) {
-    enum { TILE = 16 };
-    v16i codes[32][8];
-    v16f d_rows[32];
-    v16f sum_tokens[TILE];
-    const uint8_t *next = rows + 16 * row_bytes;
-    const int64_t share = 16 * (int64_t)sizeof(block_q8_0);  /* of the next rows, per block */
-    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
-        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        for (int t = 0; t < nt; t++)
-            sum_tokens[t] = V16(setzero_ps)();
-        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
-            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
-            for (int k = 0; k < nc; k++) {
-                if (t0 == 0 && packed)  /* one stream: ahead of this run, as decode's vec_dots ask */
-                    prefetch_run(rows + (i0 + k) * share, (int)share, ahead, stop);
-                else if (t0 == 0)
-                    prefetch_next_rows(next, i0 + k, share, stop);
-                q8_0_block16(rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k]);
-            }
-            for (int t = 0; t < nt;) {
-                const block_q8_0 *a[4];
-                const int T = nt - t >= 4 ? 4 : nt - t;
-                for (int u = 0; u < T; u++)
-                    a[u] = (const block_q8_0 *)token_row(xq, stride, t0 + t + u) + i0;
-                if (T == 4)
-                    q8_0_tokens16(4, a, nc, codes, d_rows, sum_tokens + t);
-                else if (T == 3)
-                    q8_0_tokens16(3, a, nc, codes, d_rows, sum_tokens + t);
-                else if (T == 2)
-                    q8_0_tokens16(2, a, nc, codes, d_rows, sum_tokens + t);
-                else
-                    q8_0_tokens16(1, a, nc, codes, d_rows, sum_tokens + t);
-                t += T;
-            }
-        }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, sum_tokens[t]);
-    }
-}
-
-TARGET void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                           int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    steps_dot16_q8_0(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 32);
-}
-
-TARGET void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens == 1)
-        steps_dot16_q8_0(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);
-    else
-        steps_dot16_q8_0(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 32);
-}
-
 /* ---------------------------------------------------------------------------
- * Q4_0, Q5_0, Q5_1 and IQ4_NL: sixteen rows side by side
+ * Every 32-element type: sixteen rows side by side
  * ------------------------------------------------------------------------- */
 
-/* These 32-element types go through Q4_1's and Q8_0's token steps (q4_1_tokens16,
+/* The 32-element types go through Q4_1's and Q8_0's token steps (q4_1_tokens16,
  * q8_0_tokens16): a block decoder puts each type's codes in the form those take. Q5_1's
  * codes are unsigned, with an offset chain, as Q4_1's. The others' codes are signed (q - 8,
  * q - 16, the IQ4 grid); each goes as an unsigned byte c + 128, as Q8_0's do, and the
@@ -665,14 +538,22 @@ static inline __attribute__((always_inline)) TARGET void fifth_bits16(v16i qh, v
     }
 }
 
-/* Block i of sixteen rows of type (Q4_0, Q5_0, Q5_1 or IQ4_NL, a constant) side by side,
- * as its token steps take it: codes[l] lane r holds row r's codes of elements 4l..4l+3
- * (unsigned for Q5_1, else plus 128); d, and Q5_1's m, each row's. From the file's layout
+/* Block i of sixteen rows of a 32-element type (a constant) side by side, as its token
+ * steps take it: codes[l] lane r holds row r's codes of elements 4l..4l+3 (unsigned for
+ * Q4_1 and Q5_1, else plus 128); d, and the m of Q4_1 and Q5_1, each row's. From the file's layout
  * (transposed here) or a packed group (quants/rows16.c: the run holds the sixteen d, and
  * Q5_1's m, then word j of the sixteen rows at each 64 bytes, Q5's qh before the codes). */
 static inline __attribute__((always_inline)) TARGET void block32_16(const int type, const uint8_t *rows,
                                                                    int64_t row_bytes, int64_t i, const int packed,
                                                                    v16i codes[8], v16f *d_rows, v16f *m_rows) {
+    if (type == SQ_Q4_1) {
+        q4_1_block16(rows, row_bytes, i, packed, codes, d_rows, m_rows);
+        return;
+    }
+    if (type == SQ_Q8_0) {
+        q8_0_block16(rows, row_bytes, i, packed, codes, d_rows);
+        return;
+    }
     const int block_bytes = type == SQ_Q4_0 ? (int)sizeof(block_q4_0) : type == SQ_IQ4_NL ? (int)sizeof(block_iq4_nl)
                           : type == SQ_Q5_0 ? (int)sizeof(block_q5_0) : (int)sizeof(block_q5_1);
     const int fifth = type == SQ_Q5_0 || type == SQ_Q5_1;
@@ -721,13 +602,13 @@ static inline __attribute__((always_inline)) TARGET void block32_16(const int ty
 }
 
 /* T tokens (1 to 4) from token t through nc blocks of sixteen rows from block i0: the
- * token steps of the type's activations (Q8_1 for Q5_1, else Q8_0), sum[u] and off[u]
- * token t + u's chains (off Q5_1's alone). */
+ * token steps of the type's activations (Q8_1 for Q4_1 and Q5_1, else Q8_0), sum[u] and
+ * off[u] token t + u's chains (off theirs alone). */
 static inline __attribute__((always_inline)) TARGET void tokens32_16(const int type, const int T, const void *xq,
                                                                     int64_t stride, int t, int64_t i0, int nc,
                                                                     const v16i codes[][8], const v16f d_rows[],
                                                                     const v16f m_rows[], v16f sum[], v16f off[]) {
-    if (type == SQ_Q5_1) {
+    if (type == SQ_Q4_1 || type == SQ_Q5_1) {
         const block_q8_1 *a[4];
         for (int u = 0; u < T; u++)
             a[u] = (const block_q8_1 *)token_row(xq, stride, t + u) + i0;
@@ -742,12 +623,15 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
 
 /* Sixteen rows of a 32-element type (row_bytes apart, or a packed group) times n_tokens
  * activation rows, each output the scalar vec_dot's bits for its row and token
- * (quants/types.h), as steps_dot16_q8_0 and steps_dot16_q4_1 do theirs: CHUNK blocks put
- * side by side at a time (block32_16; 1 for decode, a block's codes straight from the
- * loads to the products), then the tile's tokens, four at a time, each through them; y =
- * sum (+ off for Q5_1). y[t * ldy + r] for r < 16. The bytes to come are asked of memory
- * up to stop as the first tile reads the blocks: the next sixteen rows' from the file's
- * layout, a packed group's a chunk beyond PREFETCH_AHEAD. */
+ * (quants/types.h): per block the exact sum of codes times the token's codes in each
+ * row's lane, its block step by the row's d times the token's, and for Q4_1 and Q5_1 the
+ * offset chain's fmaf(m, s); y = sum (+ off). CHUNK blocks are put side by side at a time
+ * (block32_16; 1 for decode, a block's codes straight from the loads to the products; 32
+ * for a few tokens), then the tile's tokens, four at a time, each through them. y[t * ldy
+ * + r] for r < 16. The bytes to come are asked of memory up to stop as the first tile
+ * reads the blocks: the next sixteen rows' from the file's layout (prefetch_next_rows), a
+ * packed group's a chunk beyond PREFETCH_AHEAD, since a chunk's blocks are read at once
+ * (from memory, one thread, 2 tokens of Q4_1: 1.3-1.5x as fast as at PREFETCH_AHEAD alone). */
 static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, int block_bytes,
                                                                        const uint8_t *rows, int64_t row_bytes,
                                                                        const void *xq, int64_t stride, int n_tokens,
@@ -787,7 +671,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
             }
         }
         for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, type == SQ_Q5_1 ? V16(add_ps)(sum[t], off[t]) : sum[t]);
+            V16(storeu_ps)(y + (t0 + t) * ldy,
+                           type == SQ_Q4_1 || type == SQ_Q5_1 ? V16(add_ps)(sum[t], off[t]) : sum[t]);
     }
 }
 
@@ -810,6 +695,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
             rows16_block32(SQ_##NAME, (int)sizeof(block_##name), group, row_bytes, xq, stride, n_tokens, nb,      \
                            stop, y, ldy, 1, 32);                                                                  \
     }
+ROWS16_BLOCK32(q4_1, Q4_1)
+ROWS16_BLOCK32(q8_0, Q8_0)
 ROWS16_BLOCK32(q4_0, Q4_0)
 ROWS16_BLOCK32(q5_0, Q5_0)
 ROWS16_BLOCK32(q5_1, Q5_1)
