@@ -135,6 +135,10 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
     [SIMD_VNNI] = {
         SQ_QUANT_TYPES(VEC_DOT, avx512vnni)
         SQ_FLOAT_TYPES(VEC_DOT, avx2)
+        /* The float types' sixteen rows, in tiles of two rows by four tokens. */
+        [SQ_F32].rows16.few = sq_steps_dot16_f32_avx512vnni,
+        [SQ_F16].rows16.few = sq_steps_dot16_f16_avx512vnni,
+        [SQ_BF16].rows16.few = sq_steps_dot16_bf16_avx512vnni,
         [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx512vnni,
         [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx512vnni,
         [SQ_Q4_1].rows16.few = sq_steps_dot16_q4_1_avx512vnni,

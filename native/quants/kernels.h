@@ -147,6 +147,13 @@ void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const v
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
+/* The same for sixteen F32, F16 or BF16 rows (quants/x86/float_dots.c). */
+void sq_steps_dot16_f32_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                                   int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot16_f16_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                                   int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_steps_dot16_bf16_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                                    int64_t nb, const void *stop, float *y, int64_t ldy);
 /* The same for sixteen Q4_0, Q5_0, Q5_1 or IQ4_NL rows. */
 void sq_steps_dot16_q4_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);

@@ -14,6 +14,12 @@
  *
  * Plain x86-64 has no half conversion, so the definition's F16 dot spends most of its
  * time decoding; with F16C an F16 model's products run about 8x faster.
+ *
+ * At the avx512vnni setting, sixteen rows times a few tokens or a prompt's (the kernel
+ * table's rows16 entries) go in tiles of two rows by four tokens: the 32 lanes of each
+ * (row, token) pair are two 512-bit registers, lanes 0-15 and 16-31, so a row's chunk is
+ * loaded and widened once for four tokens and a token's once for two rows, where the
+ * vec_dot widens both for every pair.
  */
 #include "simd.h"
 
@@ -23,6 +29,7 @@
 
 #include "quants/kernels.h"
 #include "quants/quants.h"
+#include "simd512.h"
 
 #define TARGET SQ_AVX2
 
@@ -39,6 +46,21 @@ static inline float f32_of(const void *p, int64_t i) { return ((const float *)p)
 static inline float f16_of(const void *p, int64_t i) { return sq_fp16_to_fp32(((const uint16_t *)p)[i]); }
 static inline float bf16_of(const void *p, int64_t i) { return sq_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
+/* sq_reduce8 of a register's lanes: the halves added lane by lane, then (0 + 1) + (2 + 3).
+ * (Float addition is commutative to the bit, so which operand comes first does not matter;
+ * only for two NaNs, where the payload kept may differ.) */
+TARGET static inline float reduce8(__m256 r) {
+    const __m128 t = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    const __m128 w = _mm_add_ps(t, _mm_shuffle_ps(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehl_ps(w, w)));
+}
+
+/* sq_reduce32 of the lanes held as four registers (lane j of acc[k] is lane 8k + j):
+ * registers (0 + 2) + (1 + 3), lane by lane, then reduce8. */
+TARGET static inline float reduce32(const __m256 acc[4]) {
+    return reduce8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3])));
+}
+
 /* The definition's lanes, then its tail; unit the bytes of an element. nb counts
  * elements (a float type's block is one). stop goes unused: a float row is streamed from
  * start to end, which the hardware prefetcher follows unaided. */
@@ -54,10 +76,7 @@ static inline float bf16_of(const void *p, int64_t i) { return sq_bf16_to_fp32((
                 const int64_t at = (i + 8 * k) * (unit);                                               \
                 acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(name##x8(a + at), name##x8(b + at)));     \
             }                                                                                          \
-        float lanes[32];                                                                               \
-        for (int k = 0; k < 4; k++)                                                                    \
-            _mm256_storeu_ps(lanes + 8 * k, acc[k]);                                                   \
-        double sum = sq_reduce32(lanes);                                                               \
+        double sum = reduce32(acc);                                                                    \
         for (; i < nb; i++)                                                                            \
             sum += (double)(name##_of(a, i) * name##_of(b, i));                                        \
         return (float)sum;                                                                             \
@@ -66,5 +85,80 @@ static inline float bf16_of(const void *p, int64_t i) { return sq_bf16_to_fp32((
 FLOAT_VEC_DOT(f32, 4)
 FLOAT_VEC_DOT(f16, 2)
 FLOAT_VEC_DOT(bf16, 2)
+
+/* Sixteen elements from memory as floats, in 512-bit registers. */
+SQ_AVX512 static inline v16f f32x16(const uint8_t *p) { return V16(loadu_ps)((const float *)p); }
+
+SQ_AVX512 static inline v16f f16x16(const uint8_t *p) {
+    return V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)p)));
+}
+
+SQ_AVX512 static inline v16f bf16x16(const uint8_t *p) {
+    return V16(castsi512_ps)(V16(slli_epi32)(V16(cvtepu16_epi32)(AS256I(_mm256_loadu_si256((const __m256i *)p))), 16));
+}
+
+/* sq_reduce32 of lanes 0-15 in lo and 16-31 in hi: (l + 16) first, which is the four
+ * registers' (0 + 2) and (1 + 3); then those two halves, lane by lane, and reduce8. */
+SQ_AVX512 static inline float reduce32x16(v16f lo, v16f hi) {
+    const v16f u = V16(add_ps)(lo, hi);
+    return reduce8(_mm256_add_ps(sq_low8(u), sq_high8(u)));
+}
+
+/* Rows r0, r0 + 1 (R of them) times tokens t0.. (T of them): each pair's 32 lanes over the
+ * whole chunks, then, pair by pair, the definition's reduction and tail. y[t * ldy + r]. */
+#define FLOAT_TILE(name, unit)                                                                             \
+    SQ_AVX512 static inline __attribute__((always_inline)) void tile_##name(                              \
+        const uint8_t *rows, int64_t row_bytes, const uint8_t *xq, int64_t stride, int64_t nb, int R, int T, \
+        float *y, int64_t ldy) {                                                                           \
+        v16f acc[2][4][2];                                                                                 \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int t = 0; t < T; t++)                                                                    \
+                acc[r][t][0] = acc[r][t][1] = V16(setzero_ps)();                                           \
+        int64_t i = 0;                                                                                     \
+        for (; i + 32 <= nb; i += 32) {                                                                    \
+            v16f w[2][2];                                                                                  \
+            for (int r = 0; r < R; r++)                                                                    \
+                for (int h = 0; h < 2; h++)                                                                \
+                    w[r][h] = name##x16(rows + r * row_bytes + (i + 16 * h) * (unit));                     \
+            for (int t = 0; t < T; t++)                                                                    \
+                for (int h = 0; h < 2; h++) {                                                              \
+                    const v16f x = name##x16(xq + t * stride + (i + 16 * h) * (unit));                     \
+                    for (int r = 0; r < R; r++)                                                            \
+                        acc[r][t][h] = V16(add_ps)(acc[r][t][h], V16(mul_ps)(w[r][h], x));                 \
+                }                                                                                          \
+        }                                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int t = 0; t < T; t++) {                                                                  \
+                double sum = reduce32x16(acc[r][t][0], acc[r][t][1]);                                      \
+                const uint8_t *a = rows + r * row_bytes, *b = xq + t * stride;                             \
+                for (int64_t j = i; j < nb; j++)                                                           \
+                    sum += (double)(name##_of(a, j) * name##_of(b, j));                                    \
+                y[t * ldy + r] = (float)sum;                                                               \
+            }                                                                                              \
+    }                                                                                                      \
+                                                                                                           \
+    /* Sixteen rows times n_tokens, in tiles of two rows by four tokens (each case a constant \
+     * for the compiler). stop goes unused, as in the vec_dots. */                                         \
+    SQ_AVX512 void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, \
+                                                      int64_t stride, int n_tokens, int64_t nb,            \
+                                                      const void *stop, float *y, int64_t ldy) {           \
+        (void)stop;                                                                                        \
+        for (int t = 0; t < n_tokens; t += 4)                                                              \
+            for (int r = 0; r < 16; r += 2) {                                                              \
+                const uint8_t *w = (const uint8_t *)rows + r * row_bytes;                                  \
+                const uint8_t *x = (const uint8_t *)xq + t * stride;                                       \
+                float *out = y + t * ldy + r;                                                              \
+                switch (n_tokens - t < 4 ? n_tokens - t : 4) {                                             \
+                case 1: tile_##name(w, row_bytes, x, stride, nb, 2, 1, out, ldy); break;                   \
+                case 2: tile_##name(w, row_bytes, x, stride, nb, 2, 2, out, ldy); break;                   \
+                case 3: tile_##name(w, row_bytes, x, stride, nb, 2, 3, out, ldy); break;                   \
+                default: tile_##name(w, row_bytes, x, stride, nb, 2, 4, out, ldy); break;                  \
+                }                                                                                          \
+            }                                                                                              \
+    }
+
+FLOAT_TILE(f32, 4)
+FLOAT_TILE(f16, 2)
+FLOAT_TILE(bf16, 2)
 
 #endif
