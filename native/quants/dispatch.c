@@ -145,7 +145,7 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q4_1].packed.few = sq_packed_dot16_q4_1_avx512vnni,
 
         [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx512vnni,
-        [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx512vnni,
+        [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,  /* a matrix's last 8-15 rows */
         [SQ_Q8_0].rows16.few = sq_steps_dot16_q8_0_avx512vnni,
         [SQ_Q8_0].packed.few = sq_packed_dot16_q8_0_avx512vnni,
 

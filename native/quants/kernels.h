@@ -132,9 +132,6 @@ SQ_FLOAT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
                                    int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 SQ_DECLARE_STEP_ORDER(avx2)
 SQ_DECLARE_STEP_ORDER(avx512vnni)
-/* Eight Q8_0 rows, in the VNNI copy only. */
-void sq_steps_dot8_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                   int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Sixteen Q4_K rows at once, each token with the one-token vec_dot's bits, as
  * sq_steps_dot8_q4_K_* does for eight: y[t * ldy + r] for r < 16 (VNNI copy only). */
 void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
