@@ -17,6 +17,7 @@
 #include "smolq.h"
 #include "simd.h"
 #include "quants/blocks.h"
+#include "quants/quants.h"
 #include "quants/types.h"
 
 /* ---------------------------------------------------------------------------
@@ -86,6 +87,20 @@ static inline int64_t sq_whole_blocks(const sq_type_traits *t, int64_t n) {
  * ------------------------------------------------------------------------- */
 
 typedef float (*sq_simd_vec_dot_fn)(const void *row, const void *xq, int64_t nb, const void *stop);
+/* How a float type's vec_dot ends, in every copy (quants/scalar.c's VEC_DOT_LANES): sum,
+ * its lanes' reduction, plus the products of elements i..n-1 of a and b, each rounded to
+ * float and added one by one in double; then rounded to float. */
+#define SQ_FLOAT_TAIL(name, unit_t, to_f32)                                                                   \
+    static inline float sq_float_tail_##name(double sum, const void *a, const void *b, int64_t i, int64_t n) { \
+        const unit_t *x = a, *y = b;                                                                          \
+        for (; i < n; i++)                                                                                    \
+            sum += (double)(to_f32(x[i]) * to_f32(y[i]));                                                     \
+        return (float)sum;                                                                                    \
+    }
+static inline float sq_f32_of_f32(float f) { return f; }
+SQ_FLOAT_TAIL(f32, float, sq_f32_of_f32)
+SQ_FLOAT_TAIL(f16, uint16_t, sq_fp16_to_fp32)
+SQ_FLOAT_TAIL(bf16, uint16_t, sq_bf16_to_fp32)
 #define SQ_DECLARE_VEC_DOT(simd, NAME, name, ...) \
     float sq_vec_dot_##name##_##simd(const void *row, const void *xq, int64_t nb, const void *stop);
 /* sq_vec_dotn_<name>_<simd> (x86-64 only, so far): the same for n activation rows stride

@@ -254,10 +254,7 @@ static void quant_bf16(const float *restrict x, void *restrict dst, int64_t n) {
                 const float p = to_f32(a[i + j]) * to_f32(b[i + j]);               \
                 acc[j] += p;                                                       \
             }                                                                      \
-        double sum = sq_reduce32(acc);                                             \
-        for (; i < n; i++)                                                         \
-            sum += (double)(to_f32(a[i]) * to_f32(b[i]));                          \
-        return (float)sum;                                                         \
+        return sq_float_tail_##name(sq_reduce32(acc), row, xq, i, n);              \
     }
 
 static inline float f32_id(float f) { return f; }

@@ -20,7 +20,6 @@
 #include <stdint.h>
 
 #include "quants/kernels.h"
-#include "quants/quants.h"
 
 /* Four elements from memory as floats, one loader per type. */
 static inline float32x4_t f32x4(const uint8_t *p) { return vld1q_f32((const float *)p); }
@@ -32,10 +31,6 @@ static inline float32x4_t f16x4(const uint8_t *p) {
 static inline float32x4_t bf16x4(const uint8_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p), 16));
 }
-
-static inline float f32_of(const void *p, int64_t i) { return ((const float *)p)[i]; }
-static inline float f16_of(const void *p, int64_t i) { return sq_fp16_to_fp32(((const uint16_t *)p)[i]); }
-static inline float bf16_of(const void *p, int64_t i) { return sq_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
 /* The definition's lanes, then its tail; unit the bytes of an element, nb the elements. */
 #define FLOAT_VEC_DOT(name, unit)                                                                       \
@@ -54,10 +49,7 @@ static inline float bf16_of(const void *p, int64_t i) { return sq_bf16_to_fp32((
         float lanes[32];                                                                                \
         for (int k = 0; k < 8; k++)                                                                     \
             vst1q_f32(lanes + 4 * k, acc[k]);                                                           \
-        double sum = sq_reduce32(lanes);                                                                \
-        for (; i < nb; i++)                                                                             \
-            sum += (double)(name##_of(a, i) * name##_of(b, i));                                         \
-        return (float)sum;                                                                              \
+        return sq_float_tail_##name(sq_reduce32(lanes), a, b, i, nb);                                   \
     }
 
 FLOAT_VEC_DOT(f32, 4)

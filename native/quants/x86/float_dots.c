@@ -28,7 +28,6 @@
 #include <stdint.h>
 
 #include "quants/kernels.h"
-#include "quants/quants.h"
 #include "simd512.h"
 
 #define TARGET SQ_AVX2
@@ -41,10 +40,6 @@ TARGET static inline __m256 f16x8(const void *p) { return _mm256_cvtph_ps(_mm_lo
 TARGET static inline __m256 bf16x8(const void *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p)), 16));
 }
-
-static inline float f32_of(const void *p, int64_t i) { return ((const float *)p)[i]; }
-static inline float f16_of(const void *p, int64_t i) { return sq_fp16_to_fp32(((const uint16_t *)p)[i]); }
-static inline float bf16_of(const void *p, int64_t i) { return sq_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
 /* sq_reduce8 of a register's lanes: the halves added lane by lane, then (0 + 1) + (2 + 3).
  * (Float addition is commutative to the bit, so which operand comes first does not matter;
@@ -76,10 +71,7 @@ TARGET static inline float reduce32(const __m256 acc[4]) {
                 const int64_t at = (i + 8 * k) * (unit);                                               \
                 acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(name##x8(a + at), name##x8(b + at)));     \
             }                                                                                          \
-        double sum = reduce32(acc);                                                                    \
-        for (; i < nb; i++)                                                                            \
-            sum += (double)(name##_of(a, i) * name##_of(b, i));                                        \
-        return (float)sum;                                                                             \
+        return sq_float_tail_##name(reduce32(acc), a, b, i, nb);                                       \
     }
 
 FLOAT_VEC_DOT(f32, 4)
@@ -129,11 +121,8 @@ SQ_AVX512 static inline float reduce32x16(v16f lo, v16f hi) {
         }                                                                                                  \
         for (int r = 0; r < R; r++)                                                                        \
             for (int t = 0; t < T; t++) {                                                                  \
-                double sum = reduce32x16(acc[r][t][0], acc[r][t][1]);                                      \
-                const uint8_t *a = rows + r * row_bytes, *b = xq + t * stride;                             \
-                for (int64_t j = i; j < nb; j++)                                                           \
-                    sum += (double)(name##_of(a, j) * name##_of(b, j));                                    \
-                y[t * ldy + r] = (float)sum;                                                               \
+                y[t * ldy + r] = sq_float_tail_##name(reduce32x16(acc[r][t][0], acc[r][t][1]),             \
+                                                      rows + r * row_bytes, xq + t * stride, i, nb);        \
             }                                                                                              \
     }                                                                                                      \
                                                                                                            \
