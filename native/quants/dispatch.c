@@ -177,7 +177,9 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_IQ4_XS].rows16.few = sq_steps_dot16_iq4_xs_avx512vnni,
         [SQ_IQ4_XS].packed.few = sq_packed_dot16_iq4_xs_avx512vnni,
         [SQ_Q3_K].rows16.few = sq_steps_dot16_q3_K_avx512vnni,
+        [SQ_Q3_K].packed.few = sq_packed_dot16_q3_K_avx512vnni,
         [SQ_Q2_K].rows16.few = sq_steps_dot16_q2_K_avx512vnni,
+        [SQ_Q2_K].packed.few = sq_packed_dot16_q2_K_avx512vnni,
 
         /* avx2's eight rows, after any sixteen at a time: a matrix's last 8-15 rows. */
         [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,

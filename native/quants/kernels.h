@@ -175,8 +175,7 @@ void sq_steps_dot16_q5_1_avx512vnni(const void *rows, int64_t row_bytes, const v
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot16_iq4_nl_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                       int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-/* The same for a group of sixteen Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, IQ4_XS
- * or Q6_K rows packed side by side (quants/rows16.c), from one token on: a packed matrix's
+/* The same for a group of sixteen rows of any quantized type packed side by side (quants/rows16.c), from one token on: a packed matrix's
  * every product, decode's included, but for a Q4_K or Q6_K prefill's
  * (sq_packed_batch16_*_avx512vnni). */
 void sq_packed_dot16_q4_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
@@ -193,6 +192,10 @@ void sq_packed_dot16_q5_K_avx512vnni(const void *group, int64_t row_bytes, const
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_iq4_xs_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_packed_dot16_q3_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+void sq_packed_dot16_q2_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 /* sq_batch_dot16_q4_K_avx512vnni and sq_batch_dot16_q6_K_avx512vnni for a packed group. */

@@ -44,6 +44,10 @@ static block_shape shape_of(int type) {
         /* d, dmin; 12 bytes of scales, 32 of fifth bits, 128 of codes */
     case SQ_IQ4_XS: return (block_shape){0, 2, 4, (QK_K / 64 + QK_K / 2) / 4};
         /* d and scales_h (not an f16, but two bytes as one is); 4 bytes of scales, 128 of codes */
+    case SQ_Q3_K: return (block_shape){QK_K / 8 + QK_K / 4 + 12, 1, 0, (QK_K / 8 + QK_K / 4 + 12) / 4};
+        /* d after hmask (32 bytes), qs (64) and the 12 bytes of scales */
+    case SQ_Q2_K: return (block_shape){QK_K / 16 + QK_K / 4, 2, 0, (QK_K / 16 + QK_K / 4) / 4};
+        /* d, dmin after the 16 bytes of scales and 64 of codes */
     case SQ_Q6_K: return (block_shape){QK_K / 2 + QK_K / 4 + QK_K / 16, 1, 0, (QK_K / 2 + QK_K / 4 + QK_K / 16) / 4};
         /* d after ql (128 bytes), qh (64) and the 16 scales */
     default: return (block_shape){0, 0, 0, 0};
@@ -59,6 +63,10 @@ static_assert(2 * 2 + 4 * (1 + QK5_1 / 8) == sizeof(block_q5_1), "Q5_1's shape i
 static_assert(2 * 2 + 4 * ((12 + QK_K / 2) / 4) == sizeof(block_q4_K), "Q4_K's shape is its block");
 static_assert(2 * 2 + 4 * ((12 + QK_K / 8 + QK_K / 2) / 4) == sizeof(block_q5_K), "Q5_K's shape is its block");
 static_assert(2 * 2 + 4 * ((QK_K / 64 + QK_K / 2) / 4) == sizeof(block_iq4_xs), "IQ4_XS's shape is its block");
+static_assert(2 * 1 + (QK_K / 8 + QK_K / 4 + 12) == sizeof(block_q3_K) &&
+                  offsetof(block_q3_K, d) == QK_K / 8 + QK_K / 4 + 12, "Q3_K's shape is its block");
+static_assert(2 * 2 + (QK_K / 16 + QK_K / 4) == sizeof(block_q2_K) &&
+                  offsetof(block_q2_K, d) == QK_K / 16 + QK_K / 4, "Q2_K's shape is its block");
 static_assert(2 * 1 + (QK_K / 2 + QK_K / 4 + QK_K / 16) == sizeof(block_q6_K) &&
                   offsetof(block_q6_K, d) == QK_K / 2 + QK_K / 4 + QK_K / 16, "Q6_K's shape is its block");
 

@@ -27,7 +27,7 @@ def run(eng) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K_M", "Q5_K_M", "IQ4_XS"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "IQ4_XS"])
 def test_packed_weights_give_the_same_logits(kind, reference_dir, monkeypatch):
     path = reference_dir / f"tiny-smollm3-{kind}.gguf"
     before = file_digest(path)
@@ -69,7 +69,7 @@ def test_a_model_is_packed_once(reference_dir, monkeypatch):
     assert second.eval([1, 2, 3]).tobytes() == first.eval([1, 2, 3]).tobytes()
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K_M", "Q5_K_M", "IQ4_XS"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_0", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "IQ4_XS"])
 def test_packed_where_the_path_wants_it(kind, reference_dir, monkeypatch):
     from llm_smolq._kernel import ffi
     from llm_smolq.engine.packing import packable
@@ -80,12 +80,11 @@ def test_packed_where_the_path_wants_it(kind, reference_dir, monkeypatch):
     assert set(eng._packed) == {name for name, info in eng.model.tensors.items()
                                 if packable(info) and lib.sq_rows16_wanted(int(info.type))}
     path = ffi.string(lib.sq_simd_name()).decode()
-    wanted = {name for name in ("Q4_1", "Q8_0", "Q4_K", "Q5_K", "IQ4_XS", "Q6_K")
-              if lib.sq_rows16_wanted(getattr(lib, f"SQ_{name}"))}
-    # the 512-bit kernels read every packable type packed, the AVX2 ones Q4_K, others none
-    assert wanted == {"avx512vnni": {"Q4_1", "Q8_0", "Q4_K", "Q5_K", "IQ4_XS", "Q6_K"},
-                      "avx2": {"Q4_K"}}.get(path, set())
-    assert not lib.sq_rows16_wanted(lib.SQ_Q3_K) and not lib.sq_rows16_wanted(lib.SQ_F32)
+    quantized = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "IQ4_XS", "Q6_K"}
+    wanted = {name for name in quantized if lib.sq_rows16_wanted(getattr(lib, f"SQ_{name}"))}
+    # the 512-bit kernels read every quantized type packed, the AVX2 ones Q4_K, others none
+    assert wanted == {"avx512vnni": quantized, "avx2": {"Q4_K"}}.get(path, set())
+    assert not lib.sq_rows16_wanted(lib.SQ_F32) and not lib.sq_rows16_wanted(lib.SQ_F16)
     if path != "scalar" and kind == "Q4_K_M":
         assert {eng.model.tensors[name].type.name for name in eng._packed} >= {"Q4_K"}
     if path == "avx512vnni" and kind in ("Q5_K_M", "IQ4_XS"):

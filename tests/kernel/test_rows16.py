@@ -12,9 +12,9 @@ from test_quants import VEC_DOT_TYPE, quantized_rows, random_row, scalar_steps
 
 from llm_smolq._kernel import ffi, lib
 
-PACKED_TYPES = [T.Q4_1, T.Q8_0, T.Q4_0, T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q4_K, T.Q5_K, T.IQ4_XS, T.Q6_K]
+PACKED_TYPES = [T.Q4_1, T.Q8_0, T.Q4_0, T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.IQ4_XS, T.Q6_K]
 # where a block's f16 fields are (d, then m or dmin): (first byte, how many)
-HALVES = {T.Q4_1: (0, 2), T.Q8_0: (0, 1), T.Q4_0: (0, 1), T.Q5_0: (0, 1), T.Q5_1: (0, 2), T.IQ4_NL: (0, 1), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.IQ4_XS: (0, 2), T.Q6_K: (208, 1)}
+HALVES = {T.Q4_1: (0, 2), T.Q8_0: (0, 1), T.Q4_0: (0, 1), T.Q5_0: (0, 1), T.Q5_1: (0, 2), T.IQ4_NL: (0, 1), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.IQ4_XS: (0, 2), T.Q6_K: (208, 1), T.Q3_K: (108, 1), T.Q2_K: (80, 2)}
 
 
 def matrix(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -64,8 +64,8 @@ def test_packing_is_the_documented_layout_and_comes_back(qtype):
 def test_packing_refuses_what_it_cannot_pack():
     rng = np.random.default_rng(5)
     plain = matrix(T.Q4_1, 32, 64, rng)
-    for qtype, rows, cols in ((T.Q3_K, 32, 256), (T.F32, 32, 64), (99, 32, 64), (T.Q4_1, 24, 64), (T.Q4_1, -16, 64),
-                              (T.Q4_1, 16, 48), (T.Q4_1, 16, 0)):
+    for qtype, rows, cols in ((T.Q8_K, 32, 256), (T.F16, 32, 64), (T.F32, 32, 64), (99, 32, 64), (T.Q4_1, 24, 64),
+                              (T.Q4_1, -16, 64), (T.Q4_1, 16, 48), (T.Q4_1, 16, 0)):
         for fn in (lib.sq_rows16_pack, lib.sq_rows16_unpack):
             out = np.full_like(plain, 7)
             assert fn(int(qtype), ffi.from_buffer(plain), ffi.from_buffer(out), rows, cols) == -1, (qtype, rows, cols)
@@ -115,7 +115,7 @@ def test_products_of_a_packed_matrix_refuse_bad_arguments():
     pack = packed(T.Q4_1, matrix(T.Q4_1, 16, 64, rng), 64)
     xq = quantized_rows(VEC_DOT_TYPE[T.Q4_1], 64, 2, rng)
     y = np.full(64, 7.0, dtype=np.float32)
-    for qtype, r0, r1, tokens, cols in ((T.Q3_K, 0, 16, 1, 256), (T.Q4_1, 0, 16, 0, 64), (T.Q4_1, 8, 4, 1, 64),
+    for qtype, r0, r1, tokens, cols in ((T.F16, 0, 16, 1, 64), (T.Q4_1, 0, 16, 0, 64), (T.Q4_1, 8, 4, 1, 64),
                                         (T.Q4_1, -1, 16, 1, 64), (T.Q4_1, 0, 16, 1, 48), (99, 0, 16, 1, 64)):
         rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq), xq.shape[1],
                                    tokens, cols, ffi.from_buffer("float[]", y), 16)
@@ -137,6 +137,6 @@ def test_a_row_of_a_packed_group_decodes_as_it_did(qtype):
         assert lib.sq_dequantize_row16(int(qtype), group, r % 16, ffi.from_buffer("float[]", got), cols) == 0
         assert got.tobytes() == want.tobytes()
     got = np.full(cols, 7.0, dtype=np.float32)
-    for qtype_, r, n in ((T.Q3_K, 0, cols), (qtype, 16, cols), (qtype, -1, cols), (qtype, 0, cols + 1)):
+    for qtype_, r, n in ((T.F16, 0, cols), (qtype, 16, cols), (qtype, -1, cols), (qtype, 0, cols + 1)):
         assert lib.sq_dequantize_row16(int(qtype_), ffi.from_buffer(pack), r, ffi.from_buffer("float[]", got), n) == -1
     assert (got == 7.0).all()

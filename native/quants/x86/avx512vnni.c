@@ -3,11 +3,10 @@
  * x86/step_order.h, compiled for this CPU; and the products of every quantized type's
  * rows sixteen at a time in 512-bit registers, one row per 32-bit lane, so that an
  * activation word broadcast to every lane meets the same four codes of all sixteen rows,
- * for two tokens and more: from the file's layout (sq_steps_dot16_*: Q4_1, Q8_0, Q4_K and
- * Q6_K, with a prompt's Q4_K and Q6_K products sq_batch_dot16_*; Q4_0, Q5_0, Q5_1 and IQ4_NL
- * through rows16_block32; Q5_K, IQ4_XS, Q3_K and Q2_K through rows16_super) or, for every
- * type but Q3_K and Q2_K, from a group packed by quants/rows16.c (sq_packed_dot16_*, which
- * decode runs, and sq_packed_batch16_*).
+ * for two tokens and more: from the file's layout (sq_steps_dot16_*: Q4_K and Q6_K, with a
+ * prompt's Q4_K and Q6_K products sq_batch_dot16_*; the 32-element types through
+ * rows16_block32; Q5_K, IQ4_XS, Q3_K and Q2_K through rows16_super) or from a group packed
+ * by quants/rows16.c (sq_packed_dot16_*, which decode runs, and sq_packed_batch16_*).
  *
  * Each gives the scalar definition's bits (quants/types.h) for every row and token: a
  * lane forms a block's exact integer sum however the instructions group the products,
@@ -1020,7 +1019,12 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_packed_span16(co
     }
 }
 
-/* Q3_K: the header of a block of sixteen rows side by side, for codes that carry their
+/* Where a packed Q3_K run's words lie, in 64-byte units after its sixteen d (32 bytes):
+ * hmask's first, then qs's, then the scales'; and a packed Q2_K run's qs, after its sixteen
+ * d and dmin (64 bytes) and the scales' four. */
+enum { Q3_K_QS_AT = 8, Q3_K_SCALES_AT = 24, Q2_K_QS_AT = 4 };
+
+/* Q3_K: the header of a block of sixteen rows side by side (or a packed run), for codes that carry their
  * group's scale sc (in -32..31) as unsigned bytes (q3_K_codes16): for group g, scale2[g]
  * lane r |sc| of row r in both int16, flip[g] 7 in each byte where sc < 0, else 0; off[p]
  * the offsets of groups 2p and 2p + 1 as two int16 (in -124..0), -4 sc where sc >= 0, 3 sc
@@ -1028,15 +1032,21 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_packed_span16(co
  * products exact (see q3_K_codes16); hmask[j] lane r the hmask bytes 4j..4j+3 of row r (the
  * codes' high bits); d each row's. */
 static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uint8_t *block, int64_t row_bytes,
-                                                                      v16i scale2[16], v16i flip[16], v16i off[8],
-                                                                      v16i hmask[8], v16f *d) {
-    v16i w[4];  /* the block's last 16 bytes (qs's last two, the 12 of scales, d), as words */
-    words16_side_by_side(block + sizeof(block_q3_K) - 16, row_bytes, w);
+                                                                      const int packed, v16i scale2[16], v16i flip[16],
+                                                                      v16i off[8], v16i hmask[8], v16f *d) {
     v16i s[3];  /* s[j] lane r: row r's scales bytes 4j..4j+3 */
-    for (int j = 0; j < 3; j++)
-        s[j] = V16(or_si512)(V16(srli_epi32)(w[j], 16), V16(slli_epi32)(w[j + 1], 16));
-    v16f unused;
-    halves16(w[3], &unused, d);
+    if (packed) {
+        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)block)));
+        for (int j = 0; j < 3; j++)
+            s[j] = V16(loadu_si512)(block + 32 + 64 * (Q3_K_SCALES_AT + j));
+    } else {
+        v16i w[4];  /* the block's last 16 bytes (qs's last two, the 12 of scales, d), as words */
+        words16_side_by_side(block + sizeof(block_q3_K) - 16, row_bytes, w);
+        for (int j = 0; j < 3; j++)
+            s[j] = V16(or_si512)(V16(srli_epi32)(w[j], 16), V16(slli_epi32)(w[j + 1], 16));
+        v16f unused;
+        halves16(w[3], &unused, d);
+    }
     const v16i m4 = V16(set1_epi8)(0x0f), m2 = V16(set1_epi8)(0x03);
     v16i o[16];
     for (int k = 0; k < 4; k++) {
@@ -1057,7 +1067,11 @@ static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uin
     }
     for (int p = 0; p < 8; p++)
         off[p] = V16(or_si512)(V16(and_si512)(o[2 * p], V16(set1_epi32)(0xffff)), V16(slli_epi32)(o[2 * p + 1], 16));
-    bytes32_side_by_side(((const block_q3_K *)block)->hmask, row_bytes, hmask);
+    if (packed)
+        for (int j = 0; j < 8; j++)
+            hmask[j] = V16(loadu_si512)(block + 32 + 64 * j);
+    else
+        bytes32_side_by_side(((const block_q3_K *)block)->hmask, row_bytes, hmask);
 }
 
 /* Span c (chunks 2c and 2c + 1 of 32 elements) of a Q3_K block of sixteen rows side by side:
@@ -1070,11 +1084,14 @@ static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uin
  * (q3_K_header16). vpmullw multiplies two bytes at once by |sc| (the product of each stays
  * in its byte), and the block's sum takes no multiply per token. */
 static inline __attribute__((always_inline)) TARGET void q3_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
-                                                                     v16i low[8], const v16i hmask[8],
-                                                                     const v16i scale2[16], const v16i flip[16],
-                                                                     v16i code[2][8]) {
+                                                                     const int packed, v16i low[8],
+                                                                     const v16i hmask[8], const v16i scale2[16],
+                                                                     const v16i flip[16], v16i code[2][8]) {
     const v16i m2 = V16(set1_epi8)(0x03), bit2 = V16(set1_epi8)(0x04);
-    if (c % 2 == 0)
+    if (c % 2 == 0 && packed)
+        for (int j = 0; j < 8; j++)
+            low[j] = V16(loadu_si512)(block + 32 + 64 * (Q3_K_QS_AT + 4 * c + j));
+    else if (c % 2 == 0)
         bytes32_side_by_side(((const block_q3_K *)block)->qs + 16 * c, row_bytes, low);
     for (int h = 0; h < 2; h++) {
         const int k = 2 * c + h;
@@ -1092,28 +1109,38 @@ static inline __attribute__((always_inline)) TARGET void q3_K_codes16(const uint
  * of group g (0..15) in both int16, for q2_K_codes16; min2[p] its mins of groups 2p and 2p +
  * 1 (0..15) as two int16, for vpdpwssd by a pair of bsums; d and dmin each row's. */
 static inline __attribute__((always_inline)) TARGET void q2_K_header16(const uint8_t *block, int64_t row_bytes,
-                                                                      v16i scale2[16], v16i min2[8], v16f *d,
-                                                                      v16f *dmin) {
+                                                                      const int packed, v16i scale2[16], v16i min2[8],
+                                                                      v16f *d, v16f *dmin) {
     v16i w[4];  /* w[j] lane r: row r's scales bytes 4j..4j+3, each a scale (low nibble) and a min */
-    words16_side_by_side(block, row_bytes, w);
+    if (packed) {
+        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)block)));
+        *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(block + 32))));
+        for (int j = 0; j < 4; j++)
+            w[j] = V16(loadu_si512)(block + 64 + 64 * j);
+    } else {
+        words16_side_by_side(block, row_bytes, w);
+        uint32_t dm[16];
+        for (int r = 0; r < 16; r++)
+            memcpy(&dm[r], block + r * row_bytes + offsetof(block_q2_K, d), 4);  /* d, dmin */
+        halves16(V16(loadu_si512)(dm), d, dmin);
+    }
     for (int g = 0; g < 16; g++)
         scale2[g] = V16(and_si512)(byte_twice16(w[g / 4], g % 4), V16(set1_epi16)(0x0f));
     for (int p = 0; p < 8; p++)
         min2[p] = V16(srli_epi16)(byte_pair16(w[p / 2], 2 * (p % 2)), 4);
-    uint32_t dm[16];
-    for (int r = 0; r < 16; r++)
-        memcpy(&dm[r], block + r * row_bytes + offsetof(block_q2_K, d), 4);  /* d, dmin */
-    halves16(V16(loadu_si512)(dm), d, dmin);
 }
 
 /* Span c of a Q2_K block of sixteen rows side by side, as q3_K_codes16's but the 2-bit codes
  * (0..3) alone, each times its group's scale (0..15) by vpmullw, two bytes at once: each
  * product, at most 45, stays in its byte. */
 static inline __attribute__((always_inline)) TARGET void q2_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
-                                                                     v16i low[8], const v16i scale2[16],
-                                                                     v16i code[2][8]) {
+                                                                     const int packed, v16i low[8],
+                                                                     const v16i scale2[16], v16i code[2][8]) {
     const v16i m2 = V16(set1_epi8)(0x03);
-    if (c % 2 == 0)
+    if (c % 2 == 0 && packed)
+        for (int j = 0; j < 8; j++)
+            low[j] = V16(loadu_si512)(block + 64 + 64 * (Q2_K_QS_AT + 4 * c + j));
+    else if (c % 2 == 0)
         bytes32_side_by_side(((const block_q2_K *)block)->qs + 16 * c, row_bytes, low);
     for (int h = 0; h < 2; h++) {
         const int k = 2 * c + h;
@@ -1147,7 +1174,7 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
 }
 
 /* Sixteen rows of a type of 256-element blocks with Q8_K activations (Q5_K, IQ4_XS, Q3_K,
- * Q2_K), row_bytes apart in the file's layout (or a packed Q5_K or IQ4_XS group), times n_tokens
+ * Q2_K), row_bytes apart in the file's layout (or a packed group), times n_tokens
  * activation rows, each output
  * the scalar definition's bits for its row and token (quants/types.h), as rows16_q4_K
  * takes Q4_K's: per block a header of sixteen rows side by side (<type>_header16: the
@@ -1195,9 +1222,9 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             else if (type == SQ_IQ4_XS)
                 iq4_xs_header16(block, row_bytes, packed, scale, pairs, &d_rows);
             else if (type == SQ_Q3_K)
-                q3_K_header16(block, row_bytes, scale, flip, pairs, bits, &d_rows);
+                q3_K_header16(block, row_bytes, packed, scale, flip, pairs, bits, &d_rows);
             else
-                q2_K_header16(block, row_bytes, scale, pairs, &d_rows, &dmin_rows);
+                q2_K_header16(block, row_bytes, packed, scale, pairs, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++)
                 isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
 #pragma GCC unroll 4
@@ -1222,9 +1249,9 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                 else if (type == SQ_IQ4_XS)
                     iq4_xs_codes16(block, row_bytes, c, packed, code);
                 else if (type == SQ_Q3_K)
-                    q3_K_codes16(block, row_bytes, c, low, bits, scale, flip, code);
+                    q3_K_codes16(block, row_bytes, c, packed, low, bits, scale, flip, code);
                 else
-                    q2_K_codes16(block, row_bytes, c, low, scale, code);
+                    q2_K_codes16(block, row_bytes, c, packed, low, scale, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
                     if (type == SQ_Q3_K || type == SQ_Q2_K)
@@ -1280,6 +1307,8 @@ ROWS16_SUPER_ENTRY(q3_K, SQ_Q3_K)
 ROWS16_SUPER_ENTRY(q2_K, SQ_Q2_K)
 ROWS16_SUPER_PACKED_ENTRY(q5_K, SQ_Q5_K)
 ROWS16_SUPER_PACKED_ENTRY(iq4_xs, SQ_IQ4_XS)
+ROWS16_SUPER_PACKED_ENTRY(q3_K, SQ_Q3_K)
+ROWS16_SUPER_PACKED_ENTRY(q2_K, SQ_Q2_K)
 
 #else
 /* ISO C forbids an empty translation unit. */
