@@ -162,8 +162,8 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q6_K].rows16 = {.few = sq_steps_dot16_q6_K_avx512vnni, .prompt = sq_batch_dot16_q6_K_avx512vnni},
         [SQ_Q6_K].packed = {.few = sq_packed_dot16_q6_K_avx512vnni, .prompt = sq_packed_batch16_q6_K_avx512vnni},
 
-        /* Sixteen rows from the file's layout (and Q5_K's and IQ4_XS's packed), for a draft's
-         * tokens and a prompt's alike. */
+        /* Sixteen rows from the file's layout and packed, for a draft's tokens and a
+         * prompt's alike. */
         [SQ_Q4_0].rows16.few = sq_steps_dot16_q4_0_avx512vnni,
         [SQ_Q4_0].packed.few = sq_packed_dot16_q4_0_avx512vnni,
         [SQ_Q5_0].rows16.few = sq_steps_dot16_q5_0_avx512vnni,

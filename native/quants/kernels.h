@@ -175,9 +175,9 @@ void sq_steps_dot16_q5_1_avx512vnni(const void *rows, int64_t row_bytes, const v
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot16_iq4_nl_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                       int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-/* The same for a group of sixteen rows of any quantized type packed side by side (quants/rows16.c), from one token on: a packed matrix's
- * every product, decode's included, but for a Q4_K or Q6_K prefill's
- * (sq_packed_batch16_*_avx512vnni). */
+/* The same for a group of sixteen rows of any quantized type packed side by side
+ * (quants/rows16.c), from one token on: a packed matrix's every product, decode's
+ * included, but for a Q4_K or Q6_K prefill's (sq_packed_batch16_*_avx512vnni). */
 void sq_packed_dot16_q4_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_q5_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,

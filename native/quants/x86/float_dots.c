@@ -13,13 +13,14 @@
  * payload, so the products agree. BF16 is its float's top sixteen bits.
  *
  * Plain x86-64 has no half conversion, so the definition's F16 dot spends most of its
- * time decoding; with F16C an F16 model's products run about 8x faster.
+ * time decoding: with F16C a SmolLM2-shaped F16 model steps in 10 ms, not 71.
  *
  * At the avx512vnni setting, sixteen rows times a few tokens or a prompt's (the kernel
  * table's rows16 entries) go in tiles of two rows by four tokens: the 32 lanes of each
  * (row, token) pair are two 512-bit registers, lanes 0-15 and 16-31, so a row's chunk is
  * loaded and widened once for four tokens and a token's once for two rows, where the
- * vec_dot widens both for every pair.
+ * vec_dot widens both for every pair (one thread, 1,536 F16 rows of 576 by 64 tokens, on a
+ * Zen 4: 24 G multiply-adds/s against the vec_dot's 17).
  */
 #include "simd.h"
 
