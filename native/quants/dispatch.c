@@ -91,6 +91,8 @@ static void packed_dotn16_q4_K(const void *group, int64_t row_bytes, const void 
 
 /* Every type's vec_dot, from quants/types.h's list: a setting's row.token column. */
 #define VEC_DOT(simd, NAME, name, ...) [SQ_##NAME].row.token = sq_vec_dot_##name##_##simd,
+/* Every quantized type's one-row NEON batch: the NEON row's row.prompt column. */
+#define PROMPT_NEON(ctx, NAME, name, ...) [SQ_##NAME].row.prompt = sq_batch_dot_##name##_neon,
 
 /* By setting, then type: all NULL at SIMD_OFF, and in a build without SIMD code. */
 static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
@@ -196,18 +198,7 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
     [SIMD_BASE] = {
         SQ_QUANT_TYPES(VEC_DOT, neon)
         SQ_FLOAT_TYPES(VEC_DOT, neon)
-        [SQ_Q8_0].row.prompt = sq_batch_dot_q8_0_neon,
-        [SQ_Q4_0].row.prompt = sq_batch_dot_q4_0_neon,
-        [SQ_Q4_1].row.prompt = sq_batch_dot_q4_1_neon,
-        [SQ_Q5_0].row.prompt = sq_batch_dot_q5_0_neon,
-        [SQ_Q5_1].row.prompt = sq_batch_dot_q5_1_neon,
-        [SQ_Q2_K].row.prompt = sq_batch_dot_q2_K_neon,
-        [SQ_Q3_K].row.prompt = sq_batch_dot_q3_K_neon,
-        [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_neon,
-        [SQ_Q5_K].row.prompt = sq_batch_dot_q5_K_neon,
-        [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_neon,
-        [SQ_IQ4_NL].row.prompt = sq_batch_dot_iq4_nl_neon,
-        [SQ_IQ4_XS].row.prompt = sq_batch_dot_iq4_xs_neon,
+        SQ_QUANT_TYPES(PROMPT_NEON, _)
     },
 #endif
 };

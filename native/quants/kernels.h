@@ -24,6 +24,16 @@
  * The type table (quants/scalar.c)
  * ------------------------------------------------------------------------- */
 
+/* The bytes of a block of a quantized type (0 for any other): a constant wherever the type
+ * is one, as in the kernels that take it as a parameter and are inlined for each type. */
+#define SQ_BLOCK_SIZE_CASE(ctx, NAME, name, ...) case SQ_##NAME: return (int)sizeof(block_##name);
+static inline int sq_block_size(const int type) {
+    switch (type) {
+    SQ_QUANT_TYPES(SQ_BLOCK_SIZE_CASE, _)
+    default: return 0;
+    }
+}
+
 /* Tables indexed by type have this many slots: every listed type's GGUF number is below. */
 #define SQ_TYPE_SLOTS (SQ_BF16 + 1)
 #define SQ_CHECK_SLOT(ctx, NAME, ...) \

@@ -308,14 +308,6 @@ static inline __attribute__((always_inline)) TARGET void fifth_bits8(__m256i qh,
     }
 }
 
-/* Bytes in a block of type (Q4_0, Q5_0, Q5_1, IQ4_NL or Q8_0). */
-static inline int block32_bytes(const int type) {
-    return type == SQ_Q8_0   ? (int)sizeof(block_q8_0)
-           : type == SQ_Q5_0 ? (int)sizeof(block_q5_0)
-           : type == SQ_Q5_1 ? (int)sizeof(block_q5_1)
-                             : (int)sizeof(block_q4_0); /* IQ4_NL's the same */
-}
-
 /* Block i of eight rows of type (a constant) side by side, in the form its token steps
  * take (see above): codes[l] lane r holds row r's codes of elements 4l..4l+3, unsigned, or
  * for IQ4_NL and Q8_0 their sizes, with the codes themselves in signs[l]; d, and Q5_1's
@@ -327,7 +319,7 @@ static inline int block32_bytes(const int type) {
 static inline __attribute__((always_inline)) TARGET void block32_8(const int type, const uint8_t *rows,
                                                                   int64_t row_bytes, int64_t i, __m256i codes[8],
                                                                   __m256i signs[8], __m256 *d_rows, __m256 *m_rows) {
-    const uint8_t *b = rows + i * block32_bytes(type);
+    const uint8_t *b = rows + i * sq_block_size(type);
     if (type == SQ_Q8_0) {
         *d_rows = pair_halves(b, row_bytes, 0, 8, 1, 0, 0);
         for (int r = 0; r < 8; r++)
@@ -449,7 +441,7 @@ static inline __attribute__((always_inline)) TARGET void tokens32_8(const int ty
                                                                    const void *stop) {
     const int64_t a_bytes = type == SQ_Q5_1 ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0);
     const int qs_at = type == SQ_Q5_1 ? 4 : 2;
-    const int64_t share = 8 * (int64_t)block32_bytes(type);
+    const int64_t share = 8 * (int64_t)sq_block_size(type);
     const uint8_t *a[4];  /* token u's block i0 */
     int32_t offset[4][ROWS8_CHUNK];
     __m256 s[4], o[4];
@@ -905,10 +897,7 @@ static inline __attribute__((always_inline)) TARGET void rows8_super(const int t
                                                                     float *y, int64_t ldy) {
     enum { TILE = 64 };
     const int mins = type == SQ_Q5_K || type == SQ_Q2_K, groups16 = type == SQ_Q3_K || type == SQ_Q2_K;
-    const int64_t bytes = type == SQ_Q5_K    ? (int64_t)sizeof(block_q5_K)
-                          : type == SQ_IQ4_XS ? (int64_t)sizeof(block_iq4_xs)
-                          : type == SQ_Q3_K   ? (int64_t)sizeof(block_q3_K)
-                                              : (int64_t)sizeof(block_q2_K);
+    const int64_t bytes = sq_block_size(type);
     const uint8_t *next = rows + 8 * row_bytes;
     const int64_t piece = 8 * row_bytes / (nb > 0 ? 8 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {

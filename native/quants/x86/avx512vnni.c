@@ -553,8 +553,7 @@ static inline __attribute__((always_inline)) TARGET void block32_16(const int ty
         q8_0_block16(rows, row_bytes, i, packed, codes, d_rows);
         return;
     }
-    const int block_bytes = type == SQ_Q4_0 ? (int)sizeof(block_q4_0) : type == SQ_IQ4_NL ? (int)sizeof(block_iq4_nl)
-                          : type == SQ_Q5_0 ? (int)sizeof(block_q5_0) : (int)sizeof(block_q5_1);
+    const int block_bytes = sq_block_size(type);
     const int fifth = type == SQ_Q5_0 || type == SQ_Q5_1;
     v16i w[4], qh = V16(setzero_si512)();
     if (packed) {
@@ -631,17 +630,17 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
  * reads the blocks: the next sixteen rows' from the file's layout (prefetch_next_rows), a
  * packed group's a chunk beyond PREFETCH_AHEAD, since a chunk's blocks are read at once
  * (from memory, one thread, 2 tokens of Q4_1: 1.3-1.5x as fast as at PREFETCH_AHEAD alone). */
-static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, int block_bytes,
-                                                                       const uint8_t *rows, int64_t row_bytes,
-                                                                       const void *xq, int64_t stride, int n_tokens,
-                                                                       int64_t nb, const void *stop, float *y,
-                                                                       int64_t ldy, const int packed, const int CHUNK) {
+static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, const uint8_t *rows,
+                                                                       int64_t row_bytes, const void *xq,
+                                                                       int64_t stride, int n_tokens, int64_t nb,
+                                                                       const void *stop, float *y, int64_t ldy,
+                                                                       const int packed, const int CHUNK) {
     enum { TILE = 16 };
     v16i codes[32][8];
     v16f d_rows[32], m_rows[32];
     v16f sum[TILE], off[TILE];
     const uint8_t *next = rows + 16 * row_bytes;
-    const int64_t share = 16 * (int64_t)block_bytes;  /* of the next rows, or of a packed run, per block */
+    const int64_t share = 16 * (int64_t)sq_block_size(type);  /* of the next rows, or of a packed run, per block */
     const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -677,22 +676,19 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
 
 /* Each type's kernels: from the file's layout, and from a packed group (decode, one token,
  * a block at a time; more, 32 blocks at a time). */
-#define ROWS16_BLOCK32(name, NAME)                                                                                \
-    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,          \
-                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop,   \
-                                                   float *y, int64_t ldy) {                                      \
-        rows16_block32(SQ_##NAME, (int)sizeof(block_##name), rows, row_bytes, xq, stride, n_tokens, nb, stop, y, \
-                       ldy, 0, 32);                                                                               \
-    }                                                                                                             \
-    TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,        \
-                                                    int64_t stride, int n_tokens, int64_t nb, const void *stop,  \
-                                                    float *y, int64_t ldy) {                                     \
-        if (n_tokens == 1)                                                                                        \
-            rows16_block32(SQ_##NAME, (int)sizeof(block_##name), group, row_bytes, xq, stride, 1, nb, stop, y,    \
-                           ldy, 1, 1);                                                                            \
-        else                                                                                                      \
-            rows16_block32(SQ_##NAME, (int)sizeof(block_##name), group, row_bytes, xq, stride, n_tokens, nb,      \
-                           stop, y, ldy, 1, 32);                                                                  \
+#define ROWS16_BLOCK32(name, NAME)                                                                              \
+    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,        \
+                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop, \
+                                                   float *y, int64_t ldy) {                                    \
+        rows16_block32(SQ_##NAME, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 32);             \
+    }                                                                                                           \
+    TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
+                                                    int64_t stride, int n_tokens, int64_t nb, const void *stop,\
+                                                    float *y, int64_t ldy) {                                   \
+        if (n_tokens == 1)                                                                                      \
+            rows16_block32(SQ_##NAME, group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);                \
+        else                                                                                                    \
+            rows16_block32(SQ_##NAME, group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 32);        \
     }
 ROWS16_BLOCK32(q4_1, Q4_1)
 ROWS16_BLOCK32(q8_0, Q8_0)
@@ -1201,10 +1197,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                                                                      const int TILE) {
     enum { MAX_TILE = 64 };
     const int mins = type == SQ_Q5_K || type == SQ_Q2_K;
-    const int64_t bytes = type == SQ_Q5_K    ? (int64_t)sizeof(block_q5_K)
-                          : type == SQ_IQ4_XS ? (int64_t)sizeof(block_iq4_xs)
-                          : type == SQ_Q3_K   ? (int64_t)sizeof(block_q3_K)
-                                              : (int64_t)sizeof(block_q2_K);
+    const int64_t bytes = sq_block_size(type);
     const uint8_t *next16 = rows + 16 * row_bytes;
     const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
