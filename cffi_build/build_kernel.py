@@ -74,9 +74,11 @@ def _gcc_style_args(platform: str, options: KernelOptions) -> list[str]:
     # -fno-wrapv: Python's own CFLAGS carry -fwrapv, which stops gcc vectorizing int-counted
     # loops (and would hide signed overflow from the sanitizer). -ffp-contract=off: what gcc
     # does anyway in ISO C mode (-std=c11); clang would otherwise fuse a * b + c into one
-    # fma where the target has it, and change the bits (native/quants/types.h). -pthread:
-    # not on macOS, whose C library holds the threads.
-    args = ["-std=c11", "-O3", "-fno-wrapv", "-ffp-contract=off", "-Wall", "-Wextra", "-fno-math-errno"]
+    # fma where the target has it, and change the bits (native/quants/types.h). -g0: Python's
+    # flags ask for debug information, which doubles the time the SIMD files take to build
+    # (their inlined kernels) and changes no instruction; the sanitized and debug builds
+    # ask for it again. -pthread: not on macOS, whose C library holds the threads.
+    args = ["-std=c11", "-O3", "-g0", "-fno-wrapv", "-ffp-contract=off", "-Wall", "-Wextra", "-fno-math-errno"]
     if platform == "linux":
         args.insert(args.index("-Wextra") + 1, "-pthread")
     if options.sanitize:
