@@ -1,10 +1,12 @@
 """Weight matrices packed sixteen rows side by side, for the kernel's SIMD paths.
 
 Where the kernel runs its "avx512vnni" path, it multiplies sixteen rows at once, and reads
-Q4_1, Q8_0, Q4_K, Q5_K, IQ4_XS and Q6_K matrices fastest with each group of sixteen rows
-interleaved block by block (native/quants/rows16.c): no transpose of the rows on every pass, and one
-stream of memory where there were sixteen. On the 3B shape a decode step took 16% less
-time and a lookup draft's check of eight tokens 13% less (BENCHMARKS.md). On the "avx2"
+every quantized type's matrices with each group of sixteen rows interleaved block by block
+(native/quants/rows16.c): no transpose of the rows on every pass, and one stream of memory
+where there were sixteen. On the 3B shape a decode step took 16% less time and a lookup
+draft's check of eight tokens 13% less (BENCHMARKS.md); its sixteen-row kernels read
+packed groups alone, so a matrix left in the file's layout there takes eight rows at a
+time. On the "avx2"
 path only Q4_K matrices are packed: its eight-row Q4_K kernels take fewer multiplies per
 row than the one-row vec_dot, which paid on a CPU bound by them (Zen 1); for the other
 types they take as many, and the file's layout serves as well. The kernel says which

@@ -131,9 +131,11 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_Q5_1].rows8.few = sq_steps_dot8_q5_1_avx2,
         [SQ_IQ4_NL].rows8.few = sq_steps_dot8_iq4_nl_avx2,
     },
-    /* The VNNI copies of the vec_dots and the few-token kernels, Q8_0's eight rows, and
-     * sixteen rows at a time in 512-bit registers before eight; a prompt's one- and
-     * eight-row kernels are avx2's. The 512-bit kernels read every packable type packed. */
+    /* The VNNI copies of the vec_dots and the few-token kernels, and every quantized type's
+     * packed groups of sixteen rows in 512-bit registers: a packed matrix's every product.
+     * A matrix left in the file's layout (SMOLQ_PACK=0, no memory to spare for the packed
+     * copy) and the float types take the rows eight or sixteen at a time from there, and a
+     * prompt's one- and eight-row kernels are avx2's. */
     [SIMD_VNNI] = {
         SQ_QUANT_TYPES(VEC_DOT, avx512vnni)
         SQ_FLOAT_TYPES(VEC_DOT, avx2)
@@ -143,47 +145,34 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         [SQ_BF16].rows16.few = sq_steps_dot16_bf16_avx512vnni,
         [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx512vnni,
         [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx512vnni,
-        [SQ_Q4_1].rows16.few = sq_steps_dot16_q4_1_avx512vnni,
         [SQ_Q4_1].packed.few = sq_packed_dot16_q4_1_avx512vnni,
 
         [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx512vnni,
-        [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,  /* a matrix's last 8-15 rows */
-        [SQ_Q8_0].rows16.few = sq_steps_dot16_q8_0_avx512vnni,
+        [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,
         [SQ_Q8_0].packed.few = sq_packed_dot16_q8_0_avx512vnni,
 
         [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,
         [SQ_Q4_K].rows8 = {.few = sq_steps_dot8_q4_K_avx512vnni, .prompt = sq_batch_dot8_q4_K_avx2},
-        [SQ_Q4_K].rows16 = {.few = sq_steps_dot16_q4_K_avx512vnni, .prompt = sq_batch_dot16_q4_K_avx512vnni},
         [SQ_Q4_K].packed = {.few = sq_packed_dot16_q4_K_avx512vnni, .prompt = sq_packed_batch16_q4_K_avx512vnni},
         [SQ_Q4_K].tokens_by = 4,
 
-        /* No eight-row few-token kernel: dotn takes the rows left over from sixteen. */
+        /* No eight-row few-token kernel: dotn takes the file's rows one at a time. */
         [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx512vnni,
         [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,
         [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,
-        [SQ_Q6_K].rows16 = {.few = sq_steps_dot16_q6_K_avx512vnni, .prompt = sq_batch_dot16_q6_K_avx512vnni},
         [SQ_Q6_K].packed = {.few = sq_packed_dot16_q6_K_avx512vnni, .prompt = sq_packed_batch16_q6_K_avx512vnni},
 
-        /* Sixteen rows from the file's layout and packed, for a draft's tokens and a
-         * prompt's alike. */
-        [SQ_Q4_0].rows16.few = sq_steps_dot16_q4_0_avx512vnni,
+        /* Packed, for a draft's tokens and a prompt's alike. */
         [SQ_Q4_0].packed.few = sq_packed_dot16_q4_0_avx512vnni,
-        [SQ_Q5_0].rows16.few = sq_steps_dot16_q5_0_avx512vnni,
         [SQ_Q5_0].packed.few = sq_packed_dot16_q5_0_avx512vnni,
-        [SQ_Q5_1].rows16.few = sq_steps_dot16_q5_1_avx512vnni,
         [SQ_Q5_1].packed.few = sq_packed_dot16_q5_1_avx512vnni,
-        [SQ_IQ4_NL].rows16.few = sq_steps_dot16_iq4_nl_avx512vnni,
         [SQ_IQ4_NL].packed.few = sq_packed_dot16_iq4_nl_avx512vnni,
-        [SQ_Q5_K].rows16.few = sq_steps_dot16_q5_K_avx512vnni,
         [SQ_Q5_K].packed.few = sq_packed_dot16_q5_K_avx512vnni,
-        [SQ_IQ4_XS].rows16.few = sq_steps_dot16_iq4_xs_avx512vnni,
         [SQ_IQ4_XS].packed.few = sq_packed_dot16_iq4_xs_avx512vnni,
-        [SQ_Q3_K].rows16.few = sq_steps_dot16_q3_K_avx512vnni,
         [SQ_Q3_K].packed.few = sq_packed_dot16_q3_K_avx512vnni,
-        [SQ_Q2_K].rows16.few = sq_steps_dot16_q2_K_avx512vnni,
         [SQ_Q2_K].packed.few = sq_packed_dot16_q2_K_avx512vnni,
 
-        /* avx2's eight rows, after any sixteen at a time: a matrix's last 8-15 rows. */
+        /* avx2's eight rows, from the file's layout. */
         [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,
         [SQ_IQ4_XS].rows8.few = sq_steps_dot8_iq4_xs_avx2,
         [SQ_Q3_K].rows8.few = sq_steps_dot8_q3_K_avx2,

@@ -124,8 +124,8 @@ SQ_FLOAT_TAIL(bf16, uint16_t, sq_bf16_to_fp32)
 typedef void (*sq_vec_dotn_fn)(const void *row, const void *xq, int64_t stride, int n, int64_t nb,
                                const void *stop, float *out);
 /* Rows side by side times n_tokens activation rows stride bytes apart, into
- * y[t * ldy + r]: eight or sixteen rows row_bytes apart (sq_steps_dot8_*, sq_steps_dot16_*,
- * sq_batch_dot8_*, sq_batch_dot16_*) or a group of sixteen packed by quants/rows16.c
+ * y[t * ldy + r]: eight rows row_bytes apart (sq_steps_dot8_*, sq_batch_dot8_*), sixteen
+ * float rows (sq_steps_dot16_f*) or a group of sixteen packed by quants/rows16.c
  * (sq_packed_dot16_*, sq_packed_batch16_*), asking for the bytes to come up to stop. */
 typedef void (*sq_rows_fn)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                            int64_t nb, const void *stop, float *y, int64_t ldy);
@@ -157,37 +157,18 @@ SQ_FLOAT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
                                    int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 SQ_DECLARE_STEP_ORDER(avx2)
 SQ_DECLARE_STEP_ORDER(avx512vnni)
-/* Sixteen Q4_K rows at once, each token with the one-token vec_dot's bits, as
- * sq_steps_dot8_q4_K_* does for eight: y[t * ldy + r] for r < 16 (VNNI copy only). */
-void sq_steps_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-/* The same for sixteen Q4_1 rows, for sixteen Q8_0 rows, and for sixteen Q6_K rows (which
- * have no eight-row kernel: dotn takes their rows one at a time). */
-void sq_steps_dot16_q4_1_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_q8_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-/* The same for sixteen F32, F16 or BF16 rows (quants/x86/float_dots.c). */
+/* Sixteen F32, F16 or BF16 rows at once, each token with the one-token vec_dot's bits
+ * (quants/x86/float_dots.c): y[t * ldy + r] for r < 16 (VNNI setting only). */
 void sq_steps_dot16_f32_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                    int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot16_f16_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                    int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot16_bf16_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
-/* The same for sixteen Q4_0, Q5_0, Q5_1 or IQ4_NL rows. */
-void sq_steps_dot16_q4_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_q5_0_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_q5_1_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_iq4_nl_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-/* The same for a group of sixteen rows of any quantized type packed side by side
- * (quants/rows16.c), from one token on: a packed matrix's every product, decode's
- * included, but for a Q4_K or Q6_K prefill's (sq_packed_batch16_*_avx512vnni). */
+/* A group of sixteen rows of any quantized type packed side by side (quants/rows16.c)
+ * times n_tokens activation rows, from one token on, each output with the one-token
+ * vec_dot's bits: a packed matrix's every product, decode's included, but for a Q4_K or
+ * Q6_K prefill's (sq_packed_batch16_*_avx512vnni, its tokens in tiles of 64). */
 void sq_packed_dot16_q4_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_q5_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
@@ -208,7 +189,6 @@ void sq_packed_dot16_q2_K_avx512vnni(const void *group, int64_t row_bytes, const
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-/* sq_batch_dot16_q4_K_avx512vnni and sq_batch_dot16_q6_K_avx512vnni for a packed group. */
 void sq_packed_batch16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
@@ -266,25 +246,6 @@ void sq_steps_dot8_q3_K_avx2(const void *rows, int64_t row_bytes, const void *xq
                              int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot8_q2_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
-/* Sixteen Q4_K rows at once in 512-bit registers (CPUs with AVX-512 VNNI), tokens four at a
- * time: y[t * ldy + r] for r < 16. The next sixteen rows'
- * bytes are asked of memory up to stop. */
-void sq_batch_dot16_q4_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                    int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-/* Sixteen Q6_K rows the same way, any number of tokens. */
-void sq_batch_dot16_q6_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                    int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-/* Sixteen Q5_K, IQ4_XS, Q3_K or Q2_K rows at once, as sq_steps_dot16_q4_K_avx512vnni:
- * y[t * ldy + r] for r < 16, each with the one-token vec_dot's bits, a prompt's tokens 64
- * at a time. */
-void sq_steps_dot16_q5_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_iq4_xs_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_q3_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_steps_dot16_q2_K_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
-                                    int64_t nb, const void *stop, float *y, int64_t ldy);
 
 /* The conversions of activations into Q8_0, Q8_1 and Q8_K blocks (quants/x86/activations.c):
  * the bytes of scalar.c's quant_<format>_rows for every input. Call only when the CPU has

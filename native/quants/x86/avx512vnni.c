@@ -3,10 +3,12 @@
  * x86/step_order.h, compiled for this CPU; and the products of every quantized type's
  * rows sixteen at a time in 512-bit registers, one row per 32-bit lane, so that an
  * activation word broadcast to every lane meets the same four codes of all sixteen rows,
- * for two tokens and more: from the file's layout (sq_steps_dot16_*: Q4_K and Q6_K, with a
- * prompt's Q4_K and Q6_K products sq_batch_dot16_*; the 32-element types through
- * rows16_block32; Q5_K, IQ4_XS, Q3_K and Q2_K through rows16_super) or from a group packed
- * by quants/rows16.c (sq_packed_dot16_*, which decode runs, and sq_packed_batch16_*).
+ * from a group packed by quants/rows16.c, where each register's bytes are one load: decode,
+ * a lookup draft's check and a prompt (sq_packed_dot16_*, and sq_packed_batch16_* for a
+ * prompt's Q4_K and Q6_K); the 32-element types through rows16_block32, Q5_K, IQ4_XS, Q3_K
+ * and Q2_K through rows16_super. Every quantized type packs at this setting, so a matrix in
+ * the file's layout (SMOLQ_PACK=0, or no memory to spare for the packed copy) takes the
+ * eight-row and one-row kernels.
  *
  * Each gives the scalar definition's bits (quants/types.h) for every row and token: a
  * lane forms a block's exact integer sum however the instructions group the products,
@@ -28,33 +30,6 @@
 #include "quants/x86/side_by_side.h"
 #include "quants/x86/step_order.h"
 #include "simd512.h"
-
-/* Rows 0..7 from lo's lanes, rows 8..15 from hi's. */
-static inline TARGET v16i join_i(__m256i lo, __m256i hi) {
-    return V16(inserti64x4)(V16(castsi256_si512)(AS256I(lo)), AS256I(hi), 1);
-}
-
-/* Rows r (low half) and r + 8 (high half) of q in, word j of those sixteen rows out:
- * q[j] lane l holds word j of row l. sq_transpose8's steps in each half at once, the
- * last one taking 128-bit quarters from two registers (vpermt2q). */
-static inline TARGET void transpose8_halves(v16i q[8]) {
-    v16i t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = V16(unpacklo_epi32)(q[i], q[i + 1]);
-        t[i + 1] = V16(unpackhi_epi32)(q[i], q[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = V16(unpacklo_epi64)(t[i], t[i + 2]);
-        u[i + 1] = V16(unpackhi_epi64)(t[i], t[i + 2]);
-        u[i + 2] = V16(unpacklo_epi64)(t[i + 1], t[i + 3]);
-        u[i + 3] = V16(unpackhi_epi64)(t[i + 1], t[i + 3]);
-    }
-    const v16i first = V16(setr_epi64)(0, 1, 8, 9, 4, 5, 12, 13), second = V16(setr_epi64)(2, 3, 10, 11, 6, 7, 14, 15);
-    for (int i = 0; i < 4; i++) {
-        q[i] = V16(permutex2var_epi64)(u[i], first, u[i + 4]);
-        q[i + 4] = V16(permutex2var_epi64)(u[i], second, u[i + 4]);
-    }
-}
 
 /* prefetch_ahead's requests for a piece of a packed group's run, from `ahead` bytes on
  * rather than PREFETCH_AHEAD; where all of them lie before stop (everywhere but near a
@@ -111,43 +86,6 @@ static inline __attribute__((always_inline)) TARGET v16i dpwssd_pair(v16i acc, v
 #endif
 }
 
-/* The 16 bytes at p + r * row_bytes for sixteen rows r, side by side: w[j] lane r holds
- * bytes 4j..4j+3 of row r's (z[k]'s 128-bit quarter q holds row 4q + k's 16; then a
- * 4 x 4 transpose of words in each quarter). */
-static inline TARGET void words16_side_by_side(const uint8_t *p, int64_t row_bytes, v16i w[4]) {
-    v16i z[4];
-    for (int k = 0; k < 4; k++) {
-        const uint8_t *row = p + k * row_bytes;
-        z[k] = V16(castsi128_si512)(AS128I(_mm_loadu_si128((const __m128i *)row)));
-        z[k] = V16(inserti32x4)(z[k], AS128I(_mm_loadu_si128((const __m128i *)(row + 4 * row_bytes))), 1);
-        z[k] = V16(inserti32x4)(z[k], AS128I(_mm_loadu_si128((const __m128i *)(row + 8 * row_bytes))), 2);
-        z[k] = V16(inserti32x4)(z[k], AS128I(_mm_loadu_si128((const __m128i *)(row + 12 * row_bytes))), 3);
-    }
-    const v16i t0 = V16(unpacklo_epi32)(z[0], z[1]), t1 = V16(unpackhi_epi32)(z[0], z[1]);
-    const v16i t2 = V16(unpacklo_epi32)(z[2], z[3]), t3 = V16(unpackhi_epi32)(z[2], z[3]);
-    w[0] = V16(unpacklo_epi64)(t0, t2);
-    w[1] = V16(unpackhi_epi64)(t0, t2);
-    w[2] = V16(unpacklo_epi64)(t1, t3);
-    w[3] = V16(unpackhi_epi64)(t1, t3);
-}
-
-/* The 32 bytes at p + r * row_bytes for sixteen rows r, side by side: q[j] lane r holds
- * bytes 4j..4j+3 of row r's. */
-static inline TARGET void bytes32_side_by_side(const uint8_t *p, int64_t row_bytes, v16i q[8]) {
-    for (int r = 0; r < 8; r++)
-        q[r] = join_i(_mm256_loadu_si256((const __m256i *)(p + r * row_bytes)),
-                      _mm256_loadu_si256((const __m256i *)(p + (r + 8) * row_bytes)));
-    transpose8_halves(q);
-}
-
-/* The f16 at p + r * row_bytes for sixteen rows r, as floats. */
-static inline TARGET v16f f16_rows16(const uint8_t *p, int64_t row_bytes) {
-    uint16_t h[16];
-    for (int r = 0; r < 16; r++)
-        memcpy(&h[r], p + r * row_bytes, 2);
-    return V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)h)));
-}
-
 /* Byte b of each 32-bit word, as an int32. */
 static inline TARGET v16i byte_of_words(v16i x, int b) {
     return V16(and_si512)(V16(srli_epi32)(x, 8 * b), V16(set1_epi32)(0xff));
@@ -159,69 +97,47 @@ static inline TARGET v16i byte_twice16(v16i x, int b) {
                                                                           8 + b, -1, 12 + b, -1, 12 + b, -1))));
 }
 
-/* The two f16 halves of each lane of pairs (a block's d, and its m or dmin, of sixteen
- * rows) as floats: first lane r from lane r's low half, second from its high half. */
-static inline TARGET void halves16(v16i pairs, v16f *first, v16f *second) {
-    const v16i halves = V16(permutexvar_epi64)(
-        V16(setr_epi64)(0, 2, 4, 6, 1, 3, 5, 7),
-        V16(packus_epi32)(V16(and_si512)(pairs, V16(set1_epi32)(0xffff)), V16(srli_epi32)(pairs, 16)));
-    *first = V16(cvtph_ps)(V16(castsi512_si256)(halves));
-    *second = V16(cvtph_ps)(V16(extracti64x4_epi64)(halves, 1));
-}
-
 /* The f16 at h in every lane, as a float. */
 static inline TARGET v16f f16_lanes(uint16_t h) {
     return V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
 }
 
-/* The four entry points of a type's sixteen-row body rows16_<name>(rows, row_bytes, xq,
- * stride, n_tokens, nb, stop, y, ldy, packed, tile): the file's layout or a packed group,
- * few tokens (tiles of 16; decode's one token in a tile of its own) or a prompt's batch
- * (tiles of 64). */
+/* The two entry points of a type's sixteen-row body rows16_<name>(group, xq, stride,
+ * n_tokens, nb, stop, y, ldy, tile): few tokens (tiles of 16; decode's one token in a tile
+ * of its own) or a prompt's batch (tiles of 64). */
 #define ROWS16_ENTRIES(name)                                                                                      \
-    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,          \
-                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop,   \
-                                                   float *y, int64_t ldy) {                                      \
-        rows16_##name(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);                          \
-    }                                                                                                             \
     TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,        \
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,  \
                                                     float *y, int64_t ldy) {                                     \
+        (void)row_bytes;                                                                                          \
         if (n_tokens == 1)                                                                                        \
-            rows16_##name(group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);                             \
+            rows16_##name(group, xq, stride, 1, nb, stop, y, ldy, 1);                                           \
         else                                                                                                      \
-            rows16_##name(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);                     \
-    }                                                                                                             \
-    TARGET void sq_batch_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,          \
-                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop,   \
-                                                   float *y, int64_t ldy) {                                      \
-        rows16_##name(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);                          \
+            rows16_##name(group, xq, stride, n_tokens, nb, stop, y, ldy, 16);                                   \
     }                                                                                                             \
     TARGET void sq_packed_batch16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
                                                       int64_t stride, int n_tokens, int64_t nb, const void *stop,\
                                                       float *y, int64_t ldy) {                                   \
-        rows16_##name(group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);                         \
+        (void)row_bytes;                                                                                          \
+        rows16_##name(group, xq, stride, n_tokens, nb, stop, y, ldy, 64);                                       \
     }
 
 /* ---------------------------------------------------------------------------
- * Q4_K: sixteen rows side by side
+ * Q4_K: sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
 
-/* The headers (d, dmin, and the twelve bytes of 6-bit scales and mins) of block i of
- * sixteen Q4_K rows side by side, the scales and mins unpacked as k_scales_mins does one
+/* The headers (d, dmin, and the twelve bytes of 6-bit scales and mins) of block i of a
+ * packed group of sixteen Q4_K rows, the scales and mins unpacked as k_scales_mins does one
  * row's: scale[g] lane r holds row r's scale of group g; min2[g] holds row r's min of
  * group g in both 16-bit halves, so that vpdpwssd by it multiplies the sum of two bsums;
  * d and dmin each row's. */
-static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const uint8_t *rows, int64_t row_bytes,
-                                                                       int64_t i, const int packed, v16i scale[8],
-                                                                       v16i min2[8], v16f *d, v16f *dmin) {
-    v16i w[4];  /* w[j] lane r: header word j of row r (from a packed group: w[1..3], the d and dmin apart) */
-    const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q4_K);
-    if (packed)
-        for (int j = 1; j < 4; j++)
-            w[j] = V16(loadu_si512)(run + 64 * j);
-    else
-        words16_side_by_side(rows + i * (int64_t)sizeof(block_q4_K), row_bytes, w);
+static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const uint8_t *group, int64_t i,
+                                                                       v16i scale[8], v16i min2[8], v16f *d,
+                                                                       v16f *dmin) {
+    v16i w[4];  /* w[j] lane r: header word j of row r (w[1..3]: the run's first 64 bytes hold d and dmin) */
+    const uint8_t *run = group + i * 16 * (int64_t)sizeof(block_q4_K);
+    for (int j = 1; j < 4; j++)
+        w[j] = V16(loadu_si512)(run + 64 * j);
     /* Byte g of each lane: scales and mins of groups g (low) and 4 + g (high). */
     const v16i m6 = V16(set1_epi32)(0x3f3f3f3f), m4 = V16(set1_epi32)(0x0f0f0f0f), top2 = V16(set1_epi32)(0x30303030);
     const v16i sc_low = V16(and_si512)(w[1], m6), mn_low = V16(and_si512)(w[2], m6);
@@ -234,29 +150,20 @@ static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const ui
         min2[g] = byte_twice16(mn_low, g);
         min2[g + 4] = byte_twice16(mn_high, g);
     }
-    if (packed) {
-        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
-        *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
-    } else {
-        halves16(w[0], d, dmin);  /* word 0: the f16 d (low half) and dmin (high) */
-    }
+    *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+    *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
 }
 
-/* Span c (elements 64c .. 64c + 63) of block i of sixteen Q4_K rows side by side:
- * code[h][j] lane r holds elements 64c + 32h + 4j .. +3 of row r. */
-static inline __attribute__((always_inline)) TARGET void q4_K_codes16(const uint8_t *rows, int64_t row_bytes,
-                                                                     int64_t i, int c, const int packed,
+/* Span c (elements 64c .. 64c + 63) of block i of a packed group of sixteen Q4_K rows:
+ * code[h][j] lane r holds elements 64c + 32h + 4j .. +3 of row r (words 3 + 8c + j of the
+ * group's run: after the scales' three). */
+static inline __attribute__((always_inline)) TARGET void q4_K_codes16(const uint8_t *group, int64_t i, int c,
                                                                      v16i code[2][8]) {
     const v16i m4 = V16(set1_epi8)(0x0f);
-    v16i q[8];
-    if (packed)  /* words 3 + 8c + j of the group's run: after the scales' three */
-        for (int j = 0; j < 8; j++)
-            q[j] = V16(loadu_si512)(rows + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (4 + 8 * c + j));
-    else
-        bytes32_side_by_side(((const block_q4_K *)rows + i)->qs + 32 * c, row_bytes, q);
     for (int j = 0; j < 8; j++) {
-        code[0][j] = V16(and_si512)(q[j], m4);
-        code[1][j] = V16(and_si512)(V16(srli_epi16)(q[j], 4), m4);
+        const v16i q = V16(loadu_si512)(group + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (4 + 8 * c + j));
+        code[0][j] = V16(and_si512)(q, m4);
+        code[1][j] = V16(and_si512)(V16(srli_epi16)(q, 4), m4);
     }
 }
 
@@ -299,32 +206,30 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_packed_span16(cons
     return V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(high[0], high[1]), sc_high));
 }
 
-/* Sixteen Q4_K rows (row_bytes apart, or a packed group) times n_tokens activation rows,
+/* A packed group of sixteen Q4_K rows times n_tokens activation rows,
  * each output the scalar definition's bits for its row and token (quants/types.h): per
  * block one exact integer total of scale times products and one of mins times bsums, each
  * taken through its chain's block step by the row's d (dmin) times the token's; y = sum -
- * off. A span's codes are put side by side sixteen rows at once (q4_K_codes16) and its
- * sixteen registers stay while the tile's tokens go by, each token's code total waiting in
+ * off. A span's codes, sixteen rows at once (q4_K_codes16), take sixteen registers that
+ * stay while the tile's tokens go by, each token's code total waiting in
  * isum for the block's last span; the min totals are taken at the block's end, a group at
  * a time, from the bsums as they lie in memory. vpdpbusd forms a group's products in eight
  * instructions, where the AVX2 kernels take sixteen for half the rows.
- * TILE tokens at a time: 1 for decode (a packed group, each span's codes straight from the
- * loads to the products: q4_K_packed_span16), 16 for a few tokens (a lookup draft's
- * check), 64 for a prompt (batch), which also asks for each token's next block a block
- * ahead: a batch of long rows outgrows L2, and the hardware does not follow one block from
- * each of 64 token rows at a time. y[t * ldy + r] for r < 16.
+ * TILE tokens at a time: 1 for decode (each span's codes straight from the loads to the
+ * products: q4_K_packed_span16), 16 for a few tokens (a lookup draft's check), 64 for a
+ * prompt (batch), which also asks for each token's next block a block ahead: a batch of
+ * long rows outgrows L2, and the hardware does not follow one block from each of 64 token
+ * rows at a time. y[t * ldy + r] for r < 16.
  * The bytes to come are asked of memory up to stop a piece per span, in their order in
- * memory: from the file's layout the next sixteen rows', from a packed group those
- * PACKED_AHEAD_K ahead of the span. Asked a block's worth at a time, rows of 2,048 columns
- * streamed from memory no faster than the eight-row kernel's, where in cache they ran 30%
- * faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where they took 250
- * (one thread). */
-static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
-    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed, const int TILE) {
+ * memory, PACKED_AHEAD_K ahead of the span. Asked a block's worth at a time, rows of 2,048
+ * columns streamed from memory no faster than the eight-row kernel's, where in cache they
+ * ran 30% faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where they
+ * took 250 (one thread). */
+static inline __attribute__((always_inline)) TARGET void rows16_q4_K(const uint8_t *group, const void *xq,
+                                                                    int64_t stride, int n_tokens, int64_t nb,
+                                                                    const void *stop, float *y, int64_t ldy,
+                                                                    const int TILE) {
     enum { MAX_TILE = 64 };
-    const uint8_t *next16 = rows + 16 * row_bytes;
-    const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[MAX_TILE], off[MAX_TILE];
@@ -334,21 +239,19 @@ static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
         for (int64_t i = 0; i < nb; i++) {
             v16i scale[8], min2[8];
             v16f d_rows, dmin_rows;
-            q4_K_headers16(rows, row_bytes, i, packed, scale, min2, &d_rows, &dmin_rows);
+            q4_K_headers16(group, i, scale, min2, &d_rows, &dmin_rows);
             for (int c = 0; c < 4; c++) {
-                if (t0 == 0 && packed)  /* one stream: ahead of a quarter of the run per span */
-                    prefetch_run(rows + i * 16 * (int64_t)sizeof(block_q4_K) + c * 4 * (int64_t)sizeof(block_q4_K),
+                if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
+                    prefetch_run(group + i * 16 * (int64_t)sizeof(block_q4_K) + c * 4 * (int64_t)sizeof(block_q4_K),
                                  4 * (int)sizeof(block_q4_K), PACKED_AHEAD_K, stop);
-                else if (t0 == 0)
-                    prefetch_next_rows(next16, 4 * i + c, piece, stop);
                 if (TILE == 1) {
                     const int8_t *aq = token_block(xq, stride, 0, i)->qs + 64 * c;
-                    isum[0] = q4_K_packed_span16(rows, i, c, aq, scale[2 * c], scale[2 * c + 1],
+                    isum[0] = q4_K_packed_span16(group, i, c, aq, scale[2 * c], scale[2 * c + 1],
                                                  c ? isum[0] : V16(setzero_si512)());
                     continue;
                 }
                 v16i code[2][8];
-                q4_K_codes16(rows, row_bytes, i, c, packed, code);
+                q4_K_codes16(group, i, c, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
                     isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], c ? isum[t] : V16(setzero_si512)());
@@ -374,35 +277,23 @@ static inline __attribute__((always_inline)) TARGET void rows16_q4_K(
 ROWS16_ENTRIES(q4_K)
 
 /* ---------------------------------------------------------------------------
- * Q4_1 and Q8_0: sixteen rows side by side
+ * Q4_1 and Q8_0: sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
 
-/* Block i of sixteen Q4_1 rows side by side: codes[l] lane r holds the four codes of row r
- * that meet word l of the activation block (codes[j] the low nibbles of qs word j,
- * elements 4j..4j+3; codes[j + 4] its high nibbles, elements 16 + 4j..); d and m each
- * row's. From the file's layout (rows row_bytes apart), or from a group packed side by side
- * (quants/rows16.c), where each register's bytes are one load. */
-static inline __attribute__((always_inline)) TARGET void q4_1_block16(const uint8_t *rows, int64_t row_bytes,
-                                                                    int64_t i, const int packed, v16i codes[8],
+/* Block i of a packed group of sixteen Q4_1 rows (quants/rows16.c: each register's bytes
+ * one load): codes[l] lane r holds the four codes of row r that meet word l of the
+ * activation block (codes[j] the low nibbles of qs word j, elements 4j..4j+3; codes[j + 4]
+ * its high nibbles, elements 16 + 4j..); d and m each row's. */
+static inline __attribute__((always_inline)) TARGET void q4_1_block16(const uint8_t *group, int64_t i, v16i codes[8],
                                                                     v16f *d_rows, v16f *m_rows) {
-    v16i w[4];  /* w[j] lane r: qs word j of row r */
-    if (packed) {
-        const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q4_1);
-        *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
-        *m_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
-        for (int j = 0; j < 4; j++)
-            w[j] = V16(loadu_si512)(run + 64 + 64 * j);
-    } else {
-        uint32_t dm[16];
-        for (int r = 0; r < 16; r++)
-            memcpy(&dm[r], rows + r * row_bytes + i * (int64_t)sizeof(block_q4_1), 4);  /* d, m */
-        halves16(V16(loadu_si512)(dm), d_rows, m_rows);
-        words16_side_by_side(((const block_q4_1 *)rows + i)->qs, row_bytes, w);
-    }
+    const uint8_t *run = group + i * 16 * (int64_t)sizeof(block_q4_1);
+    *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+    *m_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
     const v16i m4 = V16(set1_epi8)(0x0f);
     for (int j = 0; j < 4; j++) {
-        codes[j] = V16(and_si512)(w[j], m4);
-        codes[j + 4] = V16(and_si512)(V16(srli_epi16)(w[j], 4), m4);
+        const v16i w = V16(loadu_si512)(run + 64 + 64 * j);  /* lane r: qs word j of row r */
+        codes[j] = V16(and_si512)(w, m4);
+        codes[j + 4] = V16(and_si512)(V16(srli_epi16)(w, 4), m4);
     }
 }
 
@@ -438,23 +329,14 @@ static inline __attribute__((always_inline)) TARGET void q4_1_tokens16(const int
     }
 }
 
-/* Block i of sixteen Q8_0 rows side by side: codes[l] lane r holds row r's codes 4l..4l+3,
- * each plus 128 so that it multiplies as an unsigned byte; d each row's. From the file's
- * layout or a packed group. */
-static inline __attribute__((always_inline)) TARGET void q8_0_block16(const uint8_t *rows, int64_t row_bytes,
-                                                                    int64_t i, const int packed, v16i codes[8],
+/* Block i of a packed group of sixteen Q8_0 rows: codes[l] lane r holds row r's codes
+ * 4l..4l+3, each plus 128 so that it multiplies as an unsigned byte; d each row's. */
+static inline __attribute__((always_inline)) TARGET void q8_0_block16(const uint8_t *group, int64_t i, v16i codes[8],
                                                                     v16f *d_rows) {
-    if (packed) {
-        const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q8_0);
-        *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
-        for (int l = 0; l < 8; l++)
-            codes[l] = V16(loadu_si512)(run + 32 + 64 * l);
-    } else {
-        *d_rows = f16_rows16(rows + i * (int64_t)sizeof(block_q8_0), row_bytes);
-        bytes32_side_by_side((const uint8_t *)((const block_q8_0 *)rows + i)->qs, row_bytes, codes);
-    }
+    const uint8_t *run = group + i * 16 * (int64_t)sizeof(block_q8_0);
+    *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
     for (int l = 0; l < 8; l++)
-        codes[l] = V16(xor_si512)(codes[l], V16(set1_epi8)((char)0x80));
+        codes[l] = V16(xor_si512)(V16(loadu_si512)(run + 32 + 64 * l), V16(set1_epi8)((char)0x80));
 }
 
 /* 128 times (the sum of an activation block's 32 codes + 4096), in every lane: what the
@@ -496,7 +378,7 @@ static inline __attribute__((always_inline)) TARGET void q8_0_tokens16(const int
 }
 
 /* ---------------------------------------------------------------------------
- * Every 32-element type: sixteen rows side by side
+ * Every 32-element type: sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
 
 /* The 32-element types go through Q4_1's and Q8_0's token steps (q4_1_tokens16,
@@ -537,56 +419,31 @@ static inline __attribute__((always_inline)) TARGET void fifth_bits16(v16i qh, v
     }
 }
 
-/* Block i of sixteen rows of a 32-element type (a constant) side by side, as its token
- * steps take it: codes[l] lane r holds row r's codes of elements 4l..4l+3 (unsigned for
- * Q4_1 and Q5_1, else plus 128); d, and the m of Q4_1 and Q5_1, each row's. From the file's layout
- * (transposed here) or a packed group (quants/rows16.c: the run holds the sixteen d, and
- * Q5_1's m, then word j of the sixteen rows at each 64 bytes, Q5's qh before the codes). */
-static inline __attribute__((always_inline)) TARGET void block32_16(const int type, const uint8_t *rows,
-                                                                   int64_t row_bytes, int64_t i, const int packed,
+/* Block i of a packed group of sixteen rows of a 32-element type (a constant), as its
+ * token steps take it: codes[l] lane r holds row r's codes of elements 4l..4l+3 (unsigned
+ * for Q4_1 and Q5_1, else plus 128); d, and the m of Q4_1 and Q5_1, each row's. The run
+ * (quants/rows16.c) holds the sixteen d, and Q5_1's m, then word j of the sixteen rows at
+ * each 64 bytes, Q5's qh before the codes. */
+static inline __attribute__((always_inline)) TARGET void block32_16(const int type, const uint8_t *group, int64_t i,
                                                                    v16i codes[8], v16f *d_rows, v16f *m_rows) {
     if (type == SQ_Q4_1) {
-        q4_1_block16(rows, row_bytes, i, packed, codes, d_rows, m_rows);
+        q4_1_block16(group, i, codes, d_rows, m_rows);
         return;
     }
     if (type == SQ_Q8_0) {
-        q8_0_block16(rows, row_bytes, i, packed, codes, d_rows);
+        q8_0_block16(group, i, codes, d_rows);
         return;
     }
-    const int block_bytes = sq_block_size(type);
     const int fifth = type == SQ_Q5_0 || type == SQ_Q5_1;
-    v16i w[4], qh = V16(setzero_si512)();
-    if (packed) {
-        const uint8_t *run = rows + i * 16 * (int64_t)block_bytes;
-        const int halves = type == SQ_Q5_1 ? 2 : 1;
-        *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
-        if (type == SQ_Q5_1)
-            *m_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
-        const uint8_t *words = run + 32 * halves;
-        if (fifth)
-            qh = V16(loadu_si512)(words);
-        for (int j = 0; j < 4; j++)
-            w[j] = V16(loadu_si512)(words + 64 * (fifth + j));
-    } else if (type == SQ_Q4_0 || type == SQ_IQ4_NL) {
-        const uint8_t *b = rows + i * block_bytes;  /* d, then the 16 code bytes */
-        *d_rows = f16_rows16(b, row_bytes);
-        words16_side_by_side(b + 2, row_bytes, w);
-    } else if (type == SQ_Q5_0) {
-        const block_q5_0 *b = (const block_q5_0 *)rows + i;
-        v16i h[4];  /* the block's first 16 bytes: h[0] d and qh's low half, h[1] qh's high half */
-        words16_side_by_side((const uint8_t *)b, row_bytes, h);
-        v16f unused;  /* qh's low half, as if an f16 */
-        halves16(h[0], d_rows, &unused);
-        qh = V16(or_si512)(V16(srli_epi32)(h[0], 16), V16(slli_epi32)(h[1], 16));
-        words16_side_by_side(b->qs, row_bytes, w);
-    } else {  /* SQ_Q5_1 */
-        const block_q5_1 *b = (const block_q5_1 *)rows + i;
-        v16i h[4];  /* the block's first 16 bytes: h[0] d and m, h[1] qh */
-        words16_side_by_side((const uint8_t *)b, row_bytes, h);
-        halves16(h[0], d_rows, m_rows);
-        qh = h[1];
-        words16_side_by_side(b->qs, row_bytes, w);
-    }
+    const uint8_t *run = group + i * 16 * (int64_t)sq_block_size(type);
+    *d_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+    if (type == SQ_Q5_1)
+        *m_rows = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
+    const uint8_t *words = run + 32 * (type == SQ_Q5_1 ? 2 : 1);
+    const v16i qh = fifth ? V16(loadu_si512)(words) : V16(setzero_si512)();
+    v16i w[4];
+    for (int j = 0; j < 4; j++)
+        w[j] = V16(loadu_si512)(words + 64 * (fifth + j));
     nibbles16(w, type == SQ_Q4_0 ? 128 - 8 : type == SQ_Q5_0 ? 128 - 16 : 0, codes);
     if (type == SQ_IQ4_NL) {
         /* the grid's values plus 128, looked up by index in every 128-bit quarter */
@@ -619,29 +476,25 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
     }
 }
 
-/* Sixteen rows of a 32-element type (row_bytes apart, or a packed group) times n_tokens
- * activation rows, each output the scalar vec_dot's bits for its row and token
- * (quants/types.h): per block the exact sum of codes times the token's codes in each
- * row's lane, its block step by the row's d times the token's, and for Q4_1 and Q5_1 the
- * offset chain's fmaf(m, s); y = sum (+ off). CHUNK blocks are put side by side at a time
- * (block32_16; 1 for decode, a block's codes straight from the loads to the products; 32
- * for a few tokens), then the tile's tokens, four at a time, each through them. y[t * ldy
- * + r] for r < 16. The bytes to come are asked of memory up to stop as the first tile
- * reads the blocks: the next sixteen rows' from the file's layout (prefetch_next_rows), a
- * packed group's a chunk beyond PREFETCH_AHEAD, since a chunk's blocks are read at once
+/* A packed group of sixteen rows of a 32-element type times n_tokens activation rows, each
+ * output the scalar vec_dot's bits for its row and token (quants/types.h): per block the
+ * exact sum of codes times the token's codes in each row's lane, its block step by the
+ * row's d times the token's, and for Q4_1 and Q5_1 the offset chain's fmaf(m, s); y = sum
+ * (+ off). CHUNK blocks are decoded at a time (block32_16; 1 for decode, a block's codes
+ * straight from the loads to the products; 32 for a few tokens), then the tile's tokens,
+ * four at a time, each through them. y[t * ldy + r] for r < 16. The bytes to come are asked of memory up to stop as the first tile
+ * reads the blocks, a chunk beyond PREFETCH_AHEAD, since a chunk's blocks are read at once
  * (from memory, one thread, 2 tokens of Q4_1: 1.3-1.5x as fast as at PREFETCH_AHEAD alone). */
-static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, const uint8_t *rows,
-                                                                       int64_t row_bytes, const void *xq,
-                                                                       int64_t stride, int n_tokens, int64_t nb,
-                                                                       const void *stop, float *y, int64_t ldy,
-                                                                       const int packed, const int CHUNK) {
+static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, const uint8_t *group,
+                                                                       const void *xq, int64_t stride, int n_tokens,
+                                                                       int64_t nb, const void *stop, float *y,
+                                                                       int64_t ldy, const int CHUNK) {
     enum { TILE = 16 };
     v16i codes[32][8];
     v16f d_rows[32], m_rows[32];
     v16f sum[TILE], off[TILE];
-    const uint8_t *next = rows + 16 * row_bytes;
-    const int64_t share = 16 * (int64_t)sq_block_size(type);  /* of the next rows, or of a packed run, per block */
-    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)share : 0);  /* packed */
+    const int64_t run = 16 * (int64_t)sq_block_size(type);  /* a block's bytes in the group */
+    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)run : 0);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
@@ -649,11 +502,9 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
-                if (t0 == 0 && packed)
-                    prefetch_run(rows + (i0 + k) * share, (int)share, ahead, stop);
-                else if (t0 == 0)
-                    prefetch_next_rows(next, i0 + k, share, stop);
-                block32_16(type, rows, row_bytes, i0 + k, packed, codes[k], &d_rows[k], &m_rows[k]);
+                if (t0 == 0)
+                    prefetch_run(group + (i0 + k) * run, (int)run, ahead, stop);
+                block32_16(type, group, i0 + k, codes[k], &d_rows[k], &m_rows[k]);
             }
             for (int t = 0; t < nt;) {
                 const int T = nt - t >= 4 ? 4 : nt - t;
@@ -674,21 +525,16 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     }
 }
 
-/* Each type's kernels: from the file's layout, and from a packed group (decode, one token,
- * a block at a time; more, 32 blocks at a time). */
+/* Each type's kernel: decode's one token a block at a time; more, 32 blocks at a time. */
 #define ROWS16_BLOCK32(name, NAME)                                                                              \
-    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,        \
-                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop, \
-                                                   float *y, int64_t ldy) {                                    \
-        rows16_block32(SQ_##NAME, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 32);             \
-    }                                                                                                           \
     TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,\
                                                     float *y, int64_t ldy) {                                   \
+        (void)row_bytes;                                                                                        \
         if (n_tokens == 1)                                                                                      \
-            rows16_block32(SQ_##NAME, group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);                \
+            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1);                              \
         else                                                                                                    \
-            rows16_block32(SQ_##NAME, group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 32);        \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, 32);                      \
     }
 ROWS16_BLOCK32(q4_1, Q4_1)
 ROWS16_BLOCK32(q8_0, Q8_0)
@@ -698,31 +544,22 @@ ROWS16_BLOCK32(q5_1, Q5_1)
 ROWS16_BLOCK32(iq4_nl, IQ4_NL)
 
 /* ---------------------------------------------------------------------------
- * Q6_K: sixteen rows side by side
+ * Q6_K: sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
 
-/* The scales and d of block i of sixteen Q6_K rows side by side: scale[g] lane r holds row
+/* The scales and d of block i of a packed group of sixteen Q6_K rows: scale[g] lane r holds row
  * r's scale of group g (codes 16g..16g+15), sign-extended; off[p] its scales of groups 2p
  * and 2p + 1, each times -32, as two int16 (|.| <= 4096), so that vpdpwssd by a pair of
- * bsums takes the codes' offset of 32 off a block's sum; d each row's. A packed run
+ * bsums takes the codes' offset of 32 off a block's sum; d each row's. The run
  * (quants/rows16.c) holds the sixteen d, then word j of the sixteen rows at 32 + 64j: ql's
  * are words 0-31, qh's 32-47, the scales' 48-51. */
-static inline __attribute__((always_inline)) TARGET void q6_K_scales16(const uint8_t *rows, int64_t row_bytes,
-                                                                      int64_t i, const int packed, v16i scale[16],
-                                                                      v16i off[8], v16f *d) {
+static inline __attribute__((always_inline)) TARGET void q6_K_scales16(const uint8_t *group, int64_t i,
+                                                                      v16i scale[16], v16i off[8], v16f *d) {
     v16i w[4];  /* w[j] lane r: scales 4j..4j+3 of row r */
-    if (packed) {
-        const uint8_t *run = rows + i * 16 * (int64_t)sizeof(block_q6_K);
-        for (int j = 0; j < 4; j++)
-            w[j] = V16(loadu_si512)(run + 32 + 64 * (48 + j));
-        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
-    } else {
-        words16_side_by_side((const uint8_t *)((const block_q6_K *)rows + i)->scales, row_bytes, w);
-        uint16_t dh[16];
-        for (int r = 0; r < 16; r++)
-            dh[r] = ((const block_q6_K *)(rows + r * row_bytes) + i)->d;
-        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)dh)));
-    }
+    const uint8_t *run = group + i * 16 * (int64_t)sizeof(block_q6_K);
+    for (int j = 0; j < 4; j++)
+        w[j] = V16(loadu_si512)(run + 32 + 64 * (48 + j));
+    *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
     for (int g = 0; g < 16; g++)  /* byte g % 4, with its sign */
         scale[g] = V16(srai_epi32)(V16(slli_epi32)(w[g / 4], 24 - 8 * (g % 4)), 24);
     for (int p = 0; p < 8; p++) {
@@ -734,47 +571,30 @@ static inline __attribute__((always_inline)) TARGET void q6_K_scales16(const uin
     }
 }
 
-/* Chunk k (codes 32k .. 32k + 31) of block i of sixteen Q6_K rows side by side: code[j]
- * lane r holds row r's 6-bit codes 32k + 4j .. +3, the low four bits from ql (bytes 64h +
- * 32(k & 1) .. of the block, h = k / 4: their low nibbles for k % 4 < 2, else their high
- * ones), the top two from bits 2(k % 4) of qh's bytes 32h ... Packed, each register's bytes
- * are one load; from the file's layout, rows r and r + 8 share a register, their codes are
- * assembled as they lie, and one transpose puts them side by side. */
-static inline __attribute__((always_inline)) TARGET void q6_K_chunk16(const uint8_t *rows, int64_t row_bytes,
-                                                                     int64_t i, int k, const int packed, v16i code[8]) {
+/* Chunk k (codes 32k .. 32k + 31) of block i of a packed group of sixteen Q6_K rows:
+ * code[j] lane r holds row r's 6-bit codes 32k + 4j .. +3, the low four bits from ql
+ * (bytes 64h + 32(k & 1) .. of the block, h = k / 4: their low nibbles for k % 4 < 2, else
+ * their high ones), the top two from bits 2(k % 4) of qh's bytes 32h ..; each register's
+ * bytes one load. */
+static inline __attribute__((always_inline)) TARGET void q6_K_chunk16(const uint8_t *group, int64_t i, int k,
+                                                                     v16i code[8]) {
     const int h = k / 4, part = k % 4;
-    v16i l[8], hb[8];
-    if (packed) {
-        const uint8_t *words = rows + i * 16 * (int64_t)sizeof(block_q6_K) + 32;
-        for (int j = 0; j < 8; j++) {
-            l[j] = V16(loadu_si512)(words + 64 * (16 * h + 8 * (part & 1) + j));
-            hb[j] = V16(loadu_si512)(words + 64 * (32 + 8 * h + j));
-        }
-    } else {
-        for (int r = 0; r < 8; r++) {
-            const block_q6_K *x = (const block_q6_K *)(rows + r * row_bytes) + i;
-            const block_q6_K *x8 = (const block_q6_K *)(rows + (r + 8) * row_bytes) + i;
-            l[r] = join_i(_mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32 * (part & 1))),
-                          _mm256_loadu_si256((const __m256i *)(x8->ql + 64 * h + 32 * (part & 1))));
-            hb[r] = join_i(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * h)),
-                           _mm256_loadu_si256((const __m256i *)(x8->qh + 32 * h)));
-        }
-    }
+    const uint8_t *words = group + i * 16 * (int64_t)sizeof(block_q6_K) + 32;
     const v16i m4 = V16(set1_epi8)(0x0f), top2 = V16(set1_epi8)(0x30);
     for (int j = 0; j < 8; j++) {
-        const v16i low = part < 2 ? l[j] : V16(srli_epi32)(l[j], 4);
-        const v16i high = part == 0   ? V16(slli_epi32)(hb[j], 4)
-                          : part == 1 ? V16(slli_epi32)(hb[j], 2)
-                          : part == 2 ? hb[j]
-                                      : V16(srli_epi32)(hb[j], 2);
+        const v16i l = V16(loadu_si512)(words + 64 * (16 * h + 8 * (part & 1) + j));
+        const v16i hb = V16(loadu_si512)(words + 64 * (32 + 8 * h + j));
+        const v16i low = part < 2 ? l : V16(srli_epi32)(l, 4);
+        const v16i high = part == 0   ? V16(slli_epi32)(hb, 4)
+                          : part == 1 ? V16(slli_epi32)(hb, 2)
+                          : part == 2 ? hb
+                                      : V16(srli_epi32)(hb, 2);
         /* (low & 0x0f) | (high & 0x30): ternary-logic 0xea is (a & b) | c */
         code[j] = V16(ternarylogic_epi32)(low, m4, V16(and_si512)(high, top2), 0xea);
     }
-    if (!packed)
-        transpose8_halves(code);
 }
 
-/* Sixteen Q6_K rows (row_bytes apart, or a packed group) times n_tokens activation rows,
+/* A packed group of sixteen Q6_K rows times n_tokens activation rows,
  * each output the scalar definition's bits for its row and token (quants/types.h): per
  * block the exact isum = sum(scale * (code - 32) * a), formed as the sum over groups of
  * the scale times vpdpbusd's sum of the unsigned codes' 16 products (|.| <= 16 * 63 * 128,
@@ -782,17 +602,16 @@ static inline __attribute__((always_inline)) TARGET void q6_K_chunk16(const uint
  * then the block step by the row's d times the token's. A chunk's eight registers of codes
  * stay while the tile's tokens go by, each token's isum waiting for the block's last chunk.
  * (88 multiplies per block and token, where the eight lanes per row of before took 136:
- * vpmaddubsw and vpdpwssd per four codes.) TILE tokens at a time: 1 for decode (a
- * packed group; the token's sums stay in registers), 16 for a few (a lookup draft's
- * check), 64 for a prompt (batch), which also asks for each token's next block a block
- * ahead. y[t * ldy + r] for r < 16; the bytes to come are asked of memory up to stop a
- * piece per chunk, as rows16_q4_K asks for them. */
-static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
-    const uint8_t *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens, int64_t nb, const void *stop,
-    float *y, int64_t ldy, const int packed, const int TILE) {
+ * vpmaddubsw and vpdpwssd per four codes.) TILE tokens at a time: 1 for decode (the
+ * token's sums stay in registers), 16 for a few (a lookup draft's check), 64 for a prompt
+ * (batch), which also asks for each token's next block a block ahead. y[t * ldy + r] for r
+ * < 16; the bytes to come are asked of memory up to stop a piece per chunk, as rows16_q4_K
+ * asks for them. */
+static inline __attribute__((always_inline)) TARGET void rows16_q6_K(const uint8_t *group, const void *xq,
+                                                                    int64_t stride, int n_tokens, int64_t nb,
+                                                                    const void *stop, float *y, int64_t ldy,
+                                                                    const int TILE) {
     enum { MAX_TILE = 64, RUN = 16 * (int)sizeof(block_q6_K) };
-    const uint8_t *next16 = rows + 16 * row_bytes;
-    const int64_t piece = 16 * row_bytes / (nb > 0 ? 8 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[MAX_TILE];
@@ -802,7 +621,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
         for (int64_t i = 0; i < nb; i++) {
             v16i scale[16], off[8];
             v16f d_rows;
-            q6_K_scales16(rows, row_bytes, i, packed, scale, off, &d_rows);
+            q6_K_scales16(group, i, scale, off, &d_rows);
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 if (TILE == 64 && i + 1 < nb)
@@ -817,11 +636,9 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {  /* unrolled: each chunk's shifts are its own */
                 v16i code[8];
-                q6_K_chunk16(rows, row_bytes, i, k, packed, code);
-                if (t0 == 0 && packed)  /* one stream: ahead of an eighth of the run per chunk */
-                    prefetch_run(rows + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop);
-                else if (t0 == 0)
-                    prefetch_next_rows(next16, 8 * i + k, piece, stop);
+                q6_K_chunk16(group, i, k, code);
+                if (t0 == 0)  /* one stream: ahead of an eighth of the run per chunk */
+                    prefetch_run(group + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 32 * k;
                     v16i g0 = V16(setzero_si512)(), g1 = V16(setzero_si512)();
@@ -846,8 +663,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(
 ROWS16_ENTRIES(q6_K)
 
 /* ---------------------------------------------------------------------------
- * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows side by side, from the file's layout (and
- * Q5_K and IQ4_XS from a packed group)
+ * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
 
 /* x shifted left by n bits in each 32-bit lane, right by -n where n < 0: masked, a bit of
@@ -866,20 +682,15 @@ static inline TARGET v16i byte_pair16(v16i x, int b) {
  * dmin, sixteen halves each, take the first): the scales, the fifth bits, the codes. */
 enum { Q5_K_SCALES_AT = 1, Q5_K_QH_AT = 4, Q5_K_QS_AT = 12 };
 
-/* Q5_K: the header of a block of sixteen rows side by side (block: the first row's, the
- * others' row_bytes apart; or a packed group's run), as q4_K_headers16 reads Q4_K's (a
- * Q5_K block's first 16 bytes are a Q4_K block's: d, dmin, the packed scales and mins, and
- * so are a packed run's first 256), and qh[j] lane r the qh bytes 4j..4j+3 of row r: the
- * fifth bits of all its codes. */
-static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uint8_t *block, int64_t row_bytes,
-                                                                      const int packed, v16i scale[8], v16i min2[8],
+/* Q5_K: the header of a block's run in a packed group of sixteen rows, as q4_K_headers16
+ * reads Q4_K's (a Q5_K run's first 256 bytes are a Q4_K run's: d, dmin, the packed scales
+ * and mins), and qh[j] lane r the qh bytes 4j..4j+3 of row r: the fifth bits of all its
+ * codes. */
+static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uint8_t *run, v16i scale[8], v16i min2[8],
                                                                       v16i qh[8], v16f *d, v16f *dmin) {
-    q4_K_headers16(block, row_bytes, 0, packed, scale, min2, d, dmin);
-    if (packed)
-        for (int j = 0; j < 8; j++)
-            qh[j] = V16(loadu_si512)(block + 64 * (Q5_K_QH_AT + j));
-    else
-        bytes32_side_by_side(((const block_q5_K *)block)->qh, row_bytes, qh);
+    q4_K_headers16(run, 0, scale, min2, d, dmin);
+    for (int j = 0; j < 8; j++)
+        qh[j] = V16(loadu_si512)(run + 64 * (Q5_K_QH_AT + j));
 }
 
 /* The codes of one register of a Q5_K span (q: the bytes of qs word j of span c, sixteen
@@ -891,21 +702,13 @@ static inline __attribute__((always_inline)) TARGET void q5_K_word16(v16i q, v16
     *high = V16(ternarylogic_epi32)(V16(srli_epi16)(q, 4), m4, V16(and_si512)(shift_bits(qh, 3 - 2 * c), bit4), 0xea);
 }
 
-/* Span c (elements 64c .. 64c + 63) of a Q5_K block of sixteen rows side by side, as
- * q4_K_codes16's: the nibbles of qs and the fifth bits of qh (q5_K_header16), so codes in
- * 0..31 (a group's sum in q4_K_span16 at most 32 * 31 * 127 < 2^17, times a scale below
- * 64). From a packed run each register's bytes are one load. */
-static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
-                                                                     const int packed, const v16i qh[8],
+/* Span c (elements 64c .. 64c + 63) of a Q5_K block's run, as q4_K_codes16's: the nibbles
+ * of qs and the fifth bits of qh (q5_K_header16), so codes in 0..31 (a group's sum in
+ * q4_K_span16 at most 32 * 31 * 127 < 2^17, times a scale below 64). */
+static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint8_t *run, int c, const v16i qh[8],
                                                                      v16i code[2][8]) {
-    v16i q[8];
-    if (packed)
-        for (int j = 0; j < 8; j++)
-            q[j] = V16(loadu_si512)(block + 64 * (Q5_K_QS_AT + 8 * c + j));
-    else
-        bytes32_side_by_side(((const block_q5_K *)block)->qs + 32 * c, row_bytes, q);
     for (int j = 0; j < 8; j++)
-        q5_K_word16(q[j], qh[j], c, &code[0][j], &code[1][j]);
+        q5_K_word16(V16(loadu_si512)(run + 64 * (Q5_K_QS_AT + 8 * c + j)), qh[j], c, &code[0][j], &code[1][j]);
 }
 
 /* q5_K_codes16 and q4_K_span16 at once for T tokens (one or two) and a packed run, as
@@ -937,23 +740,16 @@ static inline __attribute__((always_inline)) TARGET void q5_K_packed_span16(cons
  * take the first): the low bits of the scales, the codes. */
 enum { IQ4_XS_SCALES_AT = 1, IQ4_XS_QS_AT = 2 };
 
-/* IQ4_XS: the header of a block of sixteen rows side by side (or a packed run): scale[g]
+/* IQ4_XS: the header of a block's run in a packed group of sixteen rows: scale[g]
  * lane r row r's scale of group g (s - 32, in -32..31); off[g] -128 times it in both int16
  * (|.| <= 4096), so that vpdpwssd by the group's two bsums takes off the 128 that
  * iq4_xs_codes16 adds to every grid value; d each row's. */
-static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const uint8_t *block, int64_t row_bytes,
-                                                                        const int packed, v16i scale[8], v16i off[8],
-                                                                        v16f *d) {
-    v16i w[4];  /* w[0] lane r: row r's d (low half) and scales_h (high); w[1] its scales_l */
-    if (packed) {
-        w[0] = V16(slli_epi32)(V16(cvtepu16_epi32)(AS256I(_mm256_loadu_si256((const __m256i *)(block + 32)))), 16);
-        w[1] = V16(loadu_si512)(block + 64 * IQ4_XS_SCALES_AT);
-        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)block)));
-    } else {
-        words16_side_by_side(block, row_bytes, w);
-        v16f unused;
-        halves16(w[0], d, &unused);
-    }
+static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const uint8_t *run, v16i scale[8],
+                                                                        v16i off[8], v16f *d) {
+    v16i w[2];  /* w[0] lane r: row r's scales_h (high half); w[1] its scales_l */
+    w[0] = V16(slli_epi32)(V16(cvtepu16_epi32)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32)))), 16);
+    w[1] = V16(loadu_si512)(run + 64 * IQ4_XS_SCALES_AT);
+    *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
     for (int g = 0; g < 8; g++) {
         /* the low four bits: nibble g of scales_l; the high two: bits 2g, 2g + 1 of scales_h */
         const v16i s = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w[1], 4 * g), V16(set1_epi32)(0x0f)),
@@ -972,23 +768,17 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_word16(v16i q, v
     *high = V16(shuffle_epi8)(grid, V16(and_si512)(V16(srli_epi16)(q, 4), m4));
 }
 
-/* Span c of an IQ4_XS block of sixteen rows side by side, as q4_K_codes16's: code[h][j]
+/* Span c of an IQ4_XS block's run, as q4_K_codes16's: code[h][j]
  * lane r holds the grid values of row r's elements 32h + 4j .. +3 of the span (group 2c + h:
  * its qs bytes 0..15 hold elements 0..15 in their low nibbles, 16..31 in their high ones),
  * each plus 128 (1..241), so that it multiplies as an unsigned byte (a group's sum in
  * q4_K_span16 at most 32 * 241 * 127 < 2^20, times a scale of at most 32: the block's isum
- * with the offsets' share stays below 2^29). From a packed run each register is one load. */
-static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const uint8_t *block, int64_t row_bytes,
-                                                                       int c, const int packed, v16i code[2][8]) {
-    v16i q[8];
-    if (packed)
-        for (int j = 0; j < 8; j++)
-            q[j] = V16(loadu_si512)(block + 64 * (IQ4_XS_QS_AT + 8 * c + j));
-    else
-        bytes32_side_by_side(((const block_iq4_xs *)block)->qs + 32 * c, row_bytes, q);
+ * with the offsets' share stays below 2^29). */
+static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const uint8_t *run, int c, v16i code[2][8]) {
     for (int h = 0; h < 2; h++)
         for (int j = 0; j < 4; j++)
-            iq4_xs_word16(q[4 * h + j], &code[h][j], &code[h][j + 4]);
+            iq4_xs_word16(V16(loadu_si512)(run + 64 * (IQ4_XS_QS_AT + 8 * c + 4 * h + j)), &code[h][j],
+                          &code[h][j + 4]);
 }
 
 /* iq4_xs_codes16 and q4_K_span16 at once for T tokens (one or two) and a packed run, as
@@ -1020,29 +810,20 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_packed_span16(co
  * d and dmin (64 bytes) and the scales' four. */
 enum { Q3_K_QS_AT = 8, Q3_K_SCALES_AT = 24, Q2_K_QS_AT = 4 };
 
-/* Q3_K: the header of a block of sixteen rows side by side (or a packed run), for codes that carry their
+/* Q3_K: the header of a block's run in a packed group of sixteen rows, for codes that carry their
  * group's scale sc (in -32..31) as unsigned bytes (q3_K_codes16): for group g, scale2[g]
  * lane r |sc| of row r in both int16, flip[g] 7 in each byte where sc < 0, else 0; off[p]
  * the offsets of groups 2p and 2p + 1 as two int16 (in -124..0), -4 sc where sc >= 0, 3 sc
  * where sc < 0, so that vpdpwssd by a pair of bsums makes the block's sum of the codes'
  * products exact (see q3_K_codes16); hmask[j] lane r the hmask bytes 4j..4j+3 of row r (the
  * codes' high bits); d each row's. */
-static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uint8_t *block, int64_t row_bytes,
-                                                                      const int packed, v16i scale2[16], v16i flip[16],
-                                                                      v16i off[8], v16i hmask[8], v16f *d) {
+static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uint8_t *run, v16i scale2[16],
+                                                                      v16i flip[16], v16i off[8], v16i hmask[8],
+                                                                      v16f *d) {
     v16i s[3];  /* s[j] lane r: row r's scales bytes 4j..4j+3 */
-    if (packed) {
-        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)block)));
-        for (int j = 0; j < 3; j++)
-            s[j] = V16(loadu_si512)(block + 32 + 64 * (Q3_K_SCALES_AT + j));
-    } else {
-        v16i w[4];  /* the block's last 16 bytes (qs's last two, the 12 of scales, d), as words */
-        words16_side_by_side(block + sizeof(block_q3_K) - 16, row_bytes, w);
-        for (int j = 0; j < 3; j++)
-            s[j] = V16(or_si512)(V16(srli_epi32)(w[j], 16), V16(slli_epi32)(w[j + 1], 16));
-        v16f unused;
-        halves16(w[3], &unused, d);
-    }
+    *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+    for (int j = 0; j < 3; j++)
+        s[j] = V16(loadu_si512)(run + 32 + 64 * (Q3_K_SCALES_AT + j));
     const v16i m4 = V16(set1_epi8)(0x0f), m2 = V16(set1_epi8)(0x03);
     v16i o[16];
     for (int k = 0; k < 4; k++) {
@@ -1063,14 +844,11 @@ static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uin
     }
     for (int p = 0; p < 8; p++)
         off[p] = V16(or_si512)(V16(and_si512)(o[2 * p], V16(set1_epi32)(0xffff)), V16(slli_epi32)(o[2 * p + 1], 16));
-    if (packed)
-        for (int j = 0; j < 8; j++)
-            hmask[j] = V16(loadu_si512)(block + 32 + 64 * j);
-    else
-        bytes32_side_by_side(((const block_q3_K *)block)->hmask, row_bytes, hmask);
+    for (int j = 0; j < 8; j++)
+        hmask[j] = V16(loadu_si512)(run + 32 + 64 * j);
 }
 
-/* Span c (chunks 2c and 2c + 1 of 32 elements) of a Q3_K block of sixteen rows side by side:
+/* Span c (chunks 2c and 2c + 1 of 32 elements) of a Q3_K block's run:
  * code[h][j] lane r holds row r's elements 64c + 32h + 4j .. +3 as bytes w = c' |sc| where
  * sc >= 0, (7 - c') |sc| where sc < 0 (w <= 7 * 32 = 224), c' = q + 4 in 0..7 its code: the
  * two low bits from bits 2s of the qs bytes 32m .. 32m + 31 of its half m = k / 4 (chunk k
@@ -1079,16 +857,13 @@ static inline __attribute__((always_inline)) TARGET void q3_K_header16(const uin
  * 0: the group's products sum(sc q a) are sum(w a) + off's share times its bsum
  * (q3_K_header16). vpmullw multiplies two bytes at once by |sc| (the product of each stays
  * in its byte), and the block's sum takes no multiply per token. */
-static inline __attribute__((always_inline)) TARGET void q3_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
-                                                                     const int packed, v16i low[8],
+static inline __attribute__((always_inline)) TARGET void q3_K_codes16(const uint8_t *run, int c, v16i low[8],
                                                                      const v16i hmask[8], const v16i scale2[16],
                                                                      const v16i flip[16], v16i code[2][8]) {
     const v16i m2 = V16(set1_epi8)(0x03), bit2 = V16(set1_epi8)(0x04);
-    if (c % 2 == 0 && packed)
+    if (c % 2 == 0)
         for (int j = 0; j < 8; j++)
-            low[j] = V16(loadu_si512)(block + 32 + 64 * (Q3_K_QS_AT + 4 * c + j));
-    else if (c % 2 == 0)
-        bytes32_side_by_side(((const block_q3_K *)block)->qs + 16 * c, row_bytes, low);
+            low[j] = V16(loadu_si512)(run + 32 + 64 * (Q3_K_QS_AT + 4 * c + j));
     for (int h = 0; h < 2; h++) {
         const int k = 2 * c + h;
         for (int j = 0; j < 8; j++) {
@@ -1101,43 +876,31 @@ static inline __attribute__((always_inline)) TARGET void q3_K_codes16(const uint
     }
 }
 
-/* Q2_K: the header of a block of sixteen rows side by side: scale2[g] lane r row r's scale
+/* Q2_K: the header of a block's run in a packed group of sixteen rows: scale2[g] lane r row r's scale
  * of group g (0..15) in both int16, for q2_K_codes16; min2[p] its mins of groups 2p and 2p +
  * 1 (0..15) as two int16, for vpdpwssd by a pair of bsums; d and dmin each row's. */
-static inline __attribute__((always_inline)) TARGET void q2_K_header16(const uint8_t *block, int64_t row_bytes,
-                                                                      const int packed, v16i scale2[16], v16i min2[8],
-                                                                      v16f *d, v16f *dmin) {
+static inline __attribute__((always_inline)) TARGET void q2_K_header16(const uint8_t *run, v16i scale2[16],
+                                                                      v16i min2[8], v16f *d, v16f *dmin) {
     v16i w[4];  /* w[j] lane r: row r's scales bytes 4j..4j+3, each a scale (low nibble) and a min */
-    if (packed) {
-        *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)block)));
-        *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(block + 32))));
-        for (int j = 0; j < 4; j++)
-            w[j] = V16(loadu_si512)(block + 64 + 64 * j);
-    } else {
-        words16_side_by_side(block, row_bytes, w);
-        uint32_t dm[16];
-        for (int r = 0; r < 16; r++)
-            memcpy(&dm[r], block + r * row_bytes + offsetof(block_q2_K, d), 4);  /* d, dmin */
-        halves16(V16(loadu_si512)(dm), d, dmin);
-    }
+    *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
+    *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
+    for (int j = 0; j < 4; j++)
+        w[j] = V16(loadu_si512)(run + 64 + 64 * j);
     for (int g = 0; g < 16; g++)
         scale2[g] = V16(and_si512)(byte_twice16(w[g / 4], g % 4), V16(set1_epi16)(0x0f));
     for (int p = 0; p < 8; p++)
         min2[p] = V16(srli_epi16)(byte_pair16(w[p / 2], 2 * (p % 2)), 4);
 }
 
-/* Span c of a Q2_K block of sixteen rows side by side, as q3_K_codes16's but the 2-bit codes
+/* Span c of a Q2_K block's run, as q3_K_codes16's but the 2-bit codes
  * (0..3) alone, each times its group's scale (0..15) by vpmullw, two bytes at once: each
  * product, at most 45, stays in its byte. */
-static inline __attribute__((always_inline)) TARGET void q2_K_codes16(const uint8_t *block, int64_t row_bytes, int c,
-                                                                     const int packed, v16i low[8],
+static inline __attribute__((always_inline)) TARGET void q2_K_codes16(const uint8_t *run, int c, v16i low[8],
                                                                      const v16i scale2[16], v16i code[2][8]) {
     const v16i m2 = V16(set1_epi8)(0x03);
-    if (c % 2 == 0 && packed)
+    if (c % 2 == 0)
         for (int j = 0; j < 8; j++)
-            low[j] = V16(loadu_si512)(block + 64 + 64 * (Q2_K_QS_AT + 4 * c + j));
-    else if (c % 2 == 0)
-        bytes32_side_by_side(((const block_q2_K *)block)->qs + 16 * c, row_bytes, low);
+            low[j] = V16(loadu_si512)(run + 64 + 64 * (Q2_K_QS_AT + 4 * c + j));
     for (int h = 0; h < 2; h++) {
         const int k = 2 * c + h;
         for (int j = 0; j < 8; j++)
@@ -1169,13 +932,12 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
     return V16(add_epi32)(even, odd);
 }
 
-/* Sixteen rows of a type of 256-element blocks with Q8_K activations (Q5_K, IQ4_XS, Q3_K,
- * Q2_K), row_bytes apart in the file's layout (or a packed group), times n_tokens
- * activation rows, each output
- * the scalar definition's bits for its row and token (quants/types.h), as rows16_q4_K
- * takes Q4_K's: per block a header of sixteen rows side by side (<type>_header16: the
- * integer scales, the pairs that meet the bsums, d and dmin), then four spans of 64 codes
- * put side by side (<type>_codes16) that stay while the tile's tokens go by, each token's
+/* A packed group of sixteen rows of a type of 256-element blocks with Q8_K activations
+ * (Q5_K, IQ4_XS, Q3_K, Q2_K) times n_tokens activation rows, each output the scalar
+ * definition's bits for its row and token (quants/types.h), as rows16_q4_K takes Q4_K's:
+ * per block a header of sixteen rows (<type>_header16: the integer scales, the pairs that
+ * meet the bsums, d and dmin), then four spans of 64 codes (<type>_codes16) that stay
+ * while the tile's tokens go by, each token's
  * isum waiting for the block's last span. The codes go to vpdpbusd as unsigned bytes;
  * where that takes an offset (IQ4_XS's grid values plus 128, Q3_K's codes with their
  * scales folded in), the pairs take it back off exactly through the bsums at the block's
@@ -1185,21 +947,17 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
  * groups of 16 would take twice as many). y = sum, or sum - off. TILE tokens at a time: 16
  * for a few, 64 for a prompt (tiles of 32 were 2-4% slower; asking for each token's next
  * activation block a block ahead, as rows16_q4_K does, made 64 tokens of Q5_K rows of
- * 11,008 columns 12% slower, one thread); 1 (decode) or 2 from a packed Q5_K or IQ4_XS group, each
- * span's codes from the loads straight to the products (q5_K_packed_span16). The bytes to
- * come are asked of memory up to stop a piece per span: from the file's layout the next
- * sixteen rows', from a packed group those PACKED_AHEAD_K ahead of the span, as
+ * 11,008 columns 12% slower, one thread); 1 (decode) or 2 of Q5_K or IQ4_XS, each span's
+ * codes from the loads straight to the products (q5_K_packed_span16). The bytes to come are
+ * asked of memory up to stop a piece per span, PACKED_AHEAD_K ahead of the span, as
  * rows16_q4_K asks. y[t * ldy + r] for r < 16. */
-static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *rows,
-                                                                     int64_t row_bytes, const void *xq, int64_t stride,
-                                                                     int n_tokens, int64_t nb, const void *stop,
-                                                                     float *y, int64_t ldy, const int packed,
-                                                                     const int TILE) {
+static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *group,
+                                                                     const void *xq, int64_t stride, int n_tokens,
+                                                                     int64_t nb, const void *stop, float *y,
+                                                                     int64_t ldy, const int TILE) {
     enum { MAX_TILE = 64 };
     const int mins = type == SQ_Q5_K || type == SQ_Q2_K;
     const int64_t bytes = sq_block_size(type);
-    const uint8_t *next16 = rows + 16 * row_bytes;
-    const int64_t piece = 16 * row_bytes / (nb > 0 ? 4 * nb : 1);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[MAX_TILE], off[MAX_TILE];
@@ -1207,44 +965,42 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
         for (int t = 0; t < nt; t++)
             sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
-            const uint8_t *block = rows + i * (packed ? 16 : 1) * bytes;  /* the first row's, or the run */
+            const uint8_t *run = group + i * 16 * bytes;
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
             v16f d_rows, dmin_rows = V16(setzero_ps)();
             if (type == SQ_Q5_K)
-                q5_K_header16(block, row_bytes, packed, scale, pairs, bits, &d_rows, &dmin_rows);
+                q5_K_header16(run, scale, pairs, bits, &d_rows, &dmin_rows);
             else if (type == SQ_IQ4_XS)
-                iq4_xs_header16(block, row_bytes, packed, scale, pairs, &d_rows);
+                iq4_xs_header16(run, scale, pairs, &d_rows);
             else if (type == SQ_Q3_K)
-                q3_K_header16(block, row_bytes, packed, scale, flip, pairs, bits, &d_rows);
+                q3_K_header16(run, scale, flip, pairs, bits, &d_rows);
             else
-                q2_K_header16(block, row_bytes, packed, scale, pairs, &d_rows, &dmin_rows);
+                q2_K_header16(run, scale, pairs, &d_rows, &dmin_rows);
             for (int t = 0; t < nt; t++)
                 isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
-                if (t0 == 0 && packed)  /* one stream: ahead of a quarter of the run per span */
-                    prefetch_run(block + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
-                else if (t0 == 0)
-                    prefetch_next_rows(next16, 4 * i + c, piece, stop);
+                if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
+                    prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
                 if (TILE <= 2 && (type == SQ_Q5_K || type == SQ_IQ4_XS)) {  /* TILE tokens exactly (the entry) */
                     const int8_t *aq[2];
                     for (int t = 0; t < TILE; t++)
                         aq[t] = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
                     if (type == SQ_Q5_K)
-                        q5_K_packed_span16(block, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
+                        q5_K_packed_span16(run, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
                     else
-                        iq4_xs_packed_span16(block, c, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
+                        iq4_xs_packed_span16(run, c, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
                     continue;
                 }
                 v16i code[2][8];
                 if (type == SQ_Q5_K)
-                    q5_K_codes16(block, row_bytes, c, packed, bits, code);
+                    q5_K_codes16(run, c, bits, code);
                 else if (type == SQ_IQ4_XS)
-                    iq4_xs_codes16(block, row_bytes, c, packed, code);
+                    iq4_xs_codes16(run, c, code);
                 else if (type == SQ_Q3_K)
-                    q3_K_codes16(block, row_bytes, c, packed, low, bits, scale, flip, code);
+                    q3_K_codes16(run, c, low, bits, scale, flip, code);
                 else
-                    q2_K_codes16(block, row_bytes, c, packed, low, scale, code);
+                    q2_K_codes16(run, c, low, scale, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
                     if (type == SQ_Q3_K || type == SQ_Q2_K)
@@ -1266,38 +1022,24 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
     }
 }
 
-/* sq_steps_dot16_<name>_avx512vnni: rows16_super for a type, its tokens sixteen at a time
- * for a few, 64 at a time for a prompt. */
-#define ROWS16_SUPER_ENTRY(name, TYPE)                                                                          \
-    TARGET void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq,        \
-                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop, \
-                                                   float *y, int64_t ldy) {                                    \
-        if (n_tokens <= 16)                                                                                     \
-            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 16);                \
-        else                                                                                                    \
-            rows16_super(TYPE, rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 0, 64);                \
-    }
-
-/* The same for a packed group, decode's one token, or two, in a tile of their own (no
- * packed prompt kernel: a prompt's tokens come here too, 64 at a time). */
+/* sq_packed_dot16_<name>_avx512vnni: rows16_super for a type, decode's one token, or two,
+ * in a tile of their own, a few sixteen at a time, a prompt 64 at a time (no prompt kernel
+ * of its own: a prompt's tokens come here too). */
 #define ROWS16_SUPER_PACKED_ENTRY(name, TYPE)                                                                   \
     TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,\
                                                     float *y, int64_t ldy) {                                   \
+        (void)row_bytes;                                                                                        \
         if (n_tokens == 1)                                                                                      \
-            rows16_super(TYPE, group, row_bytes, xq, stride, 1, nb, stop, y, ldy, 1, 1);                       \
+            rows16_super(TYPE, group, xq, stride, 1, nb, stop, y, ldy, 1);                                     \
         else if (n_tokens == 2)                                                                                 \
-            rows16_super(TYPE, group, row_bytes, xq, stride, 2, nb, stop, y, ldy, 1, 2);                       \
+            rows16_super(TYPE, group, xq, stride, 2, nb, stop, y, ldy, 2);                                     \
         else if (n_tokens <= 16)                                                                                \
-            rows16_super(TYPE, group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 16);               \
+            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 16);                             \
         else                                                                                                    \
-            rows16_super(TYPE, group, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 1, 64);               \
+            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 64);                             \
     }
 
-ROWS16_SUPER_ENTRY(q5_K, SQ_Q5_K)
-ROWS16_SUPER_ENTRY(iq4_xs, SQ_IQ4_XS)
-ROWS16_SUPER_ENTRY(q3_K, SQ_Q3_K)
-ROWS16_SUPER_ENTRY(q2_K, SQ_Q2_K)
 ROWS16_SUPER_PACKED_ENTRY(q5_K, SQ_Q5_K)
 ROWS16_SUPER_PACKED_ENTRY(iq4_xs, SQ_IQ4_XS)
 ROWS16_SUPER_PACKED_ENTRY(q3_K, SQ_Q3_K)
