@@ -4,9 +4,19 @@
  * sleeping thread for each would cost more than the work. Workers therefore spin on a
  * generation counter for a while after each job and only sleep on a condition variable
  * when no job has come for a long time (between prompts, say).
+ *
+ * A job is n_threads shares, and a share goes to whichever thread claims it first: the
+ * caller and the workers take them one at a time until none is left, and the job is done
+ * when every share is. So a worker the system has not scheduled yet (more runnable threads
+ * than cores: another program busy, or several engines at once) does not hold the job up;
+ * the caller takes its share, where waiting for it cost a scheduler time slice per
+ * mat-vec. The caller only takes a share no worker has started, so the job never ends
+ * later than it would waiting. A share's index, not the thread's, is the `ith` a job
+ * sees (its scratch, its part of the work).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "pool.h"
@@ -28,10 +38,13 @@ struct sq_pool {
     worker_arg *args;       /* [n_threads - 1] */
     sq_mutex mu;            /* guards sleeping, with `wake` */
     sq_cond wake;
-    atomic_int generation;  /* bumped once per job; workers compare with the last seen */
-    atomic_int pending;     /* workers that have not finished the current job */
+    /* The current job's generation (high 32 bits, bumped once per job; workers compare it
+     * with the last they saw) and its next unclaimed share (low 32 bits): one word, so a
+     * claim is of this job's share or fails. */
+    atomic_llong claims;
+    atomic_int pending;     /* the current job's shares not finished */
     atomic_int stop;
-    sq_job_fn fn;           /* the current job: written before generation is bumped */
+    sq_job_fn fn;           /* the current job: written before its generation is published */
     void *ctx;
 };
 
@@ -43,10 +56,12 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static uint32_t generation_of(long long claims) { return (uint32_t)((unsigned long long)claims >> 32); }
+
 /* Waits until the generation differs from `seen`; returns the new one. */
-static int wait_for_job(sq_pool *pool, int seen) {
+static uint32_t wait_for_job(sq_pool *pool, uint32_t seen) {
     for (int i = 0; i < SPIN_ROUNDS + YIELD_ROUNDS; i++) {
-        int g = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        uint32_t g = generation_of(atomic_load_explicit(&pool->claims, memory_order_acquire));
         if (g != seen) return g;
         if (i < SPIN_ROUNDS)
             cpu_relax();
@@ -54,21 +69,34 @@ static int wait_for_job(sq_pool *pool, int seen) {
             sq_thread_yield();
     }
     sq_mutex_lock(&pool->mu);
-    int g;
-    while ((g = atomic_load(&pool->generation)) == seen) sq_cond_wait(&pool->wake, &pool->mu);
+    uint32_t g;
+    while ((g = generation_of(atomic_load(&pool->claims))) == seen) sq_cond_wait(&pool->wake, &pool->mu);
     sq_mutex_unlock(&pool->mu);
     return g;
+}
+
+/* Runs the shares of job `generation` this thread claims, until none is left unclaimed
+ * (or the pool has moved on to a later job). */
+static void take_shares(sq_pool *pool, uint32_t generation) {
+    long long claims = atomic_load_explicit(&pool->claims, memory_order_acquire);
+    while (generation_of(claims) == generation && (claims & 0xffffffff) < pool->n_threads) {
+        if (!atomic_compare_exchange_weak_explicit(&pool->claims, &claims, claims + 1, memory_order_acquire,
+                                                   memory_order_acquire))
+            continue;  /* claims now holds what another thread left */
+        pool->fn(pool->ctx, (int)(claims & 0xffffffff), pool->n_threads);
+        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+        claims = atomic_load_explicit(&pool->claims, memory_order_acquire);
+    }
 }
 
 static sq_thread_result SQ_THREAD_CALL worker_main(void *p) {
     worker_arg *arg = p;
     sq_pool *pool = arg->pool;
-    int seen = 0; /* the generation before any job: a job published before this thread ran is not missed */
+    uint32_t seen = 0; /* the generation before any job: a job published before this thread ran is not missed */
     for (;;) {
         seen = wait_for_job(pool, seen);
         if (atomic_load(&pool->stop)) break;
-        pool->fn(pool->ctx, arg->ith, pool->n_threads);
-        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+        take_shares(pool, seen);
     }
     return 0;
 }
@@ -104,15 +132,18 @@ fail:
 
 int sq_pool_threads(const sq_pool *pool) { return pool->n_threads; }
 
-/* Publishes a job under the mutex so a worker about to sleep cannot miss the wake-up. */
-static void publish(sq_pool *pool, sq_job_fn fn, void *ctx) {
+/* Publishes a job, its shares all unclaimed, under the mutex so a worker about to sleep
+ * cannot miss the wake-up; returns its generation. */
+static uint32_t publish(sq_pool *pool, sq_job_fn fn, void *ctx) {
     sq_mutex_lock(&pool->mu);
     pool->fn = fn;
     pool->ctx = ctx;
-    atomic_store(&pool->pending, pool->n_threads - 1);
-    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    atomic_store(&pool->pending, pool->n_threads);
+    const uint32_t generation = generation_of(atomic_load(&pool->claims)) + 1;
+    atomic_store_explicit(&pool->claims, (long long)((unsigned long long)generation << 32), memory_order_release);
     sq_cond_broadcast(&pool->wake);
     sq_mutex_unlock(&pool->mu);
+    return generation;
 }
 
 void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx) {
@@ -120,8 +151,8 @@ void sq_pool_run(sq_pool *pool, sq_job_fn fn, void *ctx) {
         fn(ctx, 0, 1);
         return;
     }
-    publish(pool, fn, ctx);
-    fn(ctx, 0, pool->n_threads);
+    take_shares(pool, publish(pool, fn, ctx));
+    /* the shares workers claimed and are still running */
     for (int i = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++) {
         if (i < SPIN_ROUNDS)
             cpu_relax();
