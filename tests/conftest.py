@@ -23,8 +23,8 @@ def header_cache_dir(tmp_path_factory) -> Path:
 
 def pytest_configure(config):
     """Under pytest-xdist, an engine given no thread count takes its share of the cores:
-    with every worker's engines on all cores, the threads outnumber the cores and each
-    matrix product waits for a descheduled one (a third of the run's time on two cores).
+    with every worker's engines on all cores, the threads would outnumber the cores and
+    take turns at them.
     The tests of thread counts name theirs; the bits are the same at any count."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "SMOLQ_THREADS" not in os.environ:
