@@ -153,7 +153,7 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
 
         [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,
         [SQ_Q4_K].rows8 = {.few = sq_steps_dot8_q4_K_avx512vnni, .prompt = sq_batch_dot8_q4_K_avx2},
-        [SQ_Q4_K].packed = {.few = sq_packed_dot16_q4_K_avx512vnni, .prompt = sq_packed_batch16_q4_K_avx512vnni},
+        [SQ_Q4_K].packed.few = sq_packed_dot16_q4_K_avx512vnni,
         [SQ_Q4_K].tokens_by = 4,
 
         /* No eight-row few-token kernel: dotn takes the file's rows one at a time. */

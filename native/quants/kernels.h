@@ -168,7 +168,7 @@ void sq_steps_dot16_bf16_avx512vnni(const void *rows, int64_t row_bytes, const v
 /* A group of sixteen rows of any quantized type packed side by side (quants/rows16.c)
  * times n_tokens activation rows, from one token on, each output with the one-token
  * vec_dot's bits: a packed matrix's every product, decode's included, but for a Q4_K or
- * Q6_K prefill's (sq_packed_batch16_*_avx512vnni, its tokens in tiles of 64). */
+ * Q6_K prefill's (sq_packed_batch16_q6_K_avx512vnni, its tokens in tiles of 64). */
 void sq_packed_dot16_q4_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_q5_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
@@ -189,8 +189,6 @@ void sq_packed_dot16_q2_K_avx512vnni(const void *group, int64_t row_bytes, const
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                      int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_batch16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                       int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_packed_dot16_q4_1_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,

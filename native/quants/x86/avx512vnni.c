@@ -102,28 +102,8 @@ static inline TARGET v16f f16_lanes(uint16_t h) {
     return V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
 }
 
-/* The two entry points of a type's sixteen-row body rows16_<name>(group, xq, stride,
- * n_tokens, nb, stop, y, ldy, tile): few tokens (tiles of 16; decode's one token in a tile
- * of its own) or a prompt's batch (tiles of 64). */
-#define ROWS16_ENTRIES(name)                                                                                      \
-    TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,        \
-                                                    int64_t stride, int n_tokens, int64_t nb, const void *stop,  \
-                                                    float *y, int64_t ldy) {                                     \
-        (void)row_bytes;                                                                                          \
-        if (n_tokens == 1)                                                                                        \
-            rows16_##name(group, xq, stride, 1, nb, stop, y, ldy, 1);                                           \
-        else                                                                                                      \
-            rows16_##name(group, xq, stride, n_tokens, nb, stop, y, ldy, 16);                                   \
-    }                                                                                                             \
-    TARGET void sq_packed_batch16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
-                                                      int64_t stride, int n_tokens, int64_t nb, const void *stop,\
-                                                      float *y, int64_t ldy) {                                   \
-        (void)row_bytes;                                                                                          \
-        rows16_##name(group, xq, stride, n_tokens, nb, stop, y, ldy, 64);                                       \
-    }
-
 /* ---------------------------------------------------------------------------
- * Q4_K: sixteen rows packed side by side
+ * Q4_K (and Q5_K, IQ4_XS after it): sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
 
 /* The headers (d, dmin, and the twelve bytes of 6-bit scales and mins) of block i of a
@@ -187,94 +167,31 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
     return isum;
 }
 
-/* q4_K_codes16 and q4_K_span16 at once for one token and a packed group: each register of
- * codes goes from its load straight to its products. (Put side by side first, the sixteen
- * registers of a span went to the stack and back, and decode took 1.3x as long.) */
-static inline __attribute__((always_inline)) TARGET v16i q4_K_packed_span16(const uint8_t *rows, int64_t i, int c,
-                                                                            const int8_t *aq, v16i sc_low,
-                                                                            v16i sc_high, v16i isum) {
-    const uint8_t *words = rows + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (4 + 8 * c);
+/* q4_K_codes16 and q4_K_span16 at once for T tokens (one or two) and a block's run: each
+ * register of codes goes from its load straight to its products. (Put side by side first,
+ * the sixteen registers of a span went to the stack and back, and decode took 1.3x as
+ * long.) */
+static inline __attribute__((always_inline)) TARGET void q4_K_packed_span16(const uint8_t *run, int c, const int T,
+                                                                           const int8_t *const aq[2], v16i sc_low,
+                                                                           v16i sc_high, v16i isum[2]) {
+    const uint8_t *words = run + 64 * (4 + 8 * c);
     const v16i m4 = V16(set1_epi8)(0x0f);
-    v16i low[2], high[2];  /* the two groups' chains of alternate words, as q4_K_span16's */
-    low[0] = low[1] = high[0] = high[1] = V16(setzero_si512)();
+    v16i low[2][2], high[2][2];  /* per token the two groups' chains of alternate words, as q4_K_span16's */
+    for (int t = 0; t < T; t++)
+        low[t][0] = low[t][1] = high[t][0] = high[t][1] = V16(setzero_si512)();
     for (int j = 0; j < 8; j++) {
         const v16i q = V16(loadu_si512)(words + 64 * j);
-        low[j & 1] = dpbusd_word(low[j & 1], V16(and_si512)(q, m4), aq + 4 * j);
-        high[j & 1] = dpbusd_word(high[j & 1], V16(and_si512)(V16(srli_epi16)(q, 4), m4), aq + 32 + 4 * j);
-    }
-    isum = V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(low[0], low[1]), sc_low));
-    return V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(high[0], high[1]), sc_high));
-}
-
-/* A packed group of sixteen Q4_K rows times n_tokens activation rows,
- * each output the scalar definition's bits for its row and token (quants/types.h): per
- * block one exact integer total of scale times products and one of mins times bsums, each
- * taken through its chain's block step by the row's d (dmin) times the token's; y = sum -
- * off. A span's codes, sixteen rows at once (q4_K_codes16), take sixteen registers that
- * stay while the tile's tokens go by, each token's code total waiting in
- * isum for the block's last span; the min totals are taken at the block's end, a group at
- * a time, from the bsums as they lie in memory. vpdpbusd forms a group's products in eight
- * instructions, where the AVX2 kernels take sixteen for half the rows.
- * TILE tokens at a time: 1 for decode (each span's codes straight from the loads to the
- * products: q4_K_packed_span16), 16 for a few tokens (a lookup draft's check), 64 for a
- * prompt (batch), which also asks for each token's next block a block ahead: a batch of
- * long rows outgrows L2, and the hardware does not follow one block from each of 64 token
- * rows at a time. y[t * ldy + r] for r < 16.
- * The bytes to come are asked of memory up to stop a piece per span, in their order in
- * memory, PACKED_AHEAD_K ahead of the span. Asked a block's worth at a time, rows of 2,048
- * columns streamed from memory no faster than the eight-row kernel's, where in cache they
- * ran 30% faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where they
- * took 250 (one thread). */
-static inline __attribute__((always_inline)) TARGET void rows16_q4_K(const uint8_t *group, const void *xq,
-                                                                    int64_t stride, int n_tokens, int64_t nb,
-                                                                    const void *stop, float *y, int64_t ldy,
-                                                                    const int TILE) {
-    enum { MAX_TILE = 64 };
-    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
-        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        v16f sum[MAX_TILE], off[MAX_TILE];
-        v16i isum[MAX_TILE];
-        for (int t = 0; t < nt; t++)
-            sum[t] = off[t] = V16(setzero_ps)();
-        for (int64_t i = 0; i < nb; i++) {
-            v16i scale[8], min2[8];
-            v16f d_rows, dmin_rows;
-            q4_K_headers16(group, i, scale, min2, &d_rows, &dmin_rows);
-            for (int c = 0; c < 4; c++) {
-                if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
-                    prefetch_run(group + i * 16 * (int64_t)sizeof(block_q4_K) + c * 4 * (int64_t)sizeof(block_q4_K),
-                                 4 * (int)sizeof(block_q4_K), PACKED_AHEAD_K, stop);
-                if (TILE == 1) {
-                    const int8_t *aq = token_block(xq, stride, 0, i)->qs + 64 * c;
-                    isum[0] = q4_K_packed_span16(group, i, c, aq, scale[2 * c], scale[2 * c + 1],
-                                                 c ? isum[0] : V16(setzero_si512)());
-                    continue;
-                }
-                v16i code[2][8];
-                q4_K_codes16(group, i, c, code);
-                for (int t = 0; t < nt; t++) {
-                    const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], c ? isum[t] : V16(setzero_si512)());
-                }
-            }
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                if (TILE == 64 && i + 1 < nb)
-                    prefetch_block_q8_K(a + 1);
-                v16i imin = V16(setzero_si512)();
-                for (int g = 0; g < 8; g++)
-                    imin = dpwssd_pair(imin, min2[g], a->bsums + 2 * g);
-                const v16f a_d = V16(set1_ps)(a->d);
-                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sum[t]);
-                off[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(imin), V16(mul_ps)(dmin_rows, a_d), off[t]);
-            }
+        const v16i lo = V16(and_si512)(q, m4), hi = V16(and_si512)(V16(srli_epi16)(q, 4), m4);
+        for (int t = 0; t < T; t++) {
+            low[t][j & 1] = dpbusd_word(low[t][j & 1], lo, aq[t] + 4 * j);
+            high[t][j & 1] = dpbusd_word(high[t][j & 1], hi, aq[t] + 32 + 4 * j);
         }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, V16(sub_ps)(sum[t], off[t]));
+    }
+    for (int t = 0; t < T; t++) {
+        isum[t] = V16(add_epi32)(isum[t], V16(mullo_epi32)(V16(add_epi32)(low[t][0], low[t][1]), sc_low));
+        isum[t] = V16(add_epi32)(isum[t], V16(mullo_epi32)(V16(add_epi32)(high[t][0], high[t][1]), sc_high));
     }
 }
-
-ROWS16_ENTRIES(q4_K)
 
 /* ---------------------------------------------------------------------------
  * Q4_1 and Q8_0: sixteen rows packed side by side
@@ -605,7 +522,7 @@ static inline __attribute__((always_inline)) TARGET void q6_K_chunk16(const uint
  * vpmaddubsw and vpdpwssd per four codes.) TILE tokens at a time: 1 for decode (the
  * token's sums stay in registers), 16 for a few (a lookup draft's check), 64 for a prompt
  * (batch), which also asks for each token's next block a block ahead. y[t * ldy + r] for r
- * < 16; the bytes to come are asked of memory up to stop a piece per chunk, as rows16_q4_K
+ * < 16; the bytes to come are asked of memory up to stop a piece per chunk, as rows16_super
  * asks for them. */
 static inline __attribute__((always_inline)) TARGET void rows16_q6_K(const uint8_t *group, const void *xq,
                                                                     int64_t stride, int n_tokens, int64_t nb,
@@ -660,7 +577,22 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(const uint8
     }
 }
 
-ROWS16_ENTRIES(q6_K)
+/* Q6_K's entry points: a few tokens in tiles of 16 (decode's one token in a tile of its
+ * own), a prompt's batch in tiles of 64. */
+TARGET void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                            int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    (void)row_bytes;
+    if (n_tokens == 1)
+        rows16_q6_K(group, xq, stride, 1, nb, stop, y, ldy, 1);
+    else
+        rows16_q6_K(group, xq, stride, n_tokens, nb, stop, y, ldy, 16);
+}
+
+TARGET void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                              int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    (void)row_bytes;
+    rows16_q6_K(group, xq, stride, n_tokens, nb, stop, y, ldy, 64);
+}
 
 /* ---------------------------------------------------------------------------
  * Q5_K, IQ4_XS, Q3_K and Q2_K: sixteen rows packed side by side
@@ -933,30 +865,36 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
 }
 
 /* A packed group of sixteen rows of a type of 256-element blocks with Q8_K activations
- * (Q5_K, IQ4_XS, Q3_K, Q2_K) times n_tokens activation rows, each output the scalar
- * definition's bits for its row and token (quants/types.h), as rows16_q4_K takes Q4_K's:
- * per block a header of sixteen rows (<type>_header16: the integer scales, the pairs that
- * meet the bsums, d and dmin), then four spans of 64 codes (<type>_codes16) that stay
- * while the tile's tokens go by, each token's
- * isum waiting for the block's last span. The codes go to vpdpbusd as unsigned bytes;
- * where that takes an offset (IQ4_XS's grid values plus 128, Q3_K's codes with their
- * scales folded in), the pairs take it back off exactly through the bsums at the block's
- * start; Q5_K's and Q2_K's pairs are their mins, whose sum takes the second chain's block
- * step at the block's end. A group's products meet its scale by vpmulld per token and
- * group of 32 (Q5_K, IQ4_XS, as Q4_K's), or are scaled in the codes (Q3_K, Q2_K: their
- * groups of 16 would take twice as many). y = sum, or sum - off. TILE tokens at a time: 16
- * for a few, 64 for a prompt (tiles of 32 were 2-4% slower; asking for each token's next
- * activation block a block ahead, as rows16_q4_K does, made 64 tokens of Q5_K rows of
- * 11,008 columns 12% slower, one thread); 1 (decode) or 2 of Q5_K or IQ4_XS, each span's
- * codes from the loads straight to the products (q5_K_packed_span16). The bytes to come are
- * asked of memory up to stop a piece per span, PACKED_AHEAD_K ahead of the span, as
- * rows16_q4_K asks. y[t * ldy + r] for r < 16. */
+ * (Q4_K, Q5_K, IQ4_XS, Q3_K, Q2_K) times n_tokens activation rows, each output the scalar
+ * definition's bits for its row and token (quants/types.h): per block a header of sixteen
+ * rows (<type>_header16: the integer scales, the pairs that meet the bsums, d and dmin),
+ * then four spans of 64 codes (<type>_codes16), sixteen registers that stay while the
+ * tile's tokens go by, each token's isum waiting for the block's last span. vpdpbusd forms
+ * a group's products in eight instructions, where the AVX2 kernels take sixteen for half
+ * the rows. The codes go to vpdpbusd as unsigned bytes; where that takes an offset (IQ4_XS's
+ * grid values plus 128, Q3_K's codes with their scales folded in), the pairs take it back
+ * off exactly through the bsums at the block's start; Q4_K's, Q5_K's and Q2_K's pairs are
+ * their mins, whose sum takes the second chain's block step at the block's end. A group's
+ * products meet its scale by vpmulld per token and group of 32 (Q4_K, Q5_K, IQ4_XS), or are
+ * scaled in the codes (Q3_K, Q2_K: their groups of 16 would take twice as many). y = sum,
+ * or sum - off.
+ * TILE tokens at a time: 1 (decode) or 2 of Q4_K, Q5_K or IQ4_XS, each span's codes from
+ * the loads straight to the products (<type>_packed_span16); 16 for a few (a lookup
+ * draft's check), 64 for a prompt (tiles of 32 were 2-4% slower). Q4_K's prompt also asks
+ * for each token's next activation block a block ahead: a batch of long rows outgrows L2,
+ * and the hardware does not follow one block from each of 64 token rows at a time (the
+ * same made 64 tokens of Q5_K rows of 11,008 columns 12% slower, one thread).
+ * The bytes to come are asked of memory up to stop a piece per span, in their order in
+ * memory, PACKED_AHEAD_K ahead of the span. (Asked a block's worth at a time, Q4_K rows of
+ * 2,048 columns streamed from memory no faster than the eight-row kernel's, where in cache
+ * they ran 30% faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where
+ * they took 250, one thread.) y[t * ldy + r] for r < 16. */
 static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *group,
                                                                      const void *xq, int64_t stride, int n_tokens,
                                                                      int64_t nb, const void *stop, float *y,
                                                                      int64_t ldy, const int TILE) {
     enum { MAX_TILE = 64 };
-    const int mins = type == SQ_Q5_K || type == SQ_Q2_K;
+    const int mins = type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K;
     const int64_t bytes = sq_block_size(type);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -968,7 +906,9 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             const uint8_t *run = group + i * 16 * bytes;
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
             v16f d_rows, dmin_rows = V16(setzero_ps)();
-            if (type == SQ_Q5_K)
+            if (type == SQ_Q4_K)
+                q4_K_headers16(run, 0, scale, pairs, &d_rows, &dmin_rows);
+            else if (type == SQ_Q5_K)
                 q5_K_header16(run, scale, pairs, bits, &d_rows, &dmin_rows);
             else if (type == SQ_IQ4_XS)
                 iq4_xs_header16(run, scale, pairs, &d_rows);
@@ -982,18 +922,22 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
                 if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
                     prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
-                if (TILE <= 2 && (type == SQ_Q5_K || type == SQ_IQ4_XS)) {  /* TILE tokens exactly (the entry) */
+                if (TILE <= 2 && (type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_IQ4_XS)) {  /* TILE tokens exactly */
                     const int8_t *aq[2];
                     for (int t = 0; t < TILE; t++)
                         aq[t] = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    if (type == SQ_Q5_K)
+                    if (type == SQ_Q4_K)
+                        q4_K_packed_span16(run, c, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
+                    else if (type == SQ_Q5_K)
                         q5_K_packed_span16(run, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
                     else
                         iq4_xs_packed_span16(run, c, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
                     continue;
                 }
                 v16i code[2][8];
-                if (type == SQ_Q5_K)
+                if (type == SQ_Q4_K)
+                    q4_K_codes16(run, 0, c, code);
+                else if (type == SQ_Q5_K)
                     q5_K_codes16(run, c, bits, code);
                 else if (type == SQ_IQ4_XS)
                     iq4_xs_codes16(run, c, code);
@@ -1011,6 +955,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (TILE == 64 && type == SQ_Q4_K && i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);
                 const v16f a_d = V16(set1_ps)(a->d);
                 sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sum[t]);
                 if (mins)
@@ -1040,6 +986,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 64);                             \
     }
 
+ROWS16_SUPER_PACKED_ENTRY(q4_K, SQ_Q4_K)
 ROWS16_SUPER_PACKED_ENTRY(q5_K, SQ_Q5_K)
 ROWS16_SUPER_PACKED_ENTRY(iq4_xs, SQ_IQ4_XS)
 ROWS16_SUPER_PACKED_ENTRY(q3_K, SQ_Q3_K)
