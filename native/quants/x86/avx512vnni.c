@@ -916,8 +916,11 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                 q3_K_header16(run, scale, flip, pairs, bits, &d_rows);
             else
                 q2_K_header16(run, scale, pairs, &d_rows, &dmin_rows);
+            /* a token's isum: the offsets' share from the bsums, or, where the pairs are
+             * mins, nothing until the first span's products (decode's spans add to zeros) */
             for (int t = 0; t < nt; t++)
-                isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
+                if (!mins || TILE <= 2)
+                    isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
                 if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
@@ -947,10 +950,11 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                     q2_K_codes16(run, c, low, scale, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
+                    const v16i so_far = c == 0 && mins ? V16(setzero_si512)() : isum[t];
                     if (type == SQ_Q3_K || type == SQ_Q2_K)
-                        isum[t] = span16_scaled(aq, code, isum[t]);
+                        isum[t] = span16_scaled(aq, code, so_far);
                     else
-                        isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], isum[t]);
+                        isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], so_far);
                 }
             }
             for (int t = 0; t < nt; t++) {
