@@ -134,14 +134,17 @@ static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const ui
     *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
 }
 
+/* Where a packed Q4_K run's codes lie, in 64-byte units from the run's start: after the
+ * sixteen d and dmin (the first) and the scales' three. */
+enum { Q4_K_QS_AT = 4 };
+
 /* Span c (elements 64c .. 64c + 63) of block i of a packed group of sixteen Q4_K rows:
- * code[h][j] lane r holds elements 64c + 32h + 4j .. +3 of row r (words 3 + 8c + j of the
- * group's run: after the scales' three). */
+ * code[h][j] lane r holds elements 64c + 32h + 4j .. +3 of row r. */
 static inline __attribute__((always_inline)) TARGET void q4_K_codes16(const uint8_t *group, int64_t i, int c,
                                                                      v16i code[2][8]) {
     const v16i m4 = V16(set1_epi8)(0x0f);
     for (int j = 0; j < 8; j++) {
-        const v16i q = V16(loadu_si512)(group + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (4 + 8 * c + j));
+        const v16i q = V16(loadu_si512)(group + i * 16 * (int64_t)sizeof(block_q4_K) + 64 * (Q4_K_QS_AT + 8 * c + j));
         code[0][j] = V16(and_si512)(q, m4);
         code[1][j] = V16(and_si512)(V16(srli_epi16)(q, 4), m4);
     }
@@ -165,32 +168,6 @@ static inline __attribute__((always_inline)) TARGET v16i q4_K_span16(const int8_
         isum = V16(add_epi32)(isum, V16(mullo_epi32)(V16(add_epi32)(even, odd), sc));
     }
     return isum;
-}
-
-/* q4_K_codes16 and q4_K_span16 at once for T tokens (one or two) and a block's run: each
- * register of codes goes from its load straight to its products. (Put side by side first,
- * the sixteen registers of a span went to the stack and back, and decode took 1.3x as
- * long.) */
-static inline __attribute__((always_inline)) TARGET void q4_K_packed_span16(const uint8_t *run, int c, const int T,
-                                                                           const int8_t *const aq[2], v16i sc_low,
-                                                                           v16i sc_high, v16i isum[2]) {
-    const uint8_t *words = run + 64 * (4 + 8 * c);
-    const v16i m4 = V16(set1_epi8)(0x0f);
-    v16i low[2][2], high[2][2];  /* per token the two groups' chains of alternate words, as q4_K_span16's */
-    for (int t = 0; t < T; t++)
-        low[t][0] = low[t][1] = high[t][0] = high[t][1] = V16(setzero_si512)();
-    for (int j = 0; j < 8; j++) {
-        const v16i q = V16(loadu_si512)(words + 64 * j);
-        const v16i lo = V16(and_si512)(q, m4), hi = V16(and_si512)(V16(srli_epi16)(q, 4), m4);
-        for (int t = 0; t < T; t++) {
-            low[t][j & 1] = dpbusd_word(low[t][j & 1], lo, aq[t] + 4 * j);
-            high[t][j & 1] = dpbusd_word(high[t][j & 1], hi, aq[t] + 32 + 4 * j);
-        }
-    }
-    for (int t = 0; t < T; t++) {
-        isum[t] = V16(add_epi32)(isum[t], V16(mullo_epi32)(V16(add_epi32)(low[t][0], low[t][1]), sc_low));
-        isum[t] = V16(add_epi32)(isum[t], V16(mullo_epi32)(V16(add_epi32)(high[t][0], high[t][1]), sc_high));
-    }
 }
 
 /* ---------------------------------------------------------------------------
@@ -643,20 +620,29 @@ static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint
         q5_K_word16(V16(loadu_si512)(run + 64 * (Q5_K_QS_AT + 8 * c + j)), qh[j], c, &code[0][j], &code[1][j]);
 }
 
-/* q5_K_codes16 and q4_K_span16 at once for T tokens (one or two) and a packed run, as
- * q4_K_packed_span16 for Q4_K: each register of codes from its load straight to its
- * products, none parked on the stack. (Two tokens through the tile of sixteen, its codes
+/* The codes of span c of a Q4_K or Q5_K block's run (q4_K_codes16, q5_K_codes16; qh:
+ * Q5_K's fifth bits) and q4_K_span16 at once for T tokens (one or two): each register of
+ * codes goes from its load straight to its products, none parked on the stack. (Put side
+ * by side first, the sixteen registers of a Q4_K span went to the stack and back, and
+ * decode took 1.3x as long; two Q5_K tokens through the tile of sixteen, its codes
  * parked, read 0.78x as fast as the file's layout did.) */
-static inline __attribute__((always_inline)) TARGET void q5_K_packed_span16(const uint8_t *run, int c,
-                                                                           const v16i qh[8], const int T,
-                                                                           const int8_t *const aq[2], v16i sc_low,
-                                                                           v16i sc_high, v16i isum[2]) {
+static inline __attribute__((always_inline)) TARGET void k_packed_span16(const int type, const uint8_t *run, int c,
+                                                                        const v16i qh[8], const int T,
+                                                                        const int8_t *const aq[2], v16i sc_low,
+                                                                        v16i sc_high, v16i isum[2]) {
+    const v16i m4 = V16(set1_epi8)(0x0f);
     v16i low[2][2], high[2][2];  /* per token the two groups' chains of alternate words, as q4_K_span16's */
     for (int t = 0; t < T; t++)
         low[t][0] = low[t][1] = high[t][0] = high[t][1] = V16(setzero_si512)();
     for (int j = 0; j < 8; j++) {
         v16i lo, hi;
-        q5_K_word16(V16(loadu_si512)(run + 64 * (Q5_K_QS_AT + 8 * c + j)), qh[j], c, &lo, &hi);
+        if (type == SQ_Q5_K) {
+            q5_K_word16(V16(loadu_si512)(run + 64 * (Q5_K_QS_AT + 8 * c + j)), qh[j], c, &lo, &hi);
+        } else {
+            const v16i q = V16(loadu_si512)(run + 64 * (Q4_K_QS_AT + 8 * c + j));
+            lo = V16(and_si512)(q, m4);
+            hi = V16(and_si512)(V16(srli_epi16)(q, 4), m4);
+        }
         for (int t = 0; t < T; t++) {
             low[t][j & 1] = dpbusd_word(low[t][j & 1], lo, aq[t] + 4 * j);
             high[t][j & 1] = dpbusd_word(high[t][j & 1], hi, aq[t] + 32 + 4 * j);
@@ -714,7 +700,7 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const ui
 }
 
 /* iq4_xs_codes16 and q4_K_span16 at once for T tokens (one or two) and a packed run, as
- * q5_K_packed_span16: register k of the span's codes holds group k / 4's elements 4k..
+ * k_packed_span16: register k of the span's codes holds group k / 4's elements 4k..
  * (low nibbles) and 16 + 4k.. (high), each summed in a chain of its own. */
 static inline __attribute__((always_inline)) TARGET void iq4_xs_packed_span16(const uint8_t *run, int c, const int T,
                                                                              const int8_t *const aq[2], v16i sc_low,
@@ -879,8 +865,8 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
  * scaled in the codes (Q3_K, Q2_K: their groups of 16 would take twice as many). y = sum,
  * or sum - off.
  * TILE tokens at a time: 1 (decode) or 2 of Q4_K, Q5_K or IQ4_XS, each span's codes from
- * the loads straight to the products (<type>_packed_span16); 16 for a few (a lookup
- * draft's check), 64 for a prompt (tiles of 32 were 2-4% slower). Q4_K's prompt also asks
+ * the loads straight to the products (k_packed_span16, iq4_xs_packed_span16); 16 for a few
+ * (a lookup draft's check), 64 for a prompt (tiles of 32 were 2-4% slower). Q4_K's prompt also asks
  * for each token's next activation block a block ahead: a batch of long rows outgrows L2,
  * and the hardware does not follow one block from each of 64 token rows at a time (the
  * same made 64 tokens of Q5_K rows of 11,008 columns 12% slower, one thread).
@@ -929,10 +915,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                     const int8_t *aq[2];
                     for (int t = 0; t < TILE; t++)
                         aq[t] = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    if (type == SQ_Q4_K)
-                        q4_K_packed_span16(run, c, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
-                    else if (type == SQ_Q5_K)
-                        q5_K_packed_span16(run, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
+                    if (type == SQ_Q4_K || type == SQ_Q5_K)
+                        k_packed_span16(type, run, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
                     else
                         iq4_xs_packed_span16(run, c, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
                     continue;
