@@ -41,7 +41,7 @@ struct sq_pool {
     /* The current job's generation (high 32 bits, bumped once per job; workers compare it
      * with the last they saw) and its next unclaimed share (low 32 bits): one word, so a
      * claim is of this job's share or fails. */
-    atomic_llong claims;
+    atomic_ullong claims;
     atomic_int pending;     /* the current job's shares not finished */
     atomic_int stop;
     sq_job_fn fn;           /* the current job: written before its generation is published */
@@ -56,7 +56,7 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static uint32_t generation_of(long long claims) { return (uint32_t)((unsigned long long)claims >> 32); }
+static uint32_t generation_of(unsigned long long claims) { return (uint32_t)(claims >> 32); }
 
 /* Waits until the generation differs from `seen`; returns the new one. */
 static uint32_t wait_for_job(sq_pool *pool, uint32_t seen) {
@@ -78,8 +78,8 @@ static uint32_t wait_for_job(sq_pool *pool, uint32_t seen) {
 /* Runs the shares of job `generation` this thread claims, until none is left unclaimed
  * (or the pool has moved on to a later job). */
 static void take_shares(sq_pool *pool, uint32_t generation) {
-    long long claims = atomic_load_explicit(&pool->claims, memory_order_acquire);
-    while (generation_of(claims) == generation && (claims & 0xffffffff) < pool->n_threads) {
+    unsigned long long claims = atomic_load_explicit(&pool->claims, memory_order_acquire);
+    while (generation_of(claims) == generation && (claims & 0xffffffff) < (unsigned)pool->n_threads) {
         if (!atomic_compare_exchange_weak_explicit(&pool->claims, &claims, claims + 1, memory_order_acquire,
                                                    memory_order_acquire))
             continue;  /* claims now holds what another thread left */
@@ -140,7 +140,7 @@ static uint32_t publish(sq_pool *pool, sq_job_fn fn, void *ctx) {
     pool->ctx = ctx;
     atomic_store(&pool->pending, pool->n_threads);
     const uint32_t generation = generation_of(atomic_load(&pool->claims)) + 1;
-    atomic_store_explicit(&pool->claims, (long long)((unsigned long long)generation << 32), memory_order_release);
+    atomic_store_explicit(&pool->claims, (unsigned long long)generation << 32, memory_order_release);
     sq_cond_broadcast(&pool->wake);
     sq_mutex_unlock(&pool->mu);
     return generation;
