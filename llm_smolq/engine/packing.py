@@ -6,11 +6,10 @@ every quantized type's matrices with each group of sixteen rows interleaved bloc
 where there were sixteen. On the 3B shape a decode step took 16% less time and a lookup
 draft's check of eight tokens 13% less (BENCHMARKS.md); its sixteen-row kernels read
 packed groups alone, so a matrix left in the file's layout there takes eight rows at a
-time. On the "avx2"
-path only Q4_K matrices are packed: its eight-row Q4_K kernels take fewer multiplies per
-row than the one-row vec_dot, which paid on a CPU bound by them (Zen 1); for the other
-types they take as many, and the file's layout serves as well. The kernel says which
-types its path wants packed (sq_rows16_wanted).
+time. On the "avx2" path only Q4_K matrices are packed: its eight-row Q4_K kernels take
+fewer multiplies per row than the one-row vec_dot, which paid on a CPU bound by them (Zen
+1); for the other types they take as many, and the file's layout serves as well. The
+kernel says which types its path wants packed (sq_rows16_wanted).
 
 The packed matrices go to one buffer, a file kept on disk (below) or else anonymous memory
 (in huge pages where the system gives them), and the file's pages they came from are let

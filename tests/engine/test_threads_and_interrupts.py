@@ -103,6 +103,22 @@ def test_two_threads_with_their_own_engines_answer_as_when_alone(model_path):
     assert alone[0] != alone[1]
 
 
+def test_every_share_of_a_pool_job_runs_once_whichever_thread_takes_it():
+    """A pool job's shares go to whichever thread claims each first (native/pool.c): with
+    more threads than cores the workers are often not yet scheduled and the caller takes
+    their shares. Over many jobs every share must still run, and the caller return only
+    when all have: sq_read_all's checksum (a sum of what each share wrote) is the whole
+    buffer's every time."""
+    from llm_smolq._kernel import ffi, lib
+
+    data = np.random.default_rng(1).integers(0, 256, 64 * 4096, dtype=np.uint8)
+    expected = int(data.view(np.uint64).sum(dtype=np.uint64))
+    for threads in (2, 5, 8):
+        pool = ffi.gc(lib.sq_pool_new(threads), lib.sq_pool_free)
+        sums = {lib.sq_read_all(pool, ffi.from_buffer(data), data.size) for _ in range(400)}
+        assert sums == {expected}, (threads, sums)
+
+
 def test_concurrent_evals_on_one_engine_are_atomic(model_path):
     """Two threads append to one KV cache: each eval (even one of several batches) lands
     in one piece, and its logits are exactly those of a replay in the order they landed."""
