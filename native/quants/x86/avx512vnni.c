@@ -4,11 +4,11 @@
  * rows sixteen at a time in 512-bit registers, one row per 32-bit lane, so that an
  * activation word broadcast to every lane meets the same four codes of all sixteen rows,
  * from a group packed by quants/rows16.c, where each register's bytes are one load: decode,
- * a lookup draft's check and a prompt (sq_packed_dot16_*, and sq_packed_batch16_* for a
- * prompt's Q4_K and Q6_K); the 32-element types through rows16_block32, Q5_K, IQ4_XS, Q3_K
- * and Q2_K through rows16_super. Every quantized type packs at this setting, so a matrix in
- * the file's layout (SMOLQ_PACK=0, or no memory to spare for the packed copy) takes the
- * eight-row and one-row kernels.
+ * a lookup draft's check and a prompt (sq_packed_dot16_*, and sq_packed_batch16_q6_K for a
+ * prompt's Q6_K); the 32-element types through rows16_block32, Q4_K, Q5_K, IQ4_XS, Q3_K and
+ * Q2_K through rows16_super, Q6_K through rows16_q6_K. Every quantized type packs at this
+ * setting, so a matrix in the file's layout (SMOLQ_PACK=0, or no memory to spare for the
+ * packed copy) takes the eight-row and one-row kernels.
  *
  * Each gives the scalar definition's bits (quants/types.h) for every row and token: a
  * lane forms a block's exact integer sum however the instructions group the products,
