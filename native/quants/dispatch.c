@@ -91,6 +91,9 @@ static void packed_dotn16_q4_K(const void *group, int64_t row_bytes, const void 
 
 /* Every type's vec_dot, from quants/types.h's list: a setting's row.token column. */
 #define VEC_DOT(simd, NAME, name, ...) [SQ_##NAME].row.token = sq_vec_dot_##name##_##simd,
+/* Every quantized type's packed sixteen rows at VNNI, for a few tokens and a prompt's (Q6_K
+ * alone has a prompt kernel of its own): the VNNI row's packed.few column. */
+#define PACKED_VNNI(ctx, NAME, name, ...) [SQ_##NAME].packed.few = sq_packed_dot16_##name##_avx512vnni,
 /* Every quantized type's one-row NEON batch: the NEON row's row.prompt column. */
 #define PROMPT_NEON(ctx, NAME, name, ...) [SQ_##NAME].row.prompt = sq_batch_dot_##name##_neon,
 
@@ -139,38 +142,27 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
     [SIMD_VNNI] = {
         SQ_QUANT_TYPES(VEC_DOT, avx512vnni)
         SQ_FLOAT_TYPES(VEC_DOT, avx2)
+        SQ_QUANT_TYPES(PACKED_VNNI, _)
         /* The float types' sixteen rows, in tiles of two rows by four tokens. */
         [SQ_F32].rows16.few = sq_steps_dot16_f32_avx512vnni,
         [SQ_F16].rows16.few = sq_steps_dot16_f16_avx512vnni,
         [SQ_BF16].rows16.few = sq_steps_dot16_bf16_avx512vnni,
+
         [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx512vnni,
         [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx512vnni,
-        [SQ_Q4_1].packed.few = sq_packed_dot16_q4_1_avx512vnni,
 
         [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx512vnni,
         [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,
-        [SQ_Q8_0].packed.few = sq_packed_dot16_q8_0_avx512vnni,
 
         [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,
         [SQ_Q4_K].rows8 = {.few = sq_steps_dot8_q4_K_avx512vnni, .prompt = sq_batch_dot8_q4_K_avx2},
-        [SQ_Q4_K].packed.few = sq_packed_dot16_q4_K_avx512vnni,
         [SQ_Q4_K].tokens_by = 4,
 
         /* No eight-row few-token kernel: dotn takes the file's rows one at a time. */
         [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx512vnni,
         [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,
         [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,
-        [SQ_Q6_K].packed = {.few = sq_packed_dot16_q6_K_avx512vnni, .prompt = sq_packed_batch16_q6_K_avx512vnni},
-
-        /* Packed, for a draft's tokens and a prompt's alike. */
-        [SQ_Q4_0].packed.few = sq_packed_dot16_q4_0_avx512vnni,
-        [SQ_Q5_0].packed.few = sq_packed_dot16_q5_0_avx512vnni,
-        [SQ_Q5_1].packed.few = sq_packed_dot16_q5_1_avx512vnni,
-        [SQ_IQ4_NL].packed.few = sq_packed_dot16_iq4_nl_avx512vnni,
-        [SQ_Q5_K].packed.few = sq_packed_dot16_q5_K_avx512vnni,
-        [SQ_IQ4_XS].packed.few = sq_packed_dot16_iq4_xs_avx512vnni,
-        [SQ_Q3_K].packed.few = sq_packed_dot16_q3_K_avx512vnni,
-        [SQ_Q2_K].packed.few = sq_packed_dot16_q2_K_avx512vnni,
+        [SQ_Q6_K].packed.prompt = sq_packed_batch16_q6_K_avx512vnni,
 
         /* avx2's eight rows, from the file's layout. */
         [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,

@@ -165,36 +165,18 @@ void sq_steps_dot16_f16_avx512vnni(const void *rows, int64_t row_bytes, const vo
                                    int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot16_bf16_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
-/* A group of sixteen rows of any quantized type packed side by side (quants/rows16.c)
- * times n_tokens activation rows, from one token on, each output with the one-token
- * vec_dot's bits: a packed matrix's every product, decode's included, but for a Q4_K or
- * Q6_K prefill's (sq_packed_batch16_q6_K_avx512vnni, its tokens in tiles of 64). */
-void sq_packed_dot16_q4_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q5_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q5_1_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_iq4_nl_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                       int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q4_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q5_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_iq4_xs_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                       int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q3_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q2_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+/* A group of sixteen rows of a quantized type packed side by side (quants/rows16.c) times
+ * n_tokens activation rows, from one token on, each output with the one-token vec_dot's
+ * bits: a packed matrix's every product, decode's included, but for a Q6_K prefill's
+ * (sq_packed_batch16_q6_K_avx512vnni, its tokens in tiles of 64). Every quantized type has
+ * one, sq_packed_dot16_<name>_avx512vnni. */
+#define SQ_DECLARE_PACKED_DOT16(ctx, NAME, name, ...)                                                        \
+    void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,          \
+                                             int64_t stride, int n_tokens, int64_t nb, const void *stop,    \
+                                             float *y, int64_t ldy);
+SQ_QUANT_TYPES(SQ_DECLARE_PACKED_DOT16, _)
 void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q4_1_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-void sq_packed_dot16_q8_0_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
 /* One Q4_K row times n_tokens (a multiple of 4) activation rows, a block decoded once for
  * four tokens. */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,
