@@ -75,8 +75,8 @@ int sq_cpu_has_avx2(void) {
 }
 
 #ifdef SQ_VNNI_VIA_SIMDE
-/* A test build: the VNNI vec_dots take their VNNI instructions from SIMDe and run
- * wherever the AVX2 ones do (quants/x86/vec_dots.h). */
+/* A test build: the VNNI kernels take their AVX-512 instructions from SIMDe and run
+ * wherever the AVX2 ones do (simd512.h). */
 int sq_cpu_has_avx512vnni(void) { return 1; }
 #else
 /* macOS turns the AVX-512 state on in a thread's XCR0 only when the thread first uses an

@@ -13,6 +13,13 @@
 
 #ifdef SQ_X86
 #ifdef SQ_VNNI_VIA_SIMDE
+/* gcc: SIMDe's AVX2 code; under the pragma gcc defines __AVX2__, from which SIMDe takes
+ * what it may use. SIMDE_NO_CONVERT_VECTOR makes it write vpdpbusd as a plain loop over
+ * the byte products instead of widening them all at once into one wide vector, which gcc
+ * 12 takes apart with a byte extract per element: the test build's engine tests ran in
+ * half the time. (Either way far slower than the real instruction; this build is for
+ * checking bits, not speed.) */
+#define SIMDE_NO_CONVERT_VECTOR
 #ifndef __clang__
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")

@@ -23,10 +23,10 @@
  * The kernels, by setting and type
  * ------------------------------------------------------------------------- */
 
-/* The setting: which kernels are in use. The vec_dots and the few-token kernels have a
- * copy for each; a prompt's one- and eight-row products, attention and the rest have one
- * SIMD version, used at SIMD_BASE and SIMD_VNNI alike; the sixteen-row kernels, and a
- * prefill's attention, take 512-bit registers at SIMD_VNNI (sq_simd_512). */
+/* The setting: which kernels are in use. The kernels of the file's layout, attention and
+ * the rest have one SIMD version, used at SIMD_BASE and SIMD_VNNI alike; the packed
+ * sixteen-row kernels, and a prefill's attention, take 512-bit registers at SIMD_VNNI
+ * (sq_simd_512). */
 enum { SIMD_OFF, SIMD_BASE, SIMD_VNNI, SIMD_LEVELS };
 
 #if defined(SQ_X86)
@@ -97,82 +97,58 @@ static void packed_dotn16_q4_K(const void *group, int64_t row_bytes, const void 
 /* Every quantized type's one-row NEON batch: the NEON row's row.prompt column. */
 #define PROMPT_NEON(ctx, NAME, name, ...) [SQ_##NAME].row.prompt = sq_batch_dot_##name##_neon,
 
+/* The file's layout at both x86 settings: avx2's kernels. (VNNI copies of the one- and
+ * eight-row kernels were no faster on Zen 4, 3B and SmolLM2 decode from the file's layout,
+ * and went.) */
+#define X86_FILE_LAYOUT                                                                               \
+    SQ_QUANT_TYPES(VEC_DOT, avx2)                                                                      \
+    SQ_FLOAT_TYPES(VEC_DOT, avx2)                                                                      \
+    [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx2,                                                         \
+    [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx2,                                                     \
+    [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx2,                                                         \
+    /* Eight rows at a time from two tokens on, dotn the rows left: 1.2x dotn's speed at 2 */        \
+    /* tokens, 1.4x at 8, 1.9x at 64. */                                                               \
+    [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,                                                     \
+    /* Q4_K's prompt kernels take the tokens four at a time; the rest go one by one. */               \
+    [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,                                                     \
+    [SQ_Q4_K].rows8 = {.few = sq_steps_dot8_q4_K_avx2, .prompt = sq_batch_dot8_q4_K_avx2},            \
+    [SQ_Q4_K].tokens_by = 4,                                                                           \
+    /* Q6_K has no eight-row few-token kernel: dotn takes its rows one at a time. */                  \
+    [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx2,                                                         \
+    [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,                                                     \
+    [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,                                                  \
+    /* Eight rows, for a draft's tokens and a prompt's alike. */                                       \
+    [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,                                                     \
+    [SQ_IQ4_XS].rows8.few = sq_steps_dot8_iq4_xs_avx2,                                                 \
+    [SQ_Q3_K].rows8.few = sq_steps_dot8_q3_K_avx2,                                                     \
+    [SQ_Q2_K].rows8.few = sq_steps_dot8_q2_K_avx2,                                                     \
+    [SQ_Q4_0].rows8.few = sq_steps_dot8_q4_0_avx2,                                                     \
+    [SQ_Q5_0].rows8.few = sq_steps_dot8_q5_0_avx2,                                                     \
+    [SQ_Q5_1].rows8.few = sq_steps_dot8_q5_1_avx2,                                                     \
+    [SQ_IQ4_NL].rows8.few = sq_steps_dot8_iq4_nl_avx2,
+
 /* By setting, then type: all NULL at SIMD_OFF, and in a build without SIMD code. */
 static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
 #if defined(SQ_X86)
     [SIMD_BASE] = {
-        SQ_QUANT_TYPES(VEC_DOT, avx2)
-        SQ_FLOAT_TYPES(VEC_DOT, avx2)
-        [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx2,
-        [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx2,
-
-        [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx2,
-        /* Eight rows at a time from two tokens on, dotn the rows left: 1.2x dotn's speed
-         * at 2 tokens, 1.4x at 8, 1.9x at 64. */
-        [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,
-
-        /* Q4_K's prompt kernels take the tokens four at a time; the rest go one by one. */
-        [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,
-        [SQ_Q4_K].rows8 = {.few = sq_steps_dot8_q4_K_avx2, .prompt = sq_batch_dot8_q4_K_avx2},
-        [SQ_Q4_K].tokens_by = 4,
+        X86_FILE_LAYOUT
         /* Read packed at this setting, Q4_K alone: its eight-row kernels take fewer
          * multiplies per row than the one-row vec_dot; the other types' as many. */
         [SQ_Q4_K].packed = {.few = packed_dotn16_q4_K, .prompt = packed_batch8x2_q4_K},
         [SQ_Q4_K].rest_in_cache = 1,
-
-        [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx2,
-        [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,
-        [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,
-
-        /* Eight rows from the file's layout, for a draft's tokens and a prompt's alike. */
-        [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,
-        [SQ_IQ4_XS].rows8.few = sq_steps_dot8_iq4_xs_avx2,
-        [SQ_Q3_K].rows8.few = sq_steps_dot8_q3_K_avx2,
-        [SQ_Q2_K].rows8.few = sq_steps_dot8_q2_K_avx2,
-        [SQ_Q4_0].rows8.few = sq_steps_dot8_q4_0_avx2,
-        [SQ_Q5_0].rows8.few = sq_steps_dot8_q5_0_avx2,
-        [SQ_Q5_1].rows8.few = sq_steps_dot8_q5_1_avx2,
-        [SQ_IQ4_NL].rows8.few = sq_steps_dot8_iq4_nl_avx2,
     },
-    /* The VNNI copies of the vec_dots and the few-token kernels, and every quantized type's
-     * packed groups of sixteen rows in 512-bit registers: a packed matrix's every product.
-     * A matrix left in the file's layout (SMOLQ_PACK=0, no memory to spare for the packed
-     * copy) and the float types take the rows eight or sixteen at a time from there, and a
-     * prompt's one- and eight-row kernels are avx2's. */
+    /* Every quantized type's packed groups of sixteen rows in 512-bit registers: a packed
+     * matrix's every product. A matrix left in the file's layout (SMOLQ_PACK=0, no memory
+     * to spare for the packed copy, rows not a multiple of sixteen) takes avx2's kernels;
+     * the float types take sixteen rows at a time. */
     [SIMD_VNNI] = {
-        SQ_QUANT_TYPES(VEC_DOT, avx512vnni)
-        SQ_FLOAT_TYPES(VEC_DOT, avx2)
+        X86_FILE_LAYOUT
         SQ_QUANT_TYPES(PACKED_VNNI, _)
+        [SQ_Q6_K].packed.prompt = sq_packed_batch16_q6_K_avx512vnni,
         /* The float types' sixteen rows, in tiles of two rows by four tokens. */
         [SQ_F32].rows16.few = sq_steps_dot16_f32_avx512vnni,
         [SQ_F16].rows16.few = sq_steps_dot16_f16_avx512vnni,
         [SQ_BF16].rows16.few = sq_steps_dot16_bf16_avx512vnni,
-
-        [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx512vnni,
-        [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx512vnni,
-
-        [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx512vnni,
-        [SQ_Q8_0].rows8.few = sq_steps_dot8_q8_0_avx2,
-
-        [SQ_Q4_K].row.prompt = sq_batch_dot_q4_K_avx2,
-        [SQ_Q4_K].rows8 = {.few = sq_steps_dot8_q4_K_avx512vnni, .prompt = sq_batch_dot8_q4_K_avx2},
-        [SQ_Q4_K].tokens_by = 4,
-
-        /* No eight-row few-token kernel: dotn takes the file's rows one at a time. */
-        [SQ_Q6_K].row.few = sq_vec_dotn_q6_K_avx512vnni,
-        [SQ_Q6_K].row.prompt = sq_batch_dot_q6_K_avx2,
-        [SQ_Q6_K].rows8.prompt = sq_batch_dot8_q6_K_avx2,
-        [SQ_Q6_K].packed.prompt = sq_packed_batch16_q6_K_avx512vnni,
-
-        /* avx2's eight rows, from the file's layout. */
-        [SQ_Q5_K].rows8.few = sq_steps_dot8_q5_K_avx2,
-        [SQ_IQ4_XS].rows8.few = sq_steps_dot8_iq4_xs_avx2,
-        [SQ_Q3_K].rows8.few = sq_steps_dot8_q3_K_avx2,
-        [SQ_Q2_K].rows8.few = sq_steps_dot8_q2_K_avx2,
-        [SQ_Q4_0].rows8.few = sq_steps_dot8_q4_0_avx2,
-        [SQ_Q5_0].rows8.few = sq_steps_dot8_q5_0_avx2,
-        [SQ_Q5_1].rows8.few = sq_steps_dot8_q5_1_avx2,
-        [SQ_IQ4_NL].rows8.few = sq_steps_dot8_iq4_nl_avx2,
     },
 #elif defined(SQ_NEON)
     /* The vec_dots, and one row times a batch of any size. */

@@ -118,8 +118,8 @@ SQ_FLOAT_TAIL(bf16, uint16_t, sq_bf16_to_fp32)
  * function computes it; the weights' blocks are decoded once for the n, and prefetched
  * ahead up to stop as the one-row ones do.
  * Up to 9: a lookup check is the sampled token and up to 8 drafted ones (with 8, its
- * ninth token decoded every Q6_K row again: 3B ffn_down at 9 tokens, one thread, 4.97 ->
- * 4.48 ms in the VNNI copy, 6.45 -> 6.02 in the AVX2 one, 8 tokens unchanged). */
+ * ninth token decoded every Q6_K row again: 3B ffn_down at 9 tokens, one thread, 6.45 ->
+ * 6.02 ms, 8 tokens unchanged). */
 #define SQ_DOTN_MAX 9
 typedef void (*sq_vec_dotn_fn)(const void *row, const void *xq, int64_t stride, int n, int64_t nb,
                                const void *stop, float *out);
@@ -131,32 +131,28 @@ typedef void (*sq_rows_fn)(const void *rows, int64_t row_bytes, const void *xq, 
                            int64_t nb, const void *stop, float *y, int64_t ldy);
 
 #ifdef SQ_X86
-/* AVX2/FMA (quants/x86/avx2.c). They prefetch weights ahead of the block they work on,
- * up to `stop`. Compiled with target attributes; call only when the CPU has AVX2, FMA
- * and F16C. */
+/* AVX2/FMA (quants/x86/avx2.c), at both x86 settings: at "avx512vnni" for a matrix left in
+ * the file's layout. They prefetch weights ahead of the block they work on, up to `stop`.
+ * Compiled with target attributes; call only when the CPU has AVX2, FMA and F16C. */
 SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
 /* The float types' vec_dots with AVX2 and F16C (quants/x86/float_dots.c), at both x86
  * settings: a 512-bit copy would be held back by the same memory. */
 SQ_FLOAT_TYPES(SQ_DECLARE_VEC_DOT, avx2)
-/* The few-token kernels below come in two copies (quants/x86/step_order.h), _avx2 and,
- * for the CPUs of the VNNI vec_dots, _avx512vnni: the same contract and bits. */
-#define SQ_DECLARE_STEP_ORDER(simd)                                                                         \
-    void sq_vec_dotn_q4_1_##simd(const void *row, const void *xq, int64_t stride, int n, int64_t nb,        \
-                                 const void *stop, float *out);                                             \
-    void sq_vec_dotn_q8_0_##simd(const void *row, const void *xq, int64_t stride, int n, int64_t nb,        \
-                                 const void *stop, float *out);                                             \
-    void sq_vec_dotn_q6_K_##simd(const void *row, const void *xq, int64_t stride, int n, int64_t nb,        \
-                                 const void *stop, float *out);                                             \
-    /* Eight Q4_K rows row_bytes apart times n_tokens activation rows, each output with the       \
-     * one-token vec_dot's bits for its row and token: y[t * ldy + r] for r < 8. It prefetches    \
-     * the eight rows after these, up to stop. */                                                   \
-    void sq_steps_dot8_q4_K_##simd(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,     \
-                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);     \
-    /* The same for eight Q4_1 rows. */                                                             \
-    void sq_steps_dot8_q4_1_##simd(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,     \
-                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
-SQ_DECLARE_STEP_ORDER(avx2)
-SQ_DECLARE_STEP_ORDER(avx512vnni)
+/* The few-token kernels of quants/x86/step_order.h. */
+void sq_vec_dotn_q4_1_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out);
+void sq_vec_dotn_q8_0_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out);
+void sq_vec_dotn_q6_K_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, const void *stop,
+                           float *out);
+/* Eight Q4_K rows row_bytes apart times n_tokens activation rows, each output with the
+ * one-token vec_dot's bits for its row and token: y[t * ldy + r] for r < 8. It prefetches
+ * the eight rows after these, up to stop. */
+void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
+/* The same for eight Q4_1 rows. */
+void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                             int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Sixteen F32, F16 or BF16 rows at once, each token with the one-token vec_dot's bits
  * (quants/x86/float_dots.c): y[t * ldy + r] for r < 16 (VNNI setting only). */
 void sq_steps_dot16_f32_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
@@ -169,7 +165,9 @@ void sq_steps_dot16_bf16_avx512vnni(const void *rows, int64_t row_bytes, const v
  * n_tokens activation rows, from one token on, each output with the one-token vec_dot's
  * bits: a packed matrix's every product, decode's included, but for a Q6_K prefill's
  * (sq_packed_batch16_q6_K_avx512vnni, its tokens in tiles of 64). Every quantized type has
- * one, sq_packed_dot16_<name>_avx512vnni. */
+ * one, sq_packed_dot16_<name>_avx512vnni (quants/x86/avx512vnni.c). Call only when the CPU
+ * has AVX-512 VNNI, VL and BW and the AVX2 set; a build with SQ_VNNI_VIA_SIMDE needs only
+ * the AVX2 set. */
 #define SQ_DECLARE_PACKED_DOT16(ctx, NAME, name, ...)                                                        \
     void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,          \
                                              int64_t stride, int n_tokens, int64_t nb, const void *stop,    \
@@ -233,12 +231,6 @@ void sq_steps_dot8_q2_K_avx2(const void *rows, int64_t row_bytes, const void *xq
 void sq_quant_q8_0_avx2(const float *x, void *dst, int64_t nb);
 void sq_quant_q8_1_avx2(const float *x, void *dst, int64_t nb);
 void sq_quant_q8_K_avx2(const float *x, void *dst, int64_t nb);
-
-/* The same vec_dots for CPUs with AVX-512 VNNI, VL and BW as well
- * (quants/x86/avx512vnni.c): the AVX2 ones' contract and bits. Call only when the CPU
- * has all of those and the AVX2 set; a build with SQ_VNNI_VIA_SIMDE needs only the
- * AVX2 set. */
-SQ_QUANT_TYPES(SQ_DECLARE_VEC_DOT, avx512vnni)
 #endif
 
 #ifdef SQ_NEON

@@ -15,8 +15,9 @@
  *  3. a line in SQ_QUANT_TYPES below;
  *  4. its section in quants/scalar.c: decode_<name> (ROW_FUNCS makes the row decoder and
  *     the float dot product from it) and vec_dot_<name>, the definition of its products;
- *  5. sq_vec_dot_<name>_<simd> in quants/x86/vec_dots.h (compiled for AVX2 and for
- *     AVX-512 VNNI) and in quants/arm/neon.c, with the scalar vec_dot's bits.
+ *  5. sq_vec_dot_<name>_<simd> in quants/x86/vec_dots.h (AVX2) and in quants/arm/neon.c,
+ *     and sq_packed_dot16_<name>_avx512vnni in quants/x86/avx512vnni.c, with the scalar
+ *     vec_dot's bits.
  * Until each is there the build stops at the name that is missing.
  *
  * ---------------------------------------------------------------------------------

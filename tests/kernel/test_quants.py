@@ -613,8 +613,8 @@ def test_simd_name(simd_restore):
 @pytest.mark.may_skip_in_ci  # on a CPU without AVX2/FMA (x86-64) or NEON
 @pytest.mark.parametrize("qtype", SIMD_TYPES, ids=lambda t: t.name)
 def test_simd_vec_dot_matches_scalar(qtype, simd_paths_of_cpu):
-    """Every SIMD copy's vec_dot has the scalar definition's bits (the AVX2 and the VNNI copy
-    where the CPU has both), on random rows and with every code byte at its extremes
+    """Every SIMD path's vec_dot has the scalar definition's bits (AVX2's serves both x86
+    settings), on random rows and with every code byte at its extremes
     (nothing saturates in maddubs)."""
     if not native_simd():
         pytest.skip("no SIMD path on this CPU (no AVX2/FMA)")

@@ -1,13 +1,12 @@
 /* quants/x86/avx2.c: the x86 vec_dots (x86/vec_dots.h) and the few-token kernels
- * (x86/step_order.h) compiled for AVX2/FMA/F16C, and the AVX2 products of several weight
+ * (x86/step_order.h) for AVX2/FMA/F16C, included here and compiled once, and the AVX2 products of several weight
  * rows, or one row, times several activation rows at once: a prefill's and a draft
  * check's. Q4_K and Q6_K have tiled prompt kernels; Q4_0, Q5_0, Q5_1, IQ4_NL and Q8_0
  * (rows8_block32), and Q5_K, IQ4_XS, Q3_K and Q2_K (rows8_super), eight rows side by side
  * for any number of tokens.
  *
- * They serve CPUs with AVX-512 VNNI as well (quants/dispatch.c's table), where a type's
- * sixteen-row 512-bit kernels of x86/avx512vnni.c take the rows sixteen at a time first
- * and these the last eight to fifteen rows of a matrix.
+ * They serve CPUs with AVX-512 VNNI as well (quants/dispatch.c's table), for a matrix left
+ * in the file's layout; a packed one goes through x86/avx512vnni.c's sixteen-row kernels.
  * Every output has the scalar definition's bits for its row and token (quants/types.h):
  * per block one exact integer per (row, token), then the block step, in block order, with
  * a (row, token) pair per float lane.

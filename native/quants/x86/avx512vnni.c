@@ -1,14 +1,12 @@
-/* quants/x86/avx512vnni.c: for CPUs with AVX-512 VNNI, VL and BW, the vec_dot kernels
- * of x86/vec_dots.h (sq_vec_dot_<type>_avx512vnni) and the step kernels of
- * x86/step_order.h, compiled for this CPU; and the products of every quantized type's
- * rows sixteen at a time in 512-bit registers, one row per 32-bit lane, so that an
+/* quants/x86/avx512vnni.c: for CPUs with AVX-512 VNNI, VL and BW, the products of every
+ * quantized type's rows sixteen at a time in 512-bit registers, one row per 32-bit lane, so that an
  * activation word broadcast to every lane meets the same four codes of all sixteen rows,
  * from a group packed by quants/rows16.c, where each register's bytes are one load: decode,
  * a lookup draft's check and a prompt (sq_packed_dot16_*, and sq_packed_batch16_q6_K for a
  * prompt's Q6_K); the 32-element types through rows16_block32, Q4_K, Q5_K, IQ4_XS, Q3_K and
  * Q2_K through rows16_super, Q6_K through rows16_q6_K. Every quantized type packs at this
  * setting, so a matrix in the file's layout (SMOLQ_PACK=0, or no memory to spare for the
- * packed copy) takes the eight-row and one-row kernels.
+ * packed copy) takes x86/avx2.c's eight-row and one-row kernels.
  *
  * Each gives the scalar definition's bits (quants/types.h) for every row and token: a
  * lane forms a block's exact integer sum however the instructions group the products,
@@ -25,11 +23,27 @@
 
 #ifdef SQ_X86
 
-#define SQ_X86_VNNI 1
-#include "quants/x86/vec_dots.h"
-#include "quants/x86/side_by_side.h"
-#include "quants/x86/step_order.h"
+#include <stdint.h>
+#include <string.h>
+
+#include "quants/kernels.h"
+#include "quants/x86/token_rows.h"
 #include "simd512.h"
+
+#ifdef SQ_VNNI_VIA_SIMDE
+#define TARGET SQ_AVX2
+#else
+#define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#endif
+
+/* How the packed kernels ask memory for their rows: into L2 (prefetcht1) PREFETCH_AHEAD
+ * bytes ahead, then for the same lines into L1 PREFETCH_NEAR bytes ahead. On the Xeon
+ * with AVX-512 requests for L1 from afar used up the core's line fill buffers and the
+ * prefetches waited on them: the 3B shape's decode went 8-13% faster with the L2
+ * requests, and 3-6% more with the near ones (SmolLM2's 4%). */
+#define PREFETCH_AHEAD 3072
+#define PREFETCH_INTO _MM_HINT_T1
+#define PREFETCH_NEAR 512
 
 /* prefetch_ahead's requests for a piece of a packed group's run, from `ahead` bytes on
  * rather than PREFETCH_AHEAD; where all of them lie before stop (everywhere but near a

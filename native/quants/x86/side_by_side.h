@@ -1,12 +1,9 @@
-/* quants/x86/side_by_side.h: the steps the batched products share, written once and
- * compiled by each file that includes it (x86/avx2.c, and x86/avx512vnni.c for its
- * 512-bit products and its copy of x86/step_order.h) under that file's TARGET: where a
- * token's activation block lies, prefetches, several tokens' integer lanes reduced to one
+/* quants/x86/side_by_side.h: the steps x86/avx2.c's batched products share (part of that
+ * file, after vec_dots.h): where a token's activation block lies, prefetches, several tokens' integer lanes reduced to one
  * integer per token, and eight weight rows' blocks put side by side, a row per 32-bit
  * lane, so that an activation word broadcast to every lane multiplies all the rows.
  * Either way each float lane ends up with one (row, token) pair, whose block steps it
  * takes in block order: the definition of quants/types.h.
- * vec_dots.h comes first (k_scales_mins, TARGET).
  */
 #ifndef SMOLQ_QUANTS_X86_SIDE_BY_SIDE_H
 #define SMOLQ_QUANTS_X86_SIDE_BY_SIDE_H
@@ -14,15 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Token t's activation row, stride bytes apart from the one before. */
-static inline const void *token_row(const void *xq, int64_t stride, int t) {
-    return (const uint8_t *)xq + t * stride;
-}
-
-/* Block i of token t's Q8_K activation row. */
-static inline const block_q8_K *token_block(const void *xq, int64_t stride, int t, int64_t i) {
-    return (const block_q8_K *)token_row(xq, stride, t) + i;
-}
+#include "quants/x86/token_rows.h"
 
 /* The two f16 halves of each 32-bit lane of both (a block's d, and its m, dmin or s),
  * converted eight at a time: first[r] the low half of lane r, second[r] the high. */
@@ -118,19 +107,11 @@ static inline __attribute__((always_inline)) TARGET __m256i lane_totals(const __
 
 /* Block i's share (`share` bytes) of the eight rows that follow the ones being worked on,
  * asked for ahead of use up to stop: the hardware prefetchers do not follow eight rows
- * read a block of each at a time. Into PREFETCH_INTO's cache, as prefetch_ahead's far
- * requests (L2 in the VNNI copy). */
+ * read a block of each at a time. Into L1, as prefetch_ahead's requests. */
 static inline __attribute__((always_inline)) TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int64_t share, const void *stop) {
     for (int64_t b = i * share; b < (i + 1) * share; b += 64)
         if ((uintptr_t)(next + b) < (uintptr_t)stop)
-            _mm_prefetch((const char *)(next + b), PREFETCH_INTO);
-}
-
-/* An activation block asked for ahead of use. A batch of long rows outgrows L2, and the
- * hardware does not follow one block from each of the 32 to a hundred token rows at a time. */
-static inline __attribute__((always_inline)) TARGET void prefetch_block_q8_K(const block_q8_K *a) {
-    for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
-        _mm_prefetch((const char *)a + b, _MM_HINT_T0);
+            _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
 }
 
 /* The scales, mins and d of block i of eight Q4_K rows side by side (see

@@ -2,12 +2,9 @@
  * smaller than a prompt's), each output with the scalar definition's bits for its row and
  * token (quants/types.h): per block one exact integer per (row, token), then that pair's
  * block step, in block order. A float lane holds one (row, token) pair: here a token, for
- * one row (dotn), or a row, for eight side by side (steps_dot8).
- * Written once and compiled by x86/avx2.c and x86/avx512vnni.c under their TARGET and
- * KERNEL names (vec_dots.h): in the VNNI copy dot_us8 and madd_add are one instruction
- * each, and the compiler has 32 vector registers for the tokens' sums. Integer sums are
- * exact, so both copies give the same bits.
- * vec_dots.h and side_by_side.h come first.
+ * one row (dotn), or a row, for eight side by side (steps_dot8). Part of x86/avx2.c,
+ * after vec_dots.h and side_by_side.h; the "avx512vnni" setting takes them too, for a
+ * matrix left in the file's layout.
  */
 #ifndef SMOLQ_QUANTS_X86_STEP_ORDER_H
 #define SMOLQ_QUANTS_X86_STEP_ORDER_H
@@ -22,14 +19,14 @@
  * lane_totals reduces to one integer per (block, token) in the float lane of that pair's
  * block step. They prefetch as the vec_dots do, up to stop.
  *
- * KERNEL(vec_dotn_<name>) from the body dotn_<name>, inlined for each n with n a constant:
+ * sq_vec_dotn_<name>_avx2 from the body dotn_<name>, inlined for each n with n a constant:
  * then every token's sums stay in registers (a loop over a variable n kept them in
  * memory, and each block waited on a store and a load). */
 _Static_assert(SQ_DOTN_MAX == 9, "DOTN_FOR_EACH_N has a case for each n up to SQ_DOTN_MAX, two registers of lanes hold them");
 #define DOTN_CASE(name, k) case k: dotn_##name(row, xq, stride, k, nb, stop, out); break;
 #define DOTN_FOR_EACH_N(name)                                                                        \
-    TARGET void KERNEL(vec_dotn_##name)(const void *row, const void *xq, int64_t stride, int n, int64_t nb, \
-                                          const void *stop, float *out) {                          \
+    TARGET void sq_vec_dotn_##name##_avx2(const void *row, const void *xq, int64_t stride, int n, int64_t nb, \
+                                         const void *stop, float *out) {                           \
         switch (n) {                                                                                 \
             DOTN_CASE(name, 1) DOTN_CASE(name, 2) DOTN_CASE(name, 3) DOTN_CASE(name, 4)              \
             DOTN_CASE(name, 5) DOTN_CASE(name, 6) DOTN_CASE(name, 7) DOTN_CASE(name, 8)              \
@@ -232,23 +229,9 @@ static inline __attribute__((always_inline)) TARGET void dotn_q6_K(const void *r
 DOTN_FOR_EACH_N(q6_K)
 
 /* The sum of the products of 32 activations with the nibbles of eight rows side by side
- * (nibble_pairs8's), exact in each row's int32 lane. The VNNI copy sums a lane's four
- * products straight into int32 with vpdpbusd (two chains, so that each waits on half the
- * instructions). */
+ * (nibble_pairs8's), exact in each row's int32 lane. */
 static inline __attribute__((always_inline)) TARGET __m256i nibble_dot8(const int8_t *aq, const __m256i code[8]) {
-#ifdef SQ_X86_VNNI
-    __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j += 2) {
-        int32_t w0, w1;
-        memcpy(&w0, aq + 4 * j, 4);
-        memcpy(&w1, aq + 4 * j + 4, 4);
-        even = vnni_dpbusd(even, code[j], _mm256_set1_epi32(w0));
-        odd = vnni_dpbusd(odd, code[j + 1], _mm256_set1_epi32(w1));
-    }
-    return _mm256_add_epi32(even, odd);
-#else
     return _mm256_madd_epi16(nibble_pairs8(aq, code), _mm256_set1_epi16(1));
-#endif
 }
 
 /* ---------------------------------------------------------------------------
@@ -283,7 +266,7 @@ static inline TARGET void q4_1_side_by_side(const void *rows, int64_t row_bytes,
  * at once) and their two block steps. CHUNK blocks are put side by side at a time, then
  * each token runs through them; its two chains wait in sums and offs between chunks. It
  * prefetches the eight rows after these, up to stop. y[t * ldy + r] for r < 8. */
-TARGET void KERNEL(steps_dot8_q4_1)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+TARGET void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { CHUNK = 32, TILE = 16 };
     __m256i codes[CHUNK][8];
@@ -320,19 +303,6 @@ TARGET void KERNEL(steps_dot8_q4_1)(const void *rows, int64_t row_bytes, const v
     }
 }
 
-/* q4_K_group8 for the kernel below. The VNNI copy sums a group's 32 products per row
- * straight into int32 (nibble_dot8), then multiplies by the scale: fewer instructions per
- * token than the int16 adds and madd, which it needs no longer. There `scale` holds each
- * row's scale as one int32. */
-static inline __attribute__((always_inline)) TARGET __m256i q4_K_steps_group8(const int8_t *aq, const __m256i code[8],
-                                                                              __m256i scale) {
-#ifdef SQ_X86_VNNI
-    return _mm256_mullo_epi32(nibble_dot8(aq, code), scale);
-#else
-    return q4_K_group8(aq, code, scale);
-#endif
-}
-
 /* Eight Q4_K rows times n_tokens activation rows, each output with the definition's bits
  * for its row and token: per block one exact integer total for the codes and one for the
  * mins, each into its chain by one fma. The rows sit side by side as in
@@ -340,7 +310,7 @@ static inline __attribute__((always_inline)) TARGET __m256i q4_K_steps_group8(co
  * quarters of a one-token vec_dot per row, measured in L1); after that a token costs
  * under two fifths of one, because a lane holds a whole row and a group's 32 products
  * add up in int16 before its scale multiplies them. y[t * ldy + r] for r < 8. */
-TARGET void KERNEL(steps_dot8_q4_K)(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 16 };
     __m256i codes[4][2][8], scale[8], mins[4];
@@ -356,18 +326,14 @@ TARGET void KERNEL(steps_dot8_q4_K)(const void *rows, int64_t row_bytes, const v
             if (t0 == 0)
                 prefetch_next_rows(next, i, share, stop);
             q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
-#ifdef SQ_X86_VNNI
-            for (int g = 0; g < 8; g++)  /* sc | sc << 16 -> sc, for q4_K_steps_group8 */
-                scale[g] = _mm256_and_si256(scale[g], _mm256_set1_epi32(0xffff));
-#endif
             /* Token by token: with the few tokens of a draft, keeping a group's codes in
              * registers across the tokens (as sq_batch_dot8_q4_K_avx2 does) measured slower. */
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 __m256i isum = _mm256_setzero_si256(), imin = _mm256_setzero_si256();
                 for (int c = 0; c < 4; c++) {
-                    isum = _mm256_add_epi32(isum, _mm256_add_epi32(q4_K_steps_group8(a->qs + 64 * c, codes[c][0], scale[2 * c]),
-                                                                   q4_K_steps_group8(a->qs + 64 * c + 32, codes[c][1], scale[2 * c + 1])));
+                    isum = _mm256_add_epi32(isum, _mm256_add_epi32(q4_K_group8(a->qs + 64 * c, codes[c][0], scale[2 * c]),
+                                                                   q4_K_group8(a->qs + 64 * c + 32, codes[c][1], scale[2 * c + 1])));
                     imin = _mm256_add_epi32(imin, q4_K_min8(a, c, mins[c]));
                 }
                 const __m256 a_d = _mm256_set1_ps(a->d);

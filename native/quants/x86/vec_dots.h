@@ -1,40 +1,34 @@
 /* quants/x86/vec_dots.h: the x86-64 vec_dot kernels, one row of weights times one row of
- * activations, written once and compiled twice: by x86/avx2.c for AVX2/FMA/F16C, and by
- * x86/avx512vnni.c for CPUs that also have AVX-512 VNNI (with VL and BW), where some
- * integer steps take one instruction instead of two. Both copies give the bits of the
- * scalar vec_dot_<name> of quants/scalar.c, the definition of the engine's products
- * (quants/types.h): per block, in row order, an exact integer isum, then one
- * fmaf((float)isum, dw * da, sum), and for the types with offsets a second chain beside it.
+ * activations, for AVX2/FMA/F16C (sq_vec_dot_<name>_avx2), and the helpers the other
+ * AVX2 kernels share; part of x86/avx2.c, which includes it with x86/side_by_side.h and
+ * x86/step_order.h. They serve the "avx512vnni" setting as well, for a matrix left in the
+ * file's layout: there the packed sixteen-row kernels of x86/avx512vnni.c do the rest
+ * (a VNNI copy of these, the same bodies with vpdpbusd, was no faster on Zen 4 and went).
+ * Each gives the bits of the scalar vec_dot_<name> of quants/scalar.c, the definition of
+ * the engine's products (quants/types.h): per block, in row order, an exact integer isum,
+ * then one fmaf((float)isum, dw * da, sum), and for the types with offsets a second chain
+ * beside it.
  *
- * quants/dispatch.c selects a copy at run time (see sq_simd_name / sq_set_simd) from
- * what the CPU has; every function here carries a target attribute, and nothing here
- * runs unless that check passed (simd.h).
+ * quants/dispatch.c chooses them at run time (see sq_simd_name / sq_set_simd) from what
+ * the CPU has; every function here carries a target attribute, and nothing here runs
+ * unless that check passed (simd.h).
  *
  * Per block the codes are multiplied as bytes, with maddubs (unsigned x signed, pairs
  * summed to int16) widened by madd (int16 pairs summed to int32, times a group scale where
- * the type has one), or on VNNI with vpdpbusd (4 byte products summed straight into an
- * int32 lane) and vpdpwssd (madd and the add after it), into a register whose lanes sum to
- * the block's isum: exact, so the lanes may hold any split of it. The lanes of a few
- * blocks are then added up together (block_totals) and the blocks' steps taken one after
- * another on a float (row_steps); the K types with mins keep both chains in two lanes of
- * one register (sum_min_step). The chain's FMAs wait on one another (four cycles each on
- * Zen 4), so a block's other work is kept short, and small groups of blocks let the first
- * step of a row come early.
+ * the type has one), into a register whose lanes sum to the block's isum: exact, so the
+ * lanes may hold any split of it. The lanes of a few blocks are then added up together
+ * (block_totals) and the blocks' steps taken one after another on a float (row_steps);
+ * the K types with mins keep both chains in two lanes of one register (sum_min_step). The
+ * chain's FMAs wait on one another (four cycles each on Zen 4), so a block's other work is
+ * kept short, and small groups of blocks let the first step of a row come early.
  *
  * maddubs saturates int16: every use here stays below it, for activation codes in
  * -127..127 (as the quantizers make them; dot_offset also negates them). Unsigned codes
  * times them give pair sums of at most 2 * 63 * 127 = 16002 (Q6_K; Q4_1's nibbles 3810,
  * Q5_1's 7874; Q2_K, Q3_K's q + 4 and Q5_K smaller), two of Q4_1/Q5_1's folded into one
  * int16 lane 15748; codes with an offset (Q4_0, Q5_0) go as u * y plus c * -y, at most
- * 11938 and two folded 23876; signed x signed on AVX2 (Q8_0, the IQ4 grid) through |x|
- * and sign(y, x), at most 2 * 128 * 127 = 32512. vpdpbusd sums into int32 and saturates
- * nothing.
- *
- * The including file defines SQ_X86_VNNI for the VNNI copy and nothing for the AVX2
- * one; KERNEL(vec_dot_q8_0) is then sq_vec_dot_q8_0_avx512vnni or sq_vec_dot_q8_0_avx2.
- * With SQ_VNNI_VIA_SIMDE (a test build) the VNNI instructions come from SIMDe's
- * portable versions of them and the VNNI copy targets plain AVX2, so that it runs, and
- * is tested, on any AVX2 CPU.
+ * 11938 and two folded 23876; signed x signed (Q8_0, the IQ4 grid) through |x| and
+ * sign(y, x), at most 2 * 128 * 127 = 32512.
  */
 #ifndef SMOLQ_QUANTS_X86_VEC_DOTS_H
 #define SMOLQ_QUANTS_X86_VEC_DOTS_H
@@ -46,33 +40,7 @@
 
 #include "quants/kernels.h"
 
-#if !defined(SQ_X86_VNNI)
 #define TARGET SQ_AVX2
-#define KERNEL(fn) sq_##fn##_avx2
-#elif defined(SQ_VNNI_VIA_SIMDE)
-#ifdef __clang__
-#include <simde/x86/avx512/dpbusd.h>
-#include <simde/x86/avx512/dpwssd.h>
-#else
-/* gcc: SIMDe's AVX2 code; under this pragma gcc defines __AVX2__, from which SIMDe
- * takes what it may use. SIMDE_NO_CONVERT_VECTOR makes it write vpdpbusd as a plain
- * loop over the 32 byte products instead of widening 32 bytes at once into a 128-byte
- * vector, which gcc 12 takes apart with a byte extract per element: the test build's
- * engine tests ran in half the time. (Either way far slower than the real instruction;
- * this build is for checking bits, not speed.) */
-#define SIMDE_NO_CONVERT_VECTOR
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#include <simde/x86/avx512/dpbusd.h>
-#include <simde/x86/avx512/dpwssd.h>
-#pragma GCC pop_options
-#endif
-#define TARGET SQ_AVX2
-#define KERNEL(fn) sq_##fn##_avx512vnni
-#else
-#define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-#define KERNEL(fn) sq_##fn##_avx512vnni
-#endif
 
 /* ---------------------------------------------------------------------------
  * Helpers
@@ -104,42 +72,23 @@ static inline TARGET int32_t hsum8_i32(__m256i v) {
  * vouched for). Decode streams every weight once per token, and one core left to the
  * hardware prefetchers kept too few lines in flight: streaming rows from memory on one
  * core went 1.18-1.40x faster with these (Q4_K, Q6_K, Q4_1, Q8_0 rows of 576 to 11008
- * columns), best at 1.5-3 KiB ahead, into L1.
- * The VNNI copy asks into L2 only (prefetcht1), 3 KiB ahead, then for the same lines
- * into L1 512 bytes ahead: on the Xeon with AVX-512 the requests for L1 from afar used up
- * the core's line fill buffers and the prefetches waited on them. The 3B shape's decode
- * went 8-13% faster with the L2 requests, and 3-6% more with the near ones (SmolLM2's
- * 4%). (The AVX2 copy, run on the same Xeon, gained nothing from the L2 requests; it
- * keeps the setting measured on the AVX2-only machines.) */
-#ifdef SQ_X86_VNNI
-#define PREFETCH_AHEAD 3072
-#define PREFETCH_INTO _MM_HINT_T1
-#define PREFETCH_NEAR 512
-#else
+ * columns), best at 1.5-3 KiB ahead, into L1. (The packed kernels of x86/avx512vnni.c
+ * ask otherwise: see there.) */
 #define PREFETCH_AHEAD 2048
-#define PREFETCH_INTO _MM_HINT_T0
-#define PREFETCH_NEAR 0 /* none */
-#endif
 /* Always inlined, as every prefetch helper here: GCC sees no side effect in a prefetch,
  * so a helper left out of line is taken for a function without effects, and its calls,
  * reached through another inlined function, are deleted (it took every prefetch out of
  * the sixteen-row kernels once their bodies became inline functions). */
 static inline __attribute__((always_inline)) TARGET void prefetch_ahead(const void *block, int bytes, const void *stop) {
-    const uintptr_t ahead = (uintptr_t)block + PREFETCH_AHEAD, near = (uintptr_t)block + PREFETCH_NEAR;
+    const uintptr_t ahead = (uintptr_t)block + PREFETCH_AHEAD;
     if (ahead + (uintptr_t)bytes <= (uintptr_t)stop) { /* all of it, as nearly always: one test */
-        for (int k = 0; k < bytes; k += 64) {
-            _mm_prefetch((const char *)(ahead + (uintptr_t)k), PREFETCH_INTO);
-            if (PREFETCH_NEAR)
-                _mm_prefetch((const char *)(near + (uintptr_t)k), _MM_HINT_T0);
-        }
+        for (int k = 0; k < bytes; k += 64)
+            _mm_prefetch((const char *)(ahead + (uintptr_t)k), _MM_HINT_T0);
         return;
     }
-    for (int k = 0; k < bytes; k += 64) {
+    for (int k = 0; k < bytes; k += 64)
         if (ahead + (uintptr_t)k < (uintptr_t)stop)
-            _mm_prefetch((const char *)(ahead + (uintptr_t)k), PREFETCH_INTO);
-        if (PREFETCH_NEAR && near + (uintptr_t)k < (uintptr_t)stop)
-            _mm_prefetch((const char *)(near + (uintptr_t)k), _MM_HINT_T0);
-    }
+            _mm_prefetch((const char *)(ahead + (uintptr_t)k), _MM_HINT_T0);
 }
 
 /* 16 bytes of nibbles -> 32 codes 0..15: low nibbles in bytes 0..15, high in 16..31
@@ -150,54 +99,16 @@ static inline TARGET __m256i nibbles32(const uint8_t *p) {
     return _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
 }
 
-/* The same codes with those of bytes 16..31 times 16 (the high nibbles left in place): one
- * instruction less, for VNNI's vpdpbusd, which does not saturate (HIGH16 below). */
-static inline TARGET __m256i nibbles32_high16(const uint8_t *p) {
-    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-    const long long lo = 0x0f0f0f0f0f0f0f0f, hi = (long long)0xf0f0f0f0f0f0f0f0ull;
-    return _mm256_and_si256(b, _mm256_setr_epi64x(lo, lo, hi, hi));
-}
-
-/* The two integer steps the VNNI copy does in one instruction each: exact sums, whose
- * split over the lanes does not matter. */
-#ifdef SQ_X86_VNNI
-#ifdef SQ_VNNI_VIA_SIMDE
-/* SIMDe's vector type has __m256i's size but another element type: a cast converts. */
-static inline TARGET __m256i vnni_dpbusd(__m256i acc, __m256i u, __m256i s) {
-    return (__m256i)simde_mm256_dpbusd_epi32((simde__m256i)acc, (simde__m256i)u, (simde__m256i)s);
-}
-static inline TARGET __m256i vnni_dpwssd(__m256i acc, __m256i a, __m256i b) {
-    return (__m256i)simde_mm256_dpwssd_epi32((simde__m256i)acc, (simde__m256i)a, (simde__m256i)b);
-}
-#else
-static inline TARGET __m256i vnni_dpbusd(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_dpbusd_epi32(acc, u, s);
-}
-static inline TARGET __m256i vnni_dpwssd(__m256i acc, __m256i a, __m256i b) {
-    return _mm256_dpwssd_epi32(acc, a, b);
-}
-#endif
-#endif
-
 /* Sum of 32 products of unsigned bytes u and signed bytes s, as 8 int32 lanes: lane j
- * holds the 4 products of bytes 4j..4j+3. (vpdpbusd does not saturate where maddubs
- * would, but no use here comes near that: the same lanes either way.) */
+ * holds the 4 products of bytes 4j..4j+3 (maddubs's int16 pair sums, widened by madd). */
 static inline TARGET __m256i dot_us8(__m256i u, __m256i s) {
-#ifdef SQ_X86_VNNI
-    return vnni_dpbusd(_mm256_setzero_si256(), u, s);
-#else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
 }
 
 /* acc + madd(a, b): int16 pairs multiplied and summed into int32 lanes (a group scale
  * times maddubs's pair sums, in the K kernels), added to acc. */
 static inline TARGET __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
-#ifdef SQ_X86_VNNI
-    return vnni_dpwssd(acc, a, b);
-#else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
 }
 
 /* The same for two signed operands: |x| times y with x's sign moved onto it. */
@@ -209,16 +120,11 @@ static inline TARGET __m256i dot_ss8(__m256i x, __m256i y) {
  * bytes c, as sum(u * y) + sum(c * -y): codes with an offset, without dot_ss8's two sign
  * instructions. (The multiplies, sign among them, and the FMAs share two of Zen 4's four
  * vector pipes, and an FMA of a row's chain that finds both busy waits: with fewer, Q8_0
- * went 5% faster.) VNNI: two vpdpbusd, int32 lanes. AVX2: the two maddubs's int16 pair
- * sums added, at most 2 * (u + c) * 127, for Q5_0's u + c <= 31 + 16 11938, left NARROW
+ * went 5% faster.) The two maddubs's int16 pair sums added, at most 2 * (u + c) * 127, for Q5_0's u + c <= 31 + 16 11938, left NARROW
  * (fold_pairs widens them). */
 static inline TARGET __m256i dot_offset(__m256i u, __m256i c, __m256i y) {
     const __m256i neg_y = _mm256_sub_epi8(_mm256_setzero_si256(), y);
-#ifdef SQ_X86_VNNI
-    return vnni_dpbusd(vnni_dpbusd(_mm256_setzero_si256(), u, y), c, neg_y);
-#else
     return _mm256_add_epi16(_mm256_maddubs_epi16(u, y), _mm256_maddubs_epi16(c, neg_y));
-#endif
 }
 
 /* ---------------------------------------------------------------------------
@@ -231,19 +137,9 @@ static inline TARGET __m256i dot_offset(__m256i u, __m256i c, __m256i y) {
 typedef __m256i (*block_ints_fn)(const void *x, const void *y);
 typedef __m128 (*block_scales_fn)(const uint8_t *x, size_t xb, const uint8_t *y, size_t yb, int n);
 
-/* The forms of a block's vector. WIDE: int32 lanes. NARROW: AVX2's maddubs int16 pair sums,
- * left unwidened until two blocks' are folded together (one madd for two blocks). HIGH16
- * (VNNI): int32 lanes, those of the high 128 bits 16 times their share, from nibble codes
- * taken as byte & 0xf0 there (no shift per block); every int32 lane of the high half is a
- * sum of multiples of 16, so one arithmetic shift per group of blocks takes it back, exactly. */
-enum { WIDE, NARROW, HIGH16 };
-#ifdef SQ_X86_VNNI
-#define NARROW_AVX2 WIDE
-#define NIBBLE_FORM HIGH16
-#else
-#define NARROW_AVX2 NARROW
-#define NIBBLE_FORM NARROW
-#endif
+/* The forms of a block's vector. WIDE: int32 lanes. NARROW: maddubs's int16 pair sums,
+ * left unwidened until two blocks' are folded together (one madd for two blocks). */
+enum { WIDE, NARROW };
 
 /* Lane 0 of the result: the sum of v's 8 int32 lanes (exact). */
 static inline TARGET __m128i sum_lanes(__m256i v) {
@@ -267,25 +163,20 @@ static inline TARGET __m256i fold_quads(__m256i pq, __m256i rs) {
     return _mm256_add_epi32(_mm256_unpacklo_epi64(pq, rs), _mm256_unpackhi_epi64(pq, rs));
 }
 
-/* A HIGH16 vector (or fold of them) with its high half's lanes divided by 16. */
-static inline TARGET __m256i unscale_high(__m256i a, const int form) {
-    return form == HIGH16 ? _mm256_srav_epi32(a, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)) : a;
-}
-
 /* The blocks' totals as floats, lane k block k, for n = 4, 2 or 1: unpacks and adds (no
  * 256-bit hadd: on Zen 4 it holds a shuffle unit two cycles), then cvtdq2ps, which rounds
  * as (float) does. */
 static inline __attribute__((always_inline)) TARGET __m128 block_totals(const __m256i *v, const int n, const int form) {
     if (n == 4) {
-        const __m256i a = unscale_high(fold_quads(fold_pairs(v[0], v[1], form), fold_pairs(v[2], v[3], form)), form);
+        const __m256i a = fold_quads(fold_pairs(v[0], v[1], form), fold_pairs(v[2], v[3], form));
         return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)));
     }
     if (n == 2) {
-        const __m256i a = unscale_high(fold_pairs(v[0], v[1], form), form);
+        const __m256i a = fold_pairs(v[0], v[1], form);
         const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
         return _mm_cvtepi32_ps(_mm_add_epi32(h, _mm_unpackhi_epi64(h, h)));
     }
-    const __m256i w = form == NARROW ? _mm256_madd_epi16(v[0], _mm256_set1_epi16(1)) : unscale_high(v[0], form);
+    const __m256i w = form == NARROW ? _mm256_madd_epi16(v[0], _mm256_set1_epi16(1)) : v[0];
     return _mm_cvtepi32_ps(sum_lanes(w));
 }
 
@@ -396,55 +287,36 @@ static inline TARGET __m256i codes32(const void *block, size_t at) {
     return _mm256_loadu_si256((const __m256i *)((const uint8_t *)block + at));
 }
 
-/* Q8_0: x * y as (x + 128) * y - 128 * y on VNNI (x ^ 0x80 is x + 128, unsigned); AVX2's
- * maddubs would saturate on those, and takes the signs instead. */
+/* Q8_0: signed times signed, through the signs (dot_ss8). */
 static inline TARGET __m256i ints_q8_0(const void *x, const void *y) {
     const __m256i qx = codes32(x, offsetof(block_q8_0, qs)), qy = codes32(y, offsetof(block_q8_0, qs));
-#ifdef SQ_X86_VNNI
-    const __m256i k80 = _mm256_set1_epi8((char)0x80);
-    return dot_offset(_mm256_xor_si256(qx, k80), k80, qy);
-#else
     return dot_ss8(qx, qy);
-#endif
 }
 
-TARGET float KERNEL(vec_dot_q8_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_q8_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     return row_steps(row, sizeof(block_q8_0), xq, sizeof(block_q8_0), nb, 4, ints_q8_0, WIDE, scales_32, NULL, stop);
 }
 
-/* Q4_0: the codes q - 8; on VNNI the high half's codes and offset both 16 times theirs
- * (HIGH16). */
+/* Q4_0: the codes q - 8. */
 static inline TARGET __m256i ints_q4_0(const void *x, const void *y) {
     const __m256i qy = codes32(y, offsetof(block_q8_0, qs));
-#ifdef SQ_X86_VNNI
-    const __m256i c = _mm256_setr_epi64x(0x0808080808080808, 0x0808080808080808, (long long)0x8080808080808080ull,
-                                         (long long)0x8080808080808080ull);
-    return dot_offset(nibbles32_high16(((const block_q4_0 *)x)->qs), c, qy);
-#else
     return dot_offset(nibbles32(((const block_q4_0 *)x)->qs), _mm256_set1_epi8(8), qy);
-#endif
 }
 
-TARGET float KERNEL(vec_dot_q4_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q4_0), xq, sizeof(block_q8_0), nb, 4, ints_q4_0, NIBBLE_FORM, scales_32, NULL,
+TARGET float sq_vec_dot_q4_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
+    return row_steps(row, sizeof(block_q4_0), xq, sizeof(block_q8_0), nb, 4, ints_q4_0, NARROW, scales_32, NULL,
                      stop);
 }
 
-/* IQ4_NL: the 16 grid values, looked up 32 codes at a time with a byte shuffle; on VNNI
- * from the grid plus 128 (unsigned), with 128 * y taken off as for Q8_0. */
+/* IQ4_NL: the 16 grid values, looked up 32 codes at a time with a byte shuffle. */
 static inline TARGET __m256i ints_iq4_nl(const void *x, const void *y) {
     const __m256i qy = codes32(y, offsetof(block_q8_0, qs));
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(SQ_IQ4_GRID));
     const __m256i q = nibbles32(((const block_iq4_nl *)x)->qs);
-#ifdef SQ_X86_VNNI
-    const __m256i k80 = _mm256_set1_epi8((char)0x80);
-    return dot_offset(_mm256_shuffle_epi8(_mm256_xor_si256(lut, k80), q), k80, qy);
-#else
     return dot_ss8(_mm256_shuffle_epi8(lut, q), qy);
-#endif
 }
 
-TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_iq4_nl_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     return row_steps(row, sizeof(block_iq4_nl), xq, sizeof(block_q8_0), nb, 4, ints_iq4_nl, WIDE, scales_32, NULL,
                      stop);
 }
@@ -453,16 +325,12 @@ TARGET float KERNEL(vec_dot_iq4_nl)(const void *row, const void *xq, int64_t nb,
  * most 2 * 15 * 127, folded two to an int16 lane 7620. */
 static inline TARGET __m256i ints_q4_1(const void *x, const void *y) {
     const __m256i qy = codes32(y, offsetof(block_q8_1, qs));
-#ifdef SQ_X86_VNNI
-    return dot_us8(nibbles32_high16(((const block_q4_1 *)x)->qs), qy);
-#else
     return _mm256_maddubs_epi16(nibbles32(((const block_q4_1 *)x)->qs), qy);
-#endif
 }
 
-TARGET float KERNEL(vec_dot_q4_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_q4_1_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     __m128 off = _mm_setzero_ps();
-    const float sum = row_steps(row, sizeof(block_q4_1), xq, sizeof(block_q8_1), nb, 4, ints_q4_1, NIBBLE_FORM, NULL,
+    const float sum = row_steps(row, sizeof(block_q4_1), xq, sizeof(block_q8_1), nb, 4, ints_q4_1, NARROW, NULL,
                                 &off, stop);
     return sum + _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
@@ -487,8 +355,8 @@ static inline TARGET __m256i ints_q5_0(const void *x, const void *y) {
                       codes32(y, offsetof(block_q8_0, qs)));
 }
 
-TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, const void *stop) {
-    return row_steps(row, sizeof(block_q5_0), xq, sizeof(block_q8_0), nb, 4, ints_q5_0, NARROW_AVX2, scales_32, NULL,
+TARGET float sq_vec_dot_q5_0_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
+    return row_steps(row, sizeof(block_q5_0), xq, sizeof(block_q8_0), nb, 4, ints_q5_0, NARROW, scales_32, NULL,
                      stop);
 }
 
@@ -496,16 +364,12 @@ TARGET float KERNEL(vec_dot_q5_0)(const void *row, const void *xq, int64_t nb, c
 static inline TARGET __m256i ints_q5_1(const void *x, const void *y) {
     const block_q5_1 *b = x;
     const __m256i q = _mm256_or_si256(nibbles32(b->qs), q5_bit4(b->qh)), qy = codes32(y, offsetof(block_q8_1, qs));
-#ifdef SQ_X86_VNNI
-    return dot_us8(q, qy);
-#else
     return _mm256_maddubs_epi16(q, qy);
-#endif
 }
 
-TARGET float KERNEL(vec_dot_q5_1)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_q5_1_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     __m128 off = _mm_setzero_ps();
-    const float sum = row_steps(row, sizeof(block_q5_1), xq, sizeof(block_q8_1), nb, 4, ints_q5_1, NARROW_AVX2, NULL,
+    const float sum = row_steps(row, sizeof(block_q5_1), xq, sizeof(block_q8_1), nb, 4, ints_q5_1, NARROW, NULL,
                                 &off, stop);
     return sum + _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
@@ -559,7 +423,7 @@ static inline TARGET __m128i k_min_terms(__m128i sc_mn, const int16_t *bsums) {
 /* Q4_K: the group scales stay in a register and are spread over the codes with byte
  * shuffles; 32 bytes of qs serve groups 2c (low nibbles) and 2c+1 (high). A block's two
  * totals, then the two steps, as the definition has them (this kernel already did). */
-TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_q4_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q4_K *x = row;
     const block_q8_K *y = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -585,7 +449,7 @@ TARGET float KERNEL(vec_dot_q4_K)(const void *row, const void *xq, int64_t nb, c
 
 /* Q5_K: the codes as Q4_K's plus bit 2c (even group) or 2c+1 (odd) of qh[l] as
  * bit 4; codes 0..31 keep the maddubs pair sums below 2 * 31 * 128. */
-TARGET float KERNEL(vec_dot_q5_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_q5_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q5_K *x = row;
     const block_q8_K *y = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
@@ -630,7 +494,7 @@ static inline TARGET __m256i scale_pairs(__m128i sc8) {
 
 /* Q2_K: imin = mn[g] * bsums[g] over the 16 groups, folded to 4 lanes; the scales (low
  * nibbles) spread over the codes as Q6_K's. */
-TARGET float KERNEL(vec_dot_q2_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_q2_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     const block_q2_K *x = row;
     const block_q8_K *y = xq;
     const __m256i m3 = _mm256_set1_epi8(3);
@@ -680,7 +544,7 @@ static inline TARGET __m128i q3_K_scales(const block_q3_K *x) {
  * unsigned: pair sums at most 2 * 7 * 127), and 4 * sum(sc * bsum) comes off, which
  * leaves the block's sum(sc * q * qy) exact. The low bits are laid out as in Q2_K; the
  * high bit of element 32c + b of half h is bit 4h + c of hmask[b], shifted to bit 2.
- * The two halves in two sums: VNNI's accumulating vpdpwssd waits on the one before. */
+ * The two halves in two sums, so that each chain of adds waits on half the work. */
 static inline TARGET __m256i ints_q3_K(const void *xv, const void *yv) {
     const block_q3_K *x = xv;
     const block_q8_K *y = yv;
@@ -713,7 +577,7 @@ static inline TARGET __m128 scales_q3_K(const uint8_t *x, size_t xb, const uint8
     return scales_f16_f32(x, offsetof(block_q3_K, d), xb, y, yb, n);
 }
 
-TARGET float KERNEL(vec_dot_q3_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_q3_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     return row_steps(row, sizeof(block_q3_K), xq, sizeof(block_q8_K), nb, 1, ints_q3_K, WIDE, scales_q3_K, NULL, stop);
 }
 
@@ -760,7 +624,7 @@ static inline TARGET __m128 scales_q6_K(const uint8_t *x, size_t xb, const uint8
     return scales_f16_f32(x, offsetof(block_q6_K, d), xb, y, yb, n);
 }
 
-TARGET float KERNEL(vec_dot_q6_K)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_q6_K_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     return row_steps(row, sizeof(block_q6_K), xq, sizeof(block_q8_K), nb, 1, ints_q6_K, WIDE, scales_q6_K, NULL, stop);
 }
 
@@ -789,7 +653,7 @@ static inline TARGET __m128 scales_iq4_xs(const uint8_t *x, size_t xb, const uin
     return scales_f16_f32(x, offsetof(block_iq4_xs, d), xb, y, yb, n);
 }
 
-TARGET float KERNEL(vec_dot_iq4_xs)(const void *row, const void *xq, int64_t nb, const void *stop) {
+TARGET float sq_vec_dot_iq4_xs_avx2(const void *row, const void *xq, int64_t nb, const void *stop) {
     return row_steps(row, sizeof(block_iq4_xs), xq, sizeof(block_q8_K), nb, 1, ints_iq4_xs, WIDE, scales_iq4_xs, NULL,
                      stop);
 }

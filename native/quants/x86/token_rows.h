@@ -1,0 +1,29 @@
+/* quants/x86/token_rows.h: where a token's activations lie in a batch, for the x86
+ * kernels of every setting (x86/side_by_side.h for AVX2, x86/avx512vnni.c). Plain loads
+ * and prefetches, which need no target of their own. */
+#ifndef SMOLQ_QUANTS_X86_TOKEN_ROWS_H
+#define SMOLQ_QUANTS_X86_TOKEN_ROWS_H
+
+#include <stdint.h>
+
+#include "quants/kernels.h"
+
+/* Token t's activation row, stride bytes apart from the one before. */
+static inline const void *token_row(const void *xq, int64_t stride, int t) {
+    return (const uint8_t *)xq + t * stride;
+}
+
+/* Block i of token t's Q8_K activation row. */
+static inline const block_q8_K *token_block(const void *xq, int64_t stride, int t, int64_t i) {
+    return (const block_q8_K *)token_row(xq, stride, t) + i;
+}
+
+/* An activation block asked for ahead of use. A batch of long rows outgrows L2, and the
+ * hardware does not follow one block from each of the 32 to a hundred token rows at a time.
+ * Always inlined: see prefetch_ahead (x86/vec_dots.h). */
+static inline __attribute__((always_inline)) void prefetch_block_q8_K(const block_q8_K *a) {
+    for (int b = 0; b < (int)sizeof(block_q8_K); b += 64)
+        _mm_prefetch((const char *)a + b, _MM_HINT_T0);
+}
+
+#endif
