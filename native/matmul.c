@@ -59,9 +59,12 @@ static void chunk_of_rows(void *p, int64_t k, int ith) {
 }
 
 /* About CHUNKS_PER_THREAD chunks each, in multiples of 16 rows (the kernels take rows
- * eight at a time). A one-token call is a few microseconds of work, so it takes fewer,
- * larger chunks: each costs an atomic add that both cores contend for. */
-enum { CHUNKS_PER_THREAD = 8, STEP_CHUNKS_PER_THREAD = 3 };
+ * sixteen or eight at a time). A batch's chunk is the most a thread can be left waiting
+ * for its partner at the end of a product: with 8 a thread, SmolLM2's 512-token prefill
+ * spent 10.5% of its samples waiting in the pool, with 32 7.4%. A one-token call is a
+ * few microseconds of work, so it takes fewer, larger chunks: each costs an atomic add
+ * that both cores contend for. */
+enum { CHUNKS_PER_THREAD = 32, STEP_CHUNKS_PER_THREAD = 3 };
 
 static int64_t chunk_rows(int64_t total_rows, int n_threads, int n_tokens) {
     const int64_t per = n_tokens == 1 ? STEP_CHUNKS_PER_THREAD : CHUNKS_PER_THREAD;
