@@ -231,6 +231,8 @@ void sq_steps_dot8_q2_K_avx2(const void *rows, int64_t row_bytes, const void *xq
 void sq_quant_q8_0_avx2(const float *x, void *dst, int64_t nb);
 void sq_quant_q8_1_avx2(const float *x, void *dst, int64_t nb);
 void sq_quant_q8_K_avx2(const float *x, void *dst, int64_t nb);
+/* F16 (the F16 weights' activations, and the F16 KV cache's rows): n values. */
+void sq_quant_f16_avx2(const float *x, void *dst, int64_t n);
 #endif
 
 #ifdef SQ_NEON

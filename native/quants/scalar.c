@@ -230,7 +230,7 @@ static void quant_f32(const float *restrict x, void *restrict dst, int64_t n) {
     memcpy(dst, x, (size_t)n * sizeof(float));
 }
 
-static void quant_f16(const float *restrict x, void *restrict dst, int64_t n) {
+static void quant_f16_rows(const float *restrict x, void *restrict dst, int64_t n) {
     uint16_t *h = dst;
     for (int64_t i = 0; i < n; i++)
         h[i] = sq_fp32_to_fp16(x[i]);
@@ -274,9 +274,9 @@ static inline void decode_q8_0(const block_q8_0 *restrict b, float *restrict y) 
 }
 ROW_FUNCS(q8_0, QK8_0)
 
-/* The conversions into the activation formats (Q8_0, Q8_1, Q8_K) are the table's
- * quant_<name>: on x86-64, while the SIMD paths are on, quants/x86/activations.c's, which
- * give the bytes of quant_<name>_rows below for every input; otherwise those. */
+/* The conversions into the activation formats (Q8_0, Q8_1, Q8_K), and into F16, are the
+ * table's quant_<name>: on x86-64, while the SIMD paths are on, quants/x86/activations.c's,
+ * which give the bytes of quant_<name>_rows for every input; otherwise those. */
 #ifdef SQ_X86
 #define ACTIVATION_QUANTIZER(name)                                                      \
     static void quant_##name(const float *restrict x, void *restrict dst, int64_t nb) { \
@@ -291,6 +291,7 @@ ROW_FUNCS(q8_0, QK8_0)
         quant_##name##_rows(x, dst, nb);                                                \
     }
 #endif
+ACTIVATION_QUANTIZER(f16)
 
 /* The largest |x[j]| of n, NaNs passed over. The bits of a non-negative float order as
  * its value does, so the maximum is taken over them as integers: a reduction compilers

@@ -378,6 +378,29 @@ def test_quantize_float_formats():
     assert np.array_equal(buf[:-GUARD].view(np.float32), x)
 
 
+
+@pytest.mark.may_skip_in_ci  # on a CPU without AVX2/FMA (x86-64) or NEON
+def test_f16_conversion_gives_the_same_halves_on_every_path(simd_paths_of_cpu):
+    """F16 rows (the F16 weights' activations, the F16 KV cache): every path's conversion
+    gives the scalar one's halves, for a million random bit patterns (NaN payloads,
+    infinities, subnormals, overflow) and the boundaries between halves, in rows whose
+    length leaves a tail for the one-by-one code."""
+    rng = np.random.default_rng(86)
+    edges = np.array([0x477FEFFF, 0x477FF000, 0x477FF001, 0x387FFFFF, 0x38800000, 0x33000000, 0x33000001,
+                      0x7F800000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF, 0x3F801000, 0x3F803000, 0], dtype=np.uint32)
+    bits = np.concatenate([rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32), edges, edges | 0x80000000])
+    x = bits[: len(bits) - 3].view(np.float32)
+    halves = []
+    for set_path in simd_paths_of_cpu:
+        simd = set_path()
+        rc, buf = c_quantize(T.F16, x)
+        assert rc == 0 and (buf[-GUARD:] == 0xAB).all(), simd
+        halves.append((simd, buf[:-GUARD].view(np.uint16)))
+    want = halves[-1][1]
+    for simd, got in halves[:-1]:
+        wrong = np.flatnonzero(got != want)
+        assert not len(wrong), f"{simd}: {len(wrong)} halves differ from the scalar conversion, first for bits {bits[wrong[0]]:#010x}"
+
 def test_quantize_zero_rows():
     x = np.zeros(512, dtype=np.float32)
     x[300] = -0.0

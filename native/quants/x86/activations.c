@@ -1,5 +1,5 @@
-/* quants/x86/activations.c: the conversion of activations into Q8_0, Q8_1 and Q8_K blocks
- * with AVX2 (sq_quant_<format>_avx2), which runs before every matrix product while the
+/* quants/x86/activations.c: the conversion of activations into Q8_0, Q8_1 and Q8_K blocks,
+ * and into F16, with AVX2 and F16C (sq_quant_<format>_avx2), which runs before every matrix product while the
  * SIMD paths are on (quants/scalar.c's table entries choose it).
  *
  * Each gives the bytes of scalar.c's quant_q8_0_rows, quant_q8_1_rows or quant_q8_K_rows,
@@ -270,6 +270,17 @@ TARGET void sq_quant_q8_K_avx2(const float *x, void *dst, int64_t nb) {
         iscale = next;
         nonzero = next_nonzero;
     }
+}
+
+/* F16, eight values at a time through F16C (see above for why its rounding is
+ * sq_fp32_to_fp16's), the last few one by one. */
+TARGET void sq_quant_f16_avx2(const float *x, void *dst, int64_t n) {
+    uint16_t *h = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        h[i] = sq_fp32_to_fp16(x[i]);
 }
 
 #else
