@@ -1,6 +1,6 @@
 /* quants/x86/activations.c: the conversion of activations into Q8_0, Q8_1 and Q8_K blocks,
- * and into F16, with AVX2 and F16C (sq_quant_<format>_avx2), which runs before every matrix product while the
- * SIMD paths are on (quants/scalar.c's table entries choose it).
+ * and into F16, with AVX2 and F16C (sq_quant_<format>_avx2), which runs before every
+ * matrix product while the SIMD paths are on (quants/scalar.c's table entries choose it).
  *
  * Each gives the bytes of scalar.c's quant_q8_0_rows, quant_q8_1_rows or quant_q8_K_rows,
  * the definition, for every input, NaN and infinity included, because it does the same
