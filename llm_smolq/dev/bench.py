@@ -116,10 +116,26 @@ def constraint_ms_per_token(engine) -> float:
     return statistics.median(costs) * 1e3
 
 
+def warm_prefill_tok_s(eng, ids: list[int], step: int, passes: int = 5) -> float:
+    """A prefill of ids (in calls of `step`) timed as llama-bench times one, and so as the
+    ik_llama.cpp comparison is made: each pass from an empty cache, one to warm up, then the
+    mean of `passes` passes' rates."""
+    def once() -> float:
+        eng.reset()
+        t = time.perf_counter()
+        for start in range(0, len(ids), step):
+            eng.eval(ids[start:start + step])
+        return len(ids) / (time.perf_counter() - t)
+
+    once()
+    return statistics.mean(once() for _ in range(passes))
+
+
 def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, schema: bool = False,
-        batch: int | None = None, kv_cache: str | None = None, bandwidth: bool = False) -> dict:
+        batch: int | None = None, kv_cache: str | None = None, bandwidth: bool = False, warm: bool = False) -> dict:
     """One cold run: load, prefill n_prefill random ids (in calls of `batch` ids, else
-    one), decode n_decode more one by one."""
+    one), decode n_decode more one by one; with warm (ours alone), the prefill again as
+    llama-bench times it (warm_prefill_tok_s)."""
     started = time.perf_counter()
     evaluate, vocab, eng = _load(engine, path, threads, n_prefill + n_decode + 8, kv_cache)
     load_s = time.perf_counter() - started
@@ -145,6 +161,8 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
         result["file_read_gb_s"] = len(eng.model.data) / eng.weight_read_seconds() / 1e9
         decode_gb_s = weight_bytes_per_token(path) * result["decode_tok_s"] / 1e9
         result["decode_pct_of_read"] = 100 * decode_gb_s / result["file_read_gb_s"]
+    if warm and eng is not None:
+        result["warm_prefill_tok_s"] = warm_prefill_tok_s(eng, ids[:n_prefill], step)
     if schema and eng is not None:
         ms = constraint_ms_per_token(eng)
         result["schema_ms_per_token"] = ms
@@ -156,7 +174,8 @@ def _child(engine: str, args) -> dict:
     cmd = [sys.executable, "-m", "llm_smolq.dev.bench", args.model, "--child", engine, "--threads", str(args.threads),
            "--prefill", str(args.prefill), "--decode", str(args.decode)] + (["--schema"] if args.schema else []) + (
            ["--depth", str(args.depth)] if args.depth else []) + (["--kv-cache", args.kv_cache] if args.kv_cache else []) + (
-           ["--bandwidth"] if args.bandwidth and engine == "llm-smolq" else [])
+           ["--bandwidth"] if args.bandwidth and engine == "llm-smolq" else []) + (
+           ["--warm"] if args.warm and engine == "llm-smolq" else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{engine} run failed:\n{done.stderr.strip()}")
@@ -211,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
                              "BENCHMARKS.md gives it (the speed runs and --lookup)")
     parser.add_argument("--vs-llama-cpp", action="store_true", help="also run llama-cpp-python, interleaved")
     parser.add_argument("--schema", action="store_true", help="also time a JSON-schema constraint per token")
+    parser.add_argument("--warm", action="store_true",
+                        help="also time our prefill as llama-bench does (a warm-up pass, then the mean of 5), "
+                             "to set beside ik_llama.cpp's llama-bench")
     parser.add_argument("--follow-up", type=int, metavar="TOKENS",
                         help="instead: time to first token of a TOKENS-long conversation's follow-up in a new "
                              "process, with the prompt cache and cold")
@@ -284,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.child:
         print(json.dumps(run(args.child, args.model, args.threads, args.prefill, args.decode, args.schema,
-                             512 if args.depth else None, args.kv_cache, args.bandwidth)))
+                             512 if args.depth else None, args.kv_cache, args.bandwidth, args.warm)))
         return
     if args.vs_llama_cpp:
         try:
@@ -363,7 +385,8 @@ def format_report(r: dict) -> str:
         f"weights read per token: {r['weight_bytes_per_token'] / 1e6:.1f} MB; "
         f"machine read bandwidth: {r['machine_read_gb_s']:.1f} GB/s",
     ]
-    fmt = {"prefill_tok_s": "prefill tok/s", "decode_tok_s": "decode tok/s", "load_s": "load s",
+    fmt = {"prefill_tok_s": "prefill tok/s", "warm_prefill_tok_s": "warm prefill tok/s (llama-bench's way)",
+           "decode_tok_s": "decode tok/s", "load_s": "load s",
            "peak_rss_mb": "peak RSS MB", "schema_ms_per_token": "schema constraint ms/token",
            "schema_pct_of_decode": "constraint % of a decode step",
            "file_read_gb_s": "its threads read the file at GB/s", "decode_pct_of_read": "decode % of that"}

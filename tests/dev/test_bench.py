@@ -22,6 +22,40 @@ def test_bench_reports_speed_memory_and_bandwidth(reference_dir):
     assert report["machine_read_gb_s"] > 0 and ours["decode_gb_s"] > 0
 
 
+def test_bench_warm_times_the_prefill_again_as_llama_bench_does(reference_dir):
+    model = reference_dir / "tiny-smollm3-Q8_0.gguf"
+    cmd = [sys.executable, "-m", "llm_smolq.dev.bench", str(model), "--threads", "2", "--prefill", "24",
+           "--decode", "2", "--repeat", "1", "--warm"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "warm prefill tok/s (llama-bench's way)" in out
+    report = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True).stdout)
+    assert report["engines"]["llm-smolq"]["warm_prefill_tok_s"]["median"] > 0
+
+
+def test_warm_prefill_is_the_mean_of_passes_from_an_empty_cache(monkeypatch):
+    import llm_smolq.dev.bench as bench
+
+    class Engine:
+        """Records each reset and call; the n-th call takes n seconds of a fake clock."""
+        def __init__(self):
+            self.calls, self.now = [], 0.0
+
+        def reset(self):
+            self.calls.append("reset")
+
+        def eval(self, ids):
+            self.calls.append(len(ids))
+            self.now += sum(1 for c in self.calls if c != "reset")
+
+    eng = Engine()
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: eng.now)
+    rate = bench.warm_prefill_tok_s(eng, list(range(8)), 4, passes=3)
+    # a warm-up pass and three timed ones, each from an empty cache, in two calls of 4 ids
+    assert eng.calls == ["reset", 4, 4] * 4
+    # the timed passes took 3 + 4 = 7 (calls 3 and 4), 11 and 15 seconds: the mean of their rates
+    assert rate == (8 / 7 + 8 / 11 + 8 / 15) / 3
+
+
 def test_bench_bandwidth_reads_the_model_file_with_the_engines_threads(reference_dir):
     model = reference_dir / "tiny-smollm3-Q8_0.gguf"
     cmd = [sys.executable, "-m", "llm_smolq.dev.bench", str(model), "--threads", "2", "--prefill", "16",
