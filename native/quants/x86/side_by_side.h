@@ -1,5 +1,5 @@
 /* quants/x86/side_by_side.h: the steps x86/avx2.c's batched products share (part of that
- * file, after vec_dots.h): where a token's activation block lies, prefetches, several tokens' integer lanes reduced to one
+ * file, after vec_dots.h): prefetches, several tokens' integer lanes reduced to one
  * integer per token, and eight weight rows' blocks put side by side, a row per 32-bit
  * lane, so that an activation word broadcast to every lane multiplies all the rows.
  * Either way each float lane ends up with one (row, token) pair, whose block steps it

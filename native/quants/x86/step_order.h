@@ -267,7 +267,7 @@ static inline TARGET void q4_1_side_by_side(const void *rows, int64_t row_bytes,
  * each token runs through them; its two chains wait in sums and offs between chunks. It
  * prefetches the eight rows after these, up to stop. y[t * ldy + r] for r < 8. */
 TARGET void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { CHUNK = 32, TILE = 16 };
     __m256i codes[CHUNK][8];
     __m256 d_rows[CHUNK], m_rows[CHUNK];
@@ -311,7 +311,7 @@ TARGET void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const v
  * under two fifths of one, because a lane holds a whole row and a group's 32 products
  * add up in int16 before its scale multiplies them. y[t * ldy + r] for r < 8. */
 TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 16 };
     __m256i codes[4][2][8], scale[8], mins[4];
     __m256 d_rows, dmin_rows;

@@ -117,11 +117,10 @@ static inline TARGET __m256i dot_ss8(__m256i x, __m256i y) {
 }
 
 /* sum((u - c) * y) over 32 bytes, for unsigned u, signed y in -127..127 and constant
- * bytes c, as sum(u * y) + sum(c * -y): codes with an offset, without dot_ss8's two sign
- * instructions. (The multiplies, sign among them, and the FMAs share two of Zen 4's four
- * vector pipes, and an FMA of a row's chain that finds both busy waits: with fewer, Q8_0
- * went 5% faster.) The two maddubs's int16 pair sums added, at most 2 * (u + c) * 127, for Q5_0's u + c <= 31 + 16 11938, left NARROW
- * (fold_pairs widens them). */
+ * bytes c, as sum(u * y) + sum(c * -y): codes with an offset (Q4_0, Q5_0), without
+ * dot_ss8's two sign instructions. The two maddubs's int16 pair sums added, at most
+ * 2 * (u + c) * 127, for Q5_0's u + c <= 31 + 16 11938, left NARROW (fold_pairs widens
+ * them). */
 static inline TARGET __m256i dot_offset(__m256i u, __m256i c, __m256i y) {
     const __m256i neg_y = _mm256_sub_epi8(_mm256_setzero_si256(), y);
     return _mm256_add_epi16(_mm256_maddubs_epi16(u, y), _mm256_maddubs_epi16(c, neg_y));
