@@ -972,6 +972,8 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
                                     (9, 35), (27, 70), (40, 22))]
     cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), n_rows, 3) for n_rows in (8, 17)]
     cases += [(37 * GGML_QUANT_SIZES[qtype][0], 17, 5)]  # a chunk and a part of one
+    if GGML_QUANT_SIZES[qtype][0] == 1:  # the float kernels' tokens widened 1,024 at a time: two, a part, a tail
+        cases += [(2 * 1024 + 96 + 7, 16, 6)]
     for n, n_rows, tokens in cases:
         rows = np.stack([random_row(qtype, n, rng) for _ in range(n_rows)])
         xq = quantized_rows(vtype, n, tokens, rng)

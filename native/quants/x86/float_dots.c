@@ -18,9 +18,10 @@
  * At the avx512vnni setting, sixteen rows times a few tokens or a prompt's (the kernel
  * table's rows16 entries) go in tiles of two rows by four tokens: the 32 lanes of each
  * (row, token) pair are two 512-bit registers, lanes 0-15 and 16-31, so a row's chunk is
- * loaded and widened once for four tokens and a token's once for two rows, where the
- * vec_dot widens both for every pair (one thread, 1,536 F16 rows of 576 by 64 tokens, on a
- * Zen 4: 24 G multiply-adds/s against the vec_dot's 17).
+ * loaded and widened once for four tokens, and the tokens are widened once for the sixteen
+ * rows, where the vec_dot widens both for every pair (one thread, 1,536 F16 rows of 576 by
+ * 64 tokens, on a Zen 4: 24 G multiply-adds/s against the vec_dot's 17, with the tokens
+ * widened per pair of rows).
  */
 #include "simd.h"
 
@@ -97,54 +98,76 @@ SQ_AVX512 static inline float reduce32x16(v16f lo, v16f hi) {
     return reduce8(_mm256_add_ps(sq_low8(u), sq_high8(u)));
 }
 
-/* Rows r0, r0 + 1 (R of them) times tokens t0.. (T of them): each pair's 32 lanes over the
- * whole chunks, then, pair by pair, the definition's reduction and tail. y[t * ldy + r]. */
+/* A prompt's tokens are widened to floats once per group of sixteen rows, SEGMENT elements
+ * of up to four tokens at a time (16 KiB), not once per pair of rows: in the tiles below,
+ * F16's conversions of the tokens took as long as the products. */
+enum { SEGMENT = 1024 };
+
+/* Rows r0, r0 + 1 (R of them) times the T tokens widened in xs, over elements s0..s0+len
+ * (whole chunks of 32): each pair's 32 lanes in acc[r][t] (lanes 0-15, 16-31), carried on
+ * from the segment before. */
 #define FLOAT_TILE(name, unit)                                                                             \
     SQ_AVX512 static inline __attribute__((always_inline)) void tile_##name(                              \
-        const uint8_t *rows, int64_t row_bytes, const uint8_t *xq, int64_t stride, int64_t nb, int R, int T, \
-        float *y, int64_t ldy) {                                                                           \
-        v16f acc[2][4][2];                                                                                 \
+        const uint8_t *rows, int64_t row_bytes, const float xs[][SEGMENT], int64_t s0, int64_t len, int R,  \
+        int T, v16f acc[][4][2]) {                                                                         \
+        v16f a[2][4][2];                                                                                   \
         for (int r = 0; r < R; r++)                                                                        \
             for (int t = 0; t < T; t++)                                                                    \
-                acc[r][t][0] = acc[r][t][1] = V16(setzero_ps)();                                           \
-        int64_t i = 0;                                                                                     \
-        for (; i + 32 <= nb; i += 32) {                                                                    \
+                a[r][t][0] = acc[r][t][0], a[r][t][1] = acc[r][t][1];                                      \
+        for (int64_t i = 0; i < len; i += 32) {                                                            \
             v16f w[2][2];                                                                                  \
             for (int r = 0; r < R; r++)                                                                    \
                 for (int h = 0; h < 2; h++)                                                                \
-                    w[r][h] = name##x16(rows + r * row_bytes + (i + 16 * h) * (unit));                     \
+                    w[r][h] = name##x16(rows + r * row_bytes + (s0 + i + 16 * h) * (unit));                \
             for (int t = 0; t < T; t++)                                                                    \
                 for (int h = 0; h < 2; h++) {                                                              \
-                    const v16f x = name##x16(xq + t * stride + (i + 16 * h) * (unit));                     \
+                    const v16f x = V16(loadu_ps)(xs[t] + i + 16 * h);                                      \
                     for (int r = 0; r < R; r++)                                                            \
-                        acc[r][t][h] = V16(add_ps)(acc[r][t][h], V16(mul_ps)(w[r][h], x));                 \
+                        a[r][t][h] = V16(add_ps)(a[r][t][h], V16(mul_ps)(w[r][h], x));                     \
                 }                                                                                          \
         }                                                                                                  \
         for (int r = 0; r < R; r++)                                                                        \
-            for (int t = 0; t < T; t++) {                                                                  \
-                y[t * ldy + r] = sq_float_tail_##name(reduce32x16(acc[r][t][0], acc[r][t][1]),             \
-                                                      rows + r * row_bytes, xq + t * stride, i, nb);        \
-            }                                                                                              \
+            for (int t = 0; t < T; t++)                                                                    \
+                acc[r][t][0] = a[r][t][0], acc[r][t][1] = a[r][t][1];                                      \
     }                                                                                                      \
                                                                                                            \
-    /* Sixteen rows times n_tokens, in tiles of two rows by four tokens (each case a constant \
-     * for the compiler). stop goes unused, as in the vec_dots. */                                         \
+    /* Sixteen rows times n_tokens, four tokens at a time, in tiles of two rows by those tokens \
+     * (each count a constant for the compiler); then, pair by pair, the definition's reduction \
+     * and tail. stop goes unused, as in the vec_dots. */                                                  \
     SQ_AVX512 void sq_steps_dot16_##name##_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, \
                                                       int64_t stride, int n_tokens, int64_t nb,            \
                                                       const void *stop, float *y, int64_t ldy) {           \
         (void)stop;                                                                                        \
-        for (int t = 0; t < n_tokens; t += 4)                                                              \
-            for (int r = 0; r < 16; r += 2) {                                                              \
-                const uint8_t *w = (const uint8_t *)rows + r * row_bytes;                                  \
-                const uint8_t *x = (const uint8_t *)xq + t * stride;                                       \
-                float *out = y + t * ldy + r;                                                              \
-                switch (n_tokens - t < 4 ? n_tokens - t : 4) {                                             \
-                case 1: tile_##name(w, row_bytes, x, stride, nb, 2, 1, out, ldy); break;                   \
-                case 2: tile_##name(w, row_bytes, x, stride, nb, 2, 2, out, ldy); break;                   \
-                case 3: tile_##name(w, row_bytes, x, stride, nb, 2, 3, out, ldy); break;                   \
-                default: tile_##name(w, row_bytes, x, stride, nb, 2, 4, out, ldy); break;                  \
+        const uint8_t *w = rows, *x = xq;                                                                  \
+        const int64_t whole = nb / 32 * 32;                                                                \
+        float xs[4][SEGMENT];                                                                              \
+        v16f acc[16][4][2];                                                                                \
+        for (int t0 = 0; t0 < n_tokens; t0 += 4) {                                                         \
+            const int T = n_tokens - t0 < 4 ? n_tokens - t0 : 4;                                           \
+            for (int r = 0; r < 16; r++)                                                                   \
+                for (int t = 0; t < T; t++)                                                                \
+                    acc[r][t][0] = acc[r][t][1] = V16(setzero_ps)();                                       \
+            for (int64_t s0 = 0; s0 < whole; s0 += SEGMENT) {                                              \
+                const int64_t len = whole - s0 < SEGMENT ? whole - s0 : SEGMENT;                           \
+                for (int t = 0; t < T; t++)                                                                \
+                    for (int64_t i = 0; i < len; i += 16)                                                  \
+                        V16(storeu_ps)(xs[t] + i, name##x16(x + (t0 + t) * stride + (s0 + i) * (unit)));   \
+                for (int r = 0; r < 16; r += 2) {                                                          \
+                    const uint8_t *wr = w + r * row_bytes;                                                 \
+                    switch (T) {                                                                           \
+                    case 1: tile_##name(wr, row_bytes, xs, s0, len, 2, 1, acc + r); break;                 \
+                    case 2: tile_##name(wr, row_bytes, xs, s0, len, 2, 2, acc + r); break;                 \
+                    case 3: tile_##name(wr, row_bytes, xs, s0, len, 2, 3, acc + r); break;                 \
+                    default: tile_##name(wr, row_bytes, xs, s0, len, 2, 4, acc + r); break;                \
+                    }                                                                                      \
                 }                                                                                          \
             }                                                                                              \
+            for (int r = 0; r < 16; r++)                                                                   \
+                for (int t = 0; t < T; t++)                                                                \
+                    y[(t0 + t) * ldy + r] = sq_float_tail_##name(reduce32x16(acc[r][t][0], acc[r][t][1]),  \
+                                                                 w + r * row_bytes, x + (t0 + t) * stride, \
+                                                                 whole, nb);                               \
+        }                                                                                                  \
     }
 
 FLOAT_TILE(f32, 4)
