@@ -27,15 +27,9 @@
  * turns each hand-off into a scheduler time slice), then sleep. */
 enum { SPIN_ROUNDS = 4000, YIELD_ROUNDS = 20000 };
 
-typedef struct {
-    sq_pool *pool;
-    int ith;
-} worker_arg;
-
 struct sq_pool {
     int n_threads;
-    sq_thread *threads;     /* [n_threads - 1]: worker i+1 runs on threads[i] */
-    worker_arg *args;       /* [n_threads - 1] */
+    sq_thread *threads;     /* [n_threads - 1]: the workers beside the caller */
     sq_mutex mu;            /* guards sleeping, with `wake` */
     sq_cond wake;
     /* The current job's generation (high 32 bits, bumped once per job; workers compare it
@@ -90,8 +84,7 @@ static void take_shares(sq_pool *pool, uint32_t generation) {
 }
 
 static sq_thread_result SQ_THREAD_CALL worker_main(void *p) {
-    worker_arg *arg = p;
-    sq_pool *pool = arg->pool;
+    sq_pool *pool = p;
     uint32_t seen = 0; /* the generation before any job: a job published before this thread ran is not missed */
     for (;;) {
         seen = wait_for_job(pool, seen);
@@ -111,12 +104,10 @@ sq_pool *sq_pool_new(int n_threads) {
     int n_workers = n_threads - 1;
     if (n_workers > 0) {
         pool->threads = calloc((size_t)n_workers, sizeof *pool->threads);
-        pool->args = calloc((size_t)n_workers, sizeof *pool->args);
-        if (!pool->threads || !pool->args) goto fail;
+        if (!pool->threads) goto fail;
     }
     for (int i = 0; i < n_workers; i++) {
-        pool->args[i] = (worker_arg){pool, i + 1};
-        if (sq_thread_start(&pool->threads[i], worker_main, &pool->args[i]) != 0) {
+        if (sq_thread_start(&pool->threads[i], worker_main, pool) != 0) {
             pool->n_threads = i + 1; /* only i workers exist: free() must join just those */
             sq_pool_free(pool);
             return NULL;
@@ -125,7 +116,6 @@ sq_pool *sq_pool_new(int n_threads) {
     return pool;
 fail:
     free(pool->threads);
-    free(pool->args);
     free(pool);
     return NULL;
 }
@@ -215,6 +205,5 @@ void sq_pool_free(sq_pool *pool) {
     sq_mutex_destroy(&pool->mu);
     sq_cond_destroy(&pool->wake);
     free(pool->threads);
-    free(pool->args);
     free(pool);
 }
