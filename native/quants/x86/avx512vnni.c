@@ -634,40 +634,6 @@ static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint
         q5_K_word16(V16(loadu_si512)(run + 64 * (Q5_K_QS_AT + 8 * c + j)), qh[j], c, &code[0][j], &code[1][j]);
 }
 
-/* The codes of span c of a Q4_K or Q5_K block's run (q4_K_codes16, q5_K_codes16; qh:
- * Q5_K's fifth bits) and q4_K_span16 at once for T tokens (one or two): each register of
- * codes goes from its load straight to its products, none parked on the stack. (Put side
- * by side first, the sixteen registers of a Q4_K span went to the stack and back, and
- * decode took 1.3x as long; two Q5_K tokens through the tile of sixteen, its codes
- * parked, read 0.78x as fast as the file's layout did.) */
-static inline __attribute__((always_inline)) TARGET void k_packed_span16(const int type, const uint8_t *run, int c,
-                                                                        const v16i qh[8], const int T,
-                                                                        const int8_t *const aq[2], v16i sc_low,
-                                                                        v16i sc_high, v16i isum[2]) {
-    const v16i m4 = V16(set1_epi8)(0x0f);
-    v16i low[2][2], high[2][2];  /* per token the two groups' chains of alternate words, as q4_K_span16's */
-    for (int t = 0; t < T; t++)
-        low[t][0] = low[t][1] = high[t][0] = high[t][1] = V16(setzero_si512)();
-    for (int j = 0; j < 8; j++) {
-        v16i lo, hi;
-        if (type == SQ_Q5_K) {
-            q5_K_word16(V16(loadu_si512)(run + 64 * (Q5_K_QS_AT + 8 * c + j)), qh[j], c, &lo, &hi);
-        } else {
-            const v16i q = V16(loadu_si512)(run + 64 * (Q4_K_QS_AT + 8 * c + j));
-            lo = V16(and_si512)(q, m4);
-            hi = V16(and_si512)(V16(srli_epi16)(q, 4), m4);
-        }
-        for (int t = 0; t < T; t++) {
-            low[t][j & 1] = dpbusd_word(low[t][j & 1], lo, aq[t] + 4 * j);
-            high[t][j & 1] = dpbusd_word(high[t][j & 1], hi, aq[t] + 32 + 4 * j);
-        }
-    }
-    for (int t = 0; t < T; t++) {
-        isum[t] = V16(add_epi32)(isum[t], V16(mullo_epi32)(V16(add_epi32)(low[t][0], low[t][1]), sc_low));
-        isum[t] = V16(add_epi32)(isum[t], V16(mullo_epi32)(V16(add_epi32)(high[t][0], high[t][1]), sc_high));
-    }
-}
-
 /* Where a packed IQ4_XS run's words lie, in 64-byte units (d and scales_h, sixteen of each,
  * take the first): the low bits of the scales, the codes. */
 enum { IQ4_XS_SCALES_AT = 1, IQ4_XS_QS_AT = 2 };
@@ -713,22 +679,43 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_codes16(const ui
                           &code[h][j + 4]);
 }
 
-/* iq4_xs_codes16 and q4_K_span16 at once for T tokens (one or two) and a packed run, as
- * k_packed_span16: register k of the span's codes holds group k / 4's elements 4k..
- * (low nibbles) and 16 + 4k.. (high), each summed in a chain of its own. */
-static inline __attribute__((always_inline)) TARGET void iq4_xs_packed_span16(const uint8_t *run, int c, const int T,
-                                                                             const int8_t *const aq[2], v16i sc_low,
-                                                                             v16i sc_high, v16i isum[2]) {
-    v16i acc[2][2][2];  /* token, group, nibble */
+/* The codes of span c of a Q4_K, Q5_K or IQ4_XS block's run (q4_K_codes16, q5_K_codes16,
+ * iq4_xs_codes16; qh: Q5_K's fifth bits) and q4_K_span16 at once for T tokens (one or
+ * two): each register of codes goes from its load straight to its products, none parked on
+ * the stack. (Put side by side first, the sixteen registers of a Q4_K span went to the
+ * stack and back, and decode took 1.3x as long; two Q5_K tokens through the tile of
+ * sixteen, its codes parked, read 0.78x as fast as the file's layout did.) Register j of a
+ * Q4_K or Q5_K span holds both groups' words j (low nibbles group 2c, high 2c + 1); of an
+ * IQ4_XS span, group j / 4's elements 4j.. (low) and 16 + 4j.. (high). Each group's
+ * products go into two chains, so that each waits on half the instructions. */
+static inline __attribute__((always_inline)) TARGET void k_packed_span16(const int type, const uint8_t *run, int c,
+                                                                        const v16i qh[8], const int T,
+                                                                        const int8_t *const aq[2], v16i sc_low,
+                                                                        v16i sc_high, v16i isum[2]) {
+    const v16i m4 = V16(set1_epi8)(0x0f);
+    v16i acc[2][2][2];  /* token, group, chain */
     for (int t = 0; t < T; t++)
         acc[t][0][0] = acc[t][0][1] = acc[t][1][0] = acc[t][1][1] = V16(setzero_si512)();
-    for (int k = 0; k < 8; k++) {
+    for (int j = 0; j < 8; j++) {
         v16i lo, hi;
-        iq4_xs_word16(V16(loadu_si512)(run + 64 * (IQ4_XS_QS_AT + 8 * c + k)), &lo, &hi);
-        const int h = k / 4, j = k % 4;
+        if (type == SQ_Q5_K) {
+            q5_K_word16(V16(loadu_si512)(run + 64 * (Q5_K_QS_AT + 8 * c + j)), qh[j], c, &lo, &hi);
+        } else if (type == SQ_IQ4_XS) {
+            iq4_xs_word16(V16(loadu_si512)(run + 64 * (IQ4_XS_QS_AT + 8 * c + j)), &lo, &hi);
+        } else {
+            const v16i q = V16(loadu_si512)(run + 64 * (Q4_K_QS_AT + 8 * c + j));
+            lo = V16(and_si512)(q, m4);
+            hi = V16(and_si512)(V16(srli_epi16)(q, 4), m4);
+        }
         for (int t = 0; t < T; t++) {
-            acc[t][h][0] = dpbusd_word(acc[t][h][0], lo, aq[t] + 32 * h + 4 * j);
-            acc[t][h][1] = dpbusd_word(acc[t][h][1], hi, aq[t] + 32 * h + 16 + 4 * j);
+            if (type == SQ_IQ4_XS) {
+                const int g = j / 4, at = 32 * g + 4 * (j % 4);
+                acc[t][g][0] = dpbusd_word(acc[t][g][0], lo, aq[t] + at);
+                acc[t][g][1] = dpbusd_word(acc[t][g][1], hi, aq[t] + at + 16);
+            } else {
+                acc[t][0][j & 1] = dpbusd_word(acc[t][0][j & 1], lo, aq[t] + 4 * j);
+                acc[t][1][j & 1] = dpbusd_word(acc[t][1][j & 1], hi, aq[t] + 32 + 4 * j);
+            }
         }
     }
     for (int t = 0; t < T; t++) {
@@ -879,7 +866,7 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
  * scaled in the codes (Q3_K, Q2_K: their groups of 16 would take twice as many). y = sum,
  * or sum - off.
  * TILE tokens at a time: 1 (decode) or 2 of Q4_K, Q5_K or IQ4_XS, each span's codes from
- * the loads straight to the products (k_packed_span16, iq4_xs_packed_span16); 16 for a few
+ * the loads straight to the products (k_packed_span16); 16 for a few
  * (a lookup draft's check), 64 for a prompt (tiles of 32 were 2-4% slower). Q4_K's prompt also asks
  * for each token's next activation block a block ahead: a batch of long rows outgrows L2,
  * and the hardware does not follow one block from each of 64 token rows at a time (the
@@ -929,10 +916,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                     const int8_t *aq[2];
                     for (int t = 0; t < TILE; t++)
                         aq[t] = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
-                    if (type == SQ_Q4_K || type == SQ_Q5_K)
-                        k_packed_span16(type, run, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
-                    else
-                        iq4_xs_packed_span16(run, c, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
+                    k_packed_span16(type, run, c, bits, TILE, aq, scale[2 * c], scale[2 * c + 1], isum);
                     continue;
                 }
                 v16i code[2][8];
