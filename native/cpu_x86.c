@@ -1,11 +1,15 @@
 /* cpu_x86.c: simd.h's CPU checks on x86-64: whether the CPU has the instructions of the
- * AVX2 and AVX-512 VNNI code, and whether the OS saves the registers that code uses.
+ * AVX2, AVX-512 VNNI and AMX code, and whether the OS saves the registers that code uses.
  *
  * Read from CPUID and XGETBV here rather than with __builtin_cpu_supports: that builtin
  * reads a table (__cpu_model) that libgcc or compiler-rt fills in, and a build with
  * clang-cl, linked by Visual Studio's link.exe, has neither. The checks are the ones
  * libgcc makes for the same feature names, but for AVX-512's on macOS (os_saves_zmm).
+ * AMX's check also asks Linux for the tiles (sq_cpu_has_amx).
  */
+#ifdef __linux__
+#define _GNU_SOURCE /* syscall(), for arch_prctl */
+#endif
 #include <stdint.h>
 
 #include "simd.h"
@@ -19,6 +23,10 @@
 #endif
 #ifdef __APPLE__
 #include <sys/sysctl.h>
+#endif
+#if defined(SQ_AMX) && !defined(SQ_VNNI_VIA_SIMDE)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 typedef struct {
@@ -76,8 +84,10 @@ int sq_cpu_has_avx2(void) {
 
 #ifdef SQ_VNNI_VIA_SIMDE
 /* A test build: the VNNI kernels take their AVX-512 instructions from SIMDe and run
- * wherever the AVX2 ones do (simd512.h). */
+ * wherever the AVX2 ones do (simd512.h), and the AMX ones take C stand-ins for the tiles
+ * (quants/x86/amx_tiles.h). */
 int sq_cpu_has_avx512vnni(void) { return 1; }
+int sq_cpu_has_amx(void) { return 1; }
 #else
 /* macOS turns the AVX-512 state on in a thread's XCR0 only when the thread first uses an
  * AVX-512 instruction, so XCR0 shows it off on a CPU that has it. There the OS's word is
@@ -100,6 +110,30 @@ int sq_cpu_has_avx512vnni(void) {
     const cpuid_regs l7 = cpuid(7, 0);
     return bit(l7.ebx, 16) && bit(l7.ebx, 30) && bit(l7.ebx, 31) && bit(l7.ecx, 11);
 }
+
+#ifdef SQ_AMX
+/* XCR0 bits 17 and 18: the tiles' configuration and data, which the OS must save. Linux
+ * (5.16 on) sets them, but lets a process use the tiles' 8 KB of state only once it has
+ * asked (the kernel's Documentation/arch/x86/xstate.rst); a process that has not faults on
+ * its first tile instruction. */
+enum { XCR0_TILES = 0x60000, ARCH_GET_XCOMP_PERM = 0x1022, ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+
+static int os_grants_tiles(void) {
+    if ((xcr0() & XCR0_TILES) != XCR0_TILES)
+        return 0;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
+        return 0;
+    unsigned long granted = 0;
+    return syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &granted) == 0 && (granted >> XFEATURE_XTILEDATA & 1);
+}
+
+/* AMX-TILE and AMX-INT8 (CPUID.7.0:EDX bits 24 and 25), besides the 512-bit code's. */
+int sq_cpu_has_amx(void) {
+    if (!sq_cpu_has_avx512vnni()) return 0;
+    const cpuid_regs l7 = cpuid(7, 0);
+    return bit(l7.edx, 24) && bit(l7.edx, 25) && os_grants_tiles();
+}
+#endif
 #endif
 
 #endif

@@ -22,6 +22,11 @@
 #define SQ_X86 1
 #include <immintrin.h>
 #define SQ_AVX2 __attribute__((target("avx2,fma,f16c")))
+#if defined(__linux__) || defined(SQ_VNNI_VIA_SIMDE)
+/* AMX tiles for a prompt's products (quants/x86/amx_tiles.h): Linux is the OS whose
+ * request for them cpu_x86.c makes; the test build's stand-ins run anywhere. */
+#define SQ_AMX 1
+#endif
 #elif defined(__aarch64__)
 /* NEON code: Advanced SIMD is part of every AArch64 CPU, so no check is needed. */
 #define SQ_NEON 1
@@ -47,6 +52,12 @@ int sq_simd_512(void);
  * build the second is always 1. */
 int sq_cpu_has_avx2(void);
 int sq_cpu_has_avx512vnni(void);
+#ifdef SQ_AMX
+/* Whether the CPU has AMX's tiles and int8 products (and the 512-bit code's instructions),
+ * and the OS lets this process use the tiles: the first call asks Linux for them
+ * (arch_prctl ARCH_REQ_XCOMP_PERM), a refusal is a 0. Always 1 in the SIMDe test build. */
+int sq_cpu_has_amx(void);
+#endif
 #endif
 
 /* ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@
  *   int8_peak.c          the pool's threads multiplying bytes: the wall a prompt runs against
  *   exp_ggml.h           llama.cpp's exp, for softmax and SiLU
  *   simd.h               SIMD build flags, CPU checks, code compiled twice, horizontal sums
- *   cpu_x86.c            the x86-64 CPU checks, from CPUID and XGETBV
+ *   cpu_x86.c            the x86-64 CPU checks, from CPUID and XGETBV; Linux's grant of AMX tiles
  *   simd512.h            sixteen-lane registers, or SIMDe's stand-ins in the test build
  *   quants/              the tensor types: the list and the definition of their products
  *                        (types.h), block layouts, the scalar definition in code, dispatch,

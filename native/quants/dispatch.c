@@ -1,14 +1,15 @@
 /* quants/dispatch.c: which kernel runs, and the dot products with converted activations
  * that the ABI offers (sq_vec_dot and its batched and many-row forms).
  *
- * The AVX2/FMA or AVX-512 VNNI (quants/x86/, x86-64) or NEON (quants/arm/, AArch64)
+ * The AVX2/FMA, AVX-512 VNNI or AMX (quants/x86/, x86-64) or NEON (quants/arm/, AArch64)
  * kernels take the place of the type table's scalar vec_dots while enabled. Every one
  * gives the scalar ones' bits (quants/types.h), so the choice among them is speed alone,
  * and one table makes it: a row per setting and type, naming that type's kernels by the
  * rows and tokens each takes at once. The functions that choose read that row alone and
- * name no type. The setting is made on first use (CPU support, and SMOLQ_SIMD: "0" for scalar, "avx2" to keep to
- * AVX2 on a VNNI CPU) and then only changed by sq_set_simd; it is one atomic int, read
- * relaxed on every call.
+ * name no type. The setting is made on first use (CPU support, and SMOLQ_SIMD: "0" for
+ * scalar, "avx2" to keep to AVX2 on a VNNI CPU, "amx" for the AMX tiles where the CPU has
+ * them) and then only changed by sq_set_simd; it is one atomic int, read relaxed on every
+ * call.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -24,15 +25,16 @@
  * ------------------------------------------------------------------------- */
 
 /* The setting: which kernels are in use. The kernels of the file's layout, attention and
- * the rest have one SIMD version, used at SIMD_BASE and SIMD_VNNI alike; the packed
- * sixteen-row kernels, and a prefill's attention, take 512-bit registers at SIMD_VNNI
- * (sq_simd_512). */
-enum { SIMD_OFF, SIMD_BASE, SIMD_VNNI, SIMD_LEVELS };
+ * the rest have one SIMD version, used at every setting but SIMD_OFF; the packed
+ * sixteen-row kernels, and a prefill's attention, take 512-bit registers at SIMD_VNNI and
+ * SIMD_AMX (sq_simd_512); SIMD_AMX is SIMD_VNNI with a prompt's packed products through
+ * AMX tiles. */
+enum { SIMD_OFF, SIMD_BASE, SIMD_VNNI, SIMD_AMX, SIMD_LEVELS };
 
 #if defined(SQ_X86)
-static const char *const simd_names[SIMD_LEVELS] = {"scalar", "avx2", "avx512vnni"};
+static const char *const simd_names[SIMD_LEVELS] = {"scalar", "avx2", "avx512vnni", "amx"};
 #elif defined(SQ_NEON)
-static const char *const simd_names[SIMD_LEVELS] = {"scalar", "neon", "neon"};
+static const char *const simd_names[SIMD_LEVELS] = {"scalar", "neon", "neon", "neon"};
 #endif
 
 /* On x86-64, batches of fewer than BATCH_MIN_TOKENS tokens (a lookup draft's check) take
@@ -94,6 +96,9 @@ static void packed_dotn16_q4_K(const void *group, int64_t row_bytes, const void 
 /* Every quantized type's packed sixteen rows at VNNI, for a few tokens and a prompt's (Q6_K
  * alone has a prompt kernel of its own): the VNNI row's packed.few column. */
 #define PACKED_VNNI(ctx, NAME, name, ...) [SQ_##NAME].packed.few = sq_packed_dot16_##name##_avx512vnni,
+/* Every quantized type's packed sixteen rows through AMX tiles, for a prompt's batch: the
+ * AMX row's packed.prompt column. */
+#define PACKED_AMX(ctx, NAME, name, ...) [SQ_##NAME].packed.prompt = sq_packed_batch16_##name##_amx,
 /* Every quantized type's one-row NEON batch: the NEON row's row.prompt column. */
 #define PROMPT_NEON(ctx, NAME, name, ...) [SQ_##NAME].row.prompt = sq_batch_dot_##name##_neon,
 
@@ -127,6 +132,15 @@ static void packed_dotn16_q4_K(const void *group, int64_t row_bytes, const void 
     [SQ_Q5_1].rows8.few = sq_steps_dot8_q5_1_avx2,                                                     \
     [SQ_IQ4_NL].rows8.few = sq_steps_dot8_iq4_nl_avx2,
 
+/* What the 512-bit settings share: the file's layout as at SIMD_BASE, every quantized type's
+ * packed sixteen rows, the float types' sixteen rows in tiles of two rows by four tokens. */
+#define X86_512_BITS                                                                                  \
+    X86_FILE_LAYOUT                                                                                    \
+    SQ_QUANT_TYPES(PACKED_VNNI, _)                                                                     \
+    [SQ_F32].rows16.few = sq_steps_dot16_f32_avx512vnni,                                               \
+    [SQ_F16].rows16.few = sq_steps_dot16_f16_avx512vnni,                                               \
+    [SQ_BF16].rows16.few = sq_steps_dot16_bf16_avx512vnni,
+
 /* By setting, then type: all NULL at SIMD_OFF, and in a build without SIMD code. */
 static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
 #if defined(SQ_X86)
@@ -142,14 +156,17 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
      * to spare for the packed copy, rows not a multiple of sixteen) takes avx2's kernels;
      * the float types take sixteen rows at a time. */
     [SIMD_VNNI] = {
-        X86_FILE_LAYOUT
-        SQ_QUANT_TYPES(PACKED_VNNI, _)
+        X86_512_BITS
         [SQ_Q6_K].packed.prompt = sq_packed_batch16_q6_K_avx512vnni,
-        /* The float types' sixteen rows, in tiles of two rows by four tokens. */
-        [SQ_F32].rows16.few = sq_steps_dot16_f32_avx512vnni,
-        [SQ_F16].rows16.few = sq_steps_dot16_f16_avx512vnni,
-        [SQ_BF16].rows16.few = sq_steps_dot16_bf16_avx512vnni,
     },
+#ifdef SQ_AMX
+    /* The same, but a prompt's batch (eight tokens on) of every quantized type goes through
+     * the AMX tiles. */
+    [SIMD_AMX] = {
+        X86_512_BITS
+        SQ_QUANT_TYPES(PACKED_AMX, _)
+    },
+#endif
 #elif defined(SQ_NEON)
     /* The vec_dots, and one row times a batch of any size. */
     [SIMD_BASE] = {
@@ -183,17 +200,27 @@ static int vnni_supported(void) {
 #endif
 }
 
-/* The best copy this CPU runs, no further than AVX2 if SMOLQ_SIMD says "avx2". */
+static int amx_supported(void) {
+#if defined(SQ_AMX)
+    return sq_cpu_has_amx();
+#else
+    return 0;
+#endif
+}
+
+/* The best copy this CPU runs, no further than AVX2 if SMOLQ_SIMD says "avx2". The AMX
+ * tiles only where SMOLQ_SIMD asks for them ("amx"): their kernels give the same bits, but
+ * how fast they are has yet to be measured on a CPU that has them. */
 static int simd_best(void) {
     if (!simd_supported())
         return SIMD_OFF;
     const char *env = getenv("SMOLQ_SIMD");
     if (vnni_supported() && !(env && strcmp(env, "avx2") == 0))
-        return SIMD_VNNI;
+        return env && strcmp(env, "amx") == 0 && amx_supported() ? SIMD_AMX : SIMD_VNNI;
     return SIMD_BASE;
 }
 
-static atomic_int simd_state = -1; /* -1 until first use, then SIMD_OFF, SIMD_BASE or SIMD_VNNI */
+static atomic_int simd_state = -1; /* -1 until first use, then a SIMD_* setting */
 
 static int simd_level(void) {
     int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
@@ -210,7 +237,7 @@ static int simd_level(void) {
 
 int sq_simd_enabled(void) { return simd_level() != SIMD_OFF; }
 
-int sq_simd_512(void) { return simd_level() == SIMD_VNNI; }
+int sq_simd_512(void) { return simd_level() >= SIMD_VNNI; }
 
 const char *sq_simd_name(void) {
 #if defined(SQ_X86) || defined(SQ_NEON)

@@ -175,6 +175,15 @@ void sq_steps_dot16_bf16_avx512vnni(const void *rows, int64_t row_bytes, const v
 SQ_QUANT_TYPES(SQ_DECLARE_PACKED_DOT16, _)
 void sq_packed_batch16_q6_K_avx512vnni(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+#ifdef SQ_AMX
+/* The same for a prompt's batch (eight tokens on) through AMX tiles, each output again
+ * the vec_dot's bits: sq_packed_batch16_<name>_amx, every quantized type (quants/x86/
+ * avx512vnni.c). Call only when sq_cpu_has_amx() said yes on this process. */
+#define SQ_DECLARE_PACKED_AMX(ctx, NAME, name, ...)                                                          \
+    void sq_packed_batch16_##name##_amx(const void *group, int64_t row_bytes, const void *xq, int64_t stride,\
+                                        int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy);
+SQ_QUANT_TYPES(SQ_DECLARE_PACKED_AMX, _)
+#endif
 /* One Q4_K row times n_tokens (a multiple of 4) activation rows, a block decoded once for
  * four tokens. */
 void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stride, int n_tokens, int64_t nb,

@@ -6,8 +6,10 @@ cffi_build/build_kernel.py builds a copy of the kernel from the same source whos
 kernels take their two VNNI instructions (vpdpbusd, vpdpwssd) from SIMDe (the simde-py
 package, in the `test` extra), which implements them with AVX2 and plain C, and which
 takes the 512-bit registers from SIMDe's stand-ins, and chooses that code on any AVX2 CPU.
-A child python loads that copy and runs the kernel tests (every type's SIMD vec_dot
-against the scalar one, bit for bit, with sq_simd_name() "avx512vnni"), the packed weights'
+The same build's AMX kernels take C stand-ins for the tiles (native/quants/x86/amx_tiles.h),
+which check the shapes as the CPU would. A child python loads that copy and runs the kernel
+tests (every type's SIMD vec_dot against the scalar one, bit for bit, with sq_simd_name()
+"avx512vnni", and every path of helpers.simd_paths, "amx" among them), the packed weights'
 tests (native/quants/rows16.c and the engine on them), the whole forward pass on every
 path against the scalar one on every reference file, SmolLM2's conversations against
 llama.cpp's, and the KV cache tests (a prefill's attention on every SIMD
@@ -90,10 +92,12 @@ print(first, off, name())
 
 @pytest.mark.parametrize("simd, names", [(None, "avx512vnni scalar avx512vnni"),
                                          ("avx2", "avx2 scalar avx2"),
+                                         ("amx", "amx scalar amx"),
                                          ("0", "scalar scalar avx512vnni")])
 def test_simd_names(vnni_kernel, simd, names):
     """The path on first use, after sq_set_simd(0) and after sq_set_simd(1): SMOLQ_SIMD=avx2
-    keeps to the AVX2 kernels, SMOLQ_SIMD=0 starts with the scalar ones."""
+    keeps to the AVX2 kernels, SMOLQ_SIMD=amx takes the AMX tiles (here their stand-ins),
+    SMOLQ_SIMD=0 starts with the scalar ones."""
     run = subprocess.run([sys.executable, "-c", NAMES, str(vnni_kernel)], cwd=ROOT, env=child_env(simd),
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr

@@ -3,12 +3,13 @@ the llama.cpp path: activations quantized to a vec_dot type, then integer block 
 
 import os
 import platform
+import sys
 
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
-from helpers.simd_paths import simd_paths
+from helpers.simd_paths import amx_runs, simd_paths
 
 from llm_smolq._kernel import ffi, lib
 
@@ -597,14 +598,19 @@ def native_simd() -> str | None:
     """The SIMD path this machine's kernel takes: "neon" on arm64 (always there); on x86-64
     "avx512vnni" where the CPU has AVX-512 VNNI, VL and BW besides AVX2 and FMA, or has AVX2
     and FMA and the kernel is the SIMDe test build (SMOLQ_VNNI_VIA_SIMDE set, as
-    tests/kernel/test_avx512vnni.py does), unless SMOLQ_SIMD=avx2; "avx2" on other AVX2/FMA CPUs;
-    else None. (tests/kernel/test_neon.py tests NEON anywhere.)"""
+    tests/kernel/test_avx512vnni.py does), unless SMOLQ_SIMD=avx2; "amx" there with SMOLQ_SIMD=amx
+    where the CPU has AMX (on Linux) or the build is that test build; "avx2" on other AVX2/FMA
+    CPUs; else None. (tests/kernel/test_neon.py tests NEON anywhere.)"""
     if platform.machine().lower() in ("aarch64", "arm64"):
         return "neon"
     flags = cpu_flags()
     if not {"avx2", "fma"} <= flags:
         return None
-    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags or bool(os.environ.get("SMOLQ_VNNI_VIA_SIMDE"))
+    simde = bool(os.environ.get("SMOLQ_VNNI_VIA_SIMDE"))
+    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags or simde
+    amx = vnni and ({"amx_tile", "amx_int8"} <= flags and sys.platform == "linux" or simde)
+    if os.environ.get("SMOLQ_SIMD") == "amx" and amx:
+        return "amx"
     return "avx512vnni" if vnni and os.environ.get("SMOLQ_SIMD") != "avx2" else "avx2"
 
 
@@ -613,17 +619,18 @@ def simd_paths_of_cpu(monkeypatch, simd_restore):
     """The setters of every path this CPU runs (helpers.simd_paths), the scalar one last;
     the path in use is restored afterwards."""
     paths = simd_paths(monkeypatch)
-    if native_simd() == "avx512vnni":
+    if native_simd() in ("avx512vnni", "amx"):
         return paths
+    avx2, scalar = paths[-2:]
     if os.environ.get("SMOLQ_SIMD") == "avx2":  # held to AVX2 on a CPU with more: that path alone
-        return [paths[1], paths[2]]
-    return [paths[0], paths[2]] if native_simd() else [paths[2]]
+        return [avx2, scalar]
+    return [paths[0], scalar] if native_simd() else [scalar]
 
 
 def test_simd_name(simd_restore):
     name = ffi.string(lib.sq_simd_name()).decode()
     simd = native_simd()
-    assert name in ("avx512vnni", "avx2", "neon", "scalar")
+    assert name in ("amx", "avx512vnni", "avx2", "neon", "scalar")
     if simd:
         # Unless the environment turned it off, as SMOLQ_SIMD=0 does.
         assert name == ("scalar" if os.environ.get("SMOLQ_SIMD") == "0" else simd)
@@ -633,6 +640,23 @@ def test_simd_name(simd_restore):
     assert prev == (1 if simd else 0)
     assert ffi.string(lib.sq_simd_name()) == b"scalar"
     assert lib.sq_set_simd(0) == 0
+
+
+def amx_expected() -> bool:
+    """Whether SMOLQ_SIMD=amx should give the AMX path: Linux on a CPU with AMX-TILE and
+    AMX-INT8 (and the 512-bit code's instructions), or the SIMDe test build."""
+    if os.environ.get("SMOLQ_VNNI_VIA_SIMDE") and native_simd():
+        return True
+    flags = cpu_flags()
+    return sys.platform == "linux" and {"amx_tile", "amx_int8", "avx512f", "avx512bw", "avx512vl",
+                                        "avx512_vnni", "avx2", "fma"} <= flags
+
+
+def test_amx_is_taken_only_where_the_tiles_are():
+    """SMOLQ_SIMD=amx on a CPU without the tiles: the best other path, never a crash."""
+    if not amx_expected():
+        assert not amx_runs()
+    assert ffi.string(lib.sq_simd_name()).decode() != "amx" or os.environ.get("SMOLQ_SIMD") == "amx"
 
 
 @pytest.mark.may_skip_in_ci  # on a CPU without AVX2/FMA (x86-64) or NEON

@@ -4,11 +4,13 @@ exactly what the file's layout gives, on every SIMD path, for any range of rows.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
-from helpers.simd_paths import simd_paths
-from test_quants import VEC_DOT_TYPE, quantized_rows, random_row, scalar_steps
+from helpers.simd_paths import amx_runs, simd_paths
+from test_quants import VEC_DOT_TYPE, amx_expected, quantized_rows, random_row, scalar_steps
 
 from llm_smolq._kernel import ffi, lib
 
@@ -108,6 +110,36 @@ def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypa
                     assert y[:, :r1 - r0].tobytes() == want[:, r0:r1].tobytes(), \
                         f"{qtype.name} cols={cols} rows {r0}..{r1} tokens={tokens} simd={seen[-1]}"
     assert len(set(seen)) >= 2 or seen == ["scalar"] * len(seen)
+
+
+@pytest.mark.may_skip_in_ci  # on a CPU without AMX, or an OS that does not grant the tiles
+def test_amx_products_on_real_tiles(simd_restore, monkeypatch):
+    """Where the CPU has AMX, its tiles' products of every type (a draft's eight tokens, a
+    tile of sixteen and one left, four tiles and some) are the scalar definition's bits; the
+    run's output says when that could not be tried. (test_products_of_a_packed_matrix_are_the_files
+    tries the AMX path too, wherever it runs, the tiles' C stand-ins included.)"""
+    if os.environ.get("SMOLQ_VNNI_VIA_SIMDE") or not amx_expected():
+        pytest.skip("no AMX on this CPU: the AMX kernels ran on the tiles' C stand-ins alone "
+                    "(tests/kernel/test_avx512vnni.py)")
+    if not amx_runs():
+        pytest.skip("this CPU has AMX but the OS did not grant this process the tiles (arch_prctl "
+                    "ARCH_REQ_XCOMP_PERM; an alternate signal stack too small for their state is one "
+                    "reason): the AMX kernels ran on the tiles' C stand-ins alone")
+    monkeypatch.setenv("SMOLQ_SIMD", "amx")
+    lib.sq_set_simd(1)
+    assert ffi.string(lib.sq_simd_name()) == b"amx"
+    rng = np.random.default_rng(90)
+    for qtype in PACKED_TYPES:
+        cols = 9 * GGML_QUANT_SIZES[qtype][0]
+        plain = matrix(qtype, 32, cols, rng)
+        pack = packed(qtype, plain, cols)
+        for tokens in (8, 17, 70):
+            xq = quantized_rows(VEC_DOT_TYPE[qtype], cols, tokens, rng)
+            want = scalar_steps(qtype, plain, xq, cols)
+            y = np.full((tokens, 32), np.nan, dtype=np.float32)
+            assert lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), 0, 32, ffi.from_buffer(xq),
+                                         xq.shape[1], tokens, cols, ffi.from_buffer("float[]", y), 32) == 0
+            assert y.tobytes() == want.tobytes(), f"{qtype.name} tokens={tokens}"
 
 
 def test_products_of_a_packed_matrix_refuse_bad_arguments():

@@ -15,14 +15,21 @@
  * batch kernels of a type differ only in their tiles of tokens and how they ask for
  * memory.
  *
+ * At the "amx" setting a prompt's products (eight tokens on) take AMX's tiles instead
+ * (sq_packed_batch16_<name>_amx, at the end): the same block decoders give the tile its
+ * codes, a tile product forms each group's integer for sixteen tokens at once
+ * (x86/amx_tiles.h), and the float steps are the ones here.
+ *
  * Built with SQ_VNNI_VIA_SIMDE (cffi_build/build_kernel.py, SMOLQ_VNNI_VIA_SIMDE), the
- * VNNI instructions, and the 512-bit ones, come from SIMDe, and the file runs on any AVX2
- * CPU: that is how the tests check it on machines without AVX-512.
+ * VNNI instructions, and the 512-bit ones, come from SIMDe, the tiles from C stand-ins, and
+ * the file runs on any AVX2 CPU: that is how the tests check it on machines without
+ * AVX-512 or AMX.
  */
 #include "simd.h"
 
 #ifdef SQ_X86
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -977,6 +984,238 @@ ROWS16_SUPER_PACKED_ENTRY(q5_K, SQ_Q5_K)
 ROWS16_SUPER_PACKED_ENTRY(iq4_xs, SQ_IQ4_XS)
 ROWS16_SUPER_PACKED_ENTRY(q3_K, SQ_Q3_K)
 ROWS16_SUPER_PACKED_ENTRY(q2_K, SQ_Q2_K)
+
+/* ---------------------------------------------------------------------------
+ * AMX: a prompt's products through the tiles (the "amx" setting)
+ * ------------------------------------------------------------------------- */
+
+#ifdef SQ_AMX
+#include "quants/x86/amx_tiles.h"
+
+/* A group's products through the tiles: K codes of sixteen rows (code[j] lane r: row r's
+ * codes 4j..4j+3, unsigned, as the kernels above give them to vpdpbusd) times nt tokens' K
+ * activation codes (token t's at a + t * stride), into out[t][r]: the integer the kernels
+ * above sum from the same bytes. nt a multiple of the tiles' rows (amx_begin). */
+static inline __attribute__((always_inline)) AMX_TARGET void amx_group(const v16i *code, int K, const int8_t *a,
+                                                                      int64_t stride, int nt, int rows,
+                                                                      int32_t (*out)[16]) {
+    _Alignas(64) uint8_t b[AMX_B_ROWS_MAX * 64];
+    for (int j = 0; j < K / 4; j++)
+        V16(storeu_si512)(b + 64 * j, code[j]);
+    amx_load_b(b);
+    for (int t = 0; t < nt; t += rows) {
+        amx_load_a(a + t * stride, stride);
+        amx_zero_c();
+        amx_product();
+        amx_store_c(out[t]);
+    }
+}
+
+enum { AMX_TILE = 64 };  /* tokens whose sums a block's pass keeps: four tiles of sixteen */
+
+/* rows16_block32 through the tiles: per block, its codes (block32_16) times the tokens' 32
+ * codes as one product per sixteen tokens, then each token's block step as
+ * q4_1_tokens16 and q8_0_tokens16 take it (the same integer, the same float operations).
+ * n_tokens a multiple of rows. */
+static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(const int type, const uint8_t *group,
+                                                                               const void *xq, int64_t stride,
+                                                                               int n_tokens, int64_t nb,
+                                                                               const void *stop, float *y,
+                                                                               int64_t ldy, int rows) {
+    const int with_m = type == SQ_Q4_1 || type == SQ_Q5_1;  /* Q8_1 activations, an offset chain */
+    const int64_t run = 16 * (int64_t)sq_block_size(type);
+    const int64_t a_bytes = with_m ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0);
+    const int64_t qs_at = with_m ? (int64_t)offsetof(block_q8_1, qs) : (int64_t)offsetof(block_q8_0, qs);
+    amx_begin(rows, 32);
+    for (int t0 = 0; t0 < n_tokens; t0 += AMX_TILE) {
+        const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
+        v16f sum[AMX_TILE], off[AMX_TILE];
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0)
+                prefetch_run(group + i * run, (int)run, PREFETCH_AHEAD, stop);
+            v16i codes[8];
+            v16f d_rows, m_rows = V16(setzero_ps)();
+            block32_16(type, group, i, codes, &d_rows, &m_rows);
+            int32_t dot[AMX_TILE][16];
+            const uint8_t *a = (const uint8_t *)token_row(xq, stride, t0) + i * a_bytes + qs_at;
+            amx_group(codes, 32, (const int8_t *)a, stride, nt, rows, dot);
+            for (int t = 0; t < nt; t++) {
+                const v16i isum = V16(loadu_si512)(dot[t]);
+                if (with_m) {
+                    const block_q8_1 *at = (const block_q8_1 *)token_row(xq, stride, t0 + t) + i;
+                    sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), V16(mul_ps)(d_rows, f16_lanes(at->d)), sum[t]);
+                    off[t] = V16(fmadd_ps)(m_rows, f16_lanes(at->s), off[t]);
+                } else {  /* the codes' 128 off through the block's sum, as q8_0_tokens16 */
+                    const block_q8_0 *at = (const block_q8_0 *)token_row(xq, stride, t0 + t) + i;
+                    const v16i exact = V16(sub_epi32)(V16(add_epi32)(isum, V16(set1_epi32)(1 << 19)),
+                                                      q8_0_offset16(at->qs));
+                    sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(exact), V16(mul_ps)(d_rows, f16_lanes(at->d)), sum[t]);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, with_m ? V16(add_ps)(sum[t], off[t]) : sum[t]);
+    }
+    amx_end();
+}
+
+/* rows16_super through the tiles: a span's two groups of 32 codes (each times its scale
+ * by vpmulld, as q4_K_span16 does), or for Q3_K and Q2_K, whose codes carry their scales,
+ * the span's 64 at once (as span16_scaled); the header, the offsets through the bsums and
+ * the block steps as rows16_super's. n_tokens a multiple of rows. */
+static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(const int type, const uint8_t *group,
+                                                                             const void *xq, int64_t stride,
+                                                                             int n_tokens, int64_t nb,
+                                                                             const void *stop, float *y,
+                                                                             int64_t ldy, int rows) {
+    const int mins = type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K;
+    const int scaled = type == SQ_Q3_K || type == SQ_Q2_K;
+    const int64_t bytes = sq_block_size(type);
+    amx_begin(rows, scaled ? 64 : 32);
+    for (int t0 = 0; t0 < n_tokens; t0 += AMX_TILE) {
+        const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
+        v16f sum[AMX_TILE], off[AMX_TILE];
+        v16i isum[AMX_TILE];
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            const uint8_t *run = group + i * 16 * bytes;
+            v16i scale[16], flip[16], pairs[8], bits[8], low[8];
+            v16f d_rows, dmin_rows = V16(setzero_ps)();
+            if (type == SQ_Q4_K)
+                q4_K_headers16(run, 0, scale, pairs, &d_rows, &dmin_rows);
+            else if (type == SQ_Q5_K)
+                q5_K_header16(run, scale, pairs, bits, &d_rows, &dmin_rows);
+            else if (type == SQ_IQ4_XS)
+                iq4_xs_header16(run, scale, pairs, &d_rows);
+            else if (type == SQ_Q3_K)
+                q3_K_header16(run, scale, flip, pairs, bits, &d_rows);
+            else
+                q2_K_header16(run, scale, pairs, &d_rows, &dmin_rows);
+            for (int t = 0; t < nt; t++)
+                isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                if (t0 == 0)
+                    prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
+                v16i code[2][8];
+                if (type == SQ_Q4_K)
+                    q4_K_codes16(run, 0, c, code);
+                else if (type == SQ_Q5_K)
+                    q5_K_codes16(run, c, bits, code);
+                else if (type == SQ_IQ4_XS)
+                    iq4_xs_codes16(run, c, code);
+                else if (type == SQ_Q3_K)
+                    q3_K_codes16(run, c, low, bits, scale, flip, code);
+                else
+                    q2_K_codes16(run, c, low, scale, code);
+                const int8_t *a = token_block(xq, stride, t0, i)->qs + 64 * c;
+                int32_t dot[2][AMX_TILE][16];
+                if (scaled) {
+                    amx_group(code[0], 64, a, stride, nt, rows, dot[0]);  /* code[1] follows code[0] */
+                    for (int t = 0; t < nt; t++)
+                        isum[t] = V16(add_epi32)(isum[t], V16(loadu_si512)(dot[0][t]));
+                    continue;
+                }
+                amx_group(code[0], 32, a, stride, nt, rows, dot[0]);
+                amx_group(code[1], 32, a + 32, stride, nt, rows, dot[1]);
+                for (int t = 0; t < nt; t++)
+                    isum[t] = V16(add_epi32)(
+                        isum[t], V16(add_epi32)(V16(mullo_epi32)(V16(loadu_si512)(dot[0][t]), scale[2 * c]),
+                                                V16(mullo_epi32)(V16(loadu_si512)(dot[1][t]), scale[2 * c + 1])));
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                const v16f a_d = V16(set1_ps)(a->d);
+                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sum[t]);
+                if (mins)
+                    off[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(bsums16(pairs, a->bsums)), V16(mul_ps)(dmin_rows, a_d), off[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, mins ? V16(sub_ps)(sum[t], off[t]) : sum[t]);
+    }
+    amx_end();
+}
+
+/* rows16_q6_K through the tiles: each chunk's two groups of 16 codes, each times its
+ * scale; the offsets through the bsums and the block step as rows16_q6_K's. n_tokens a
+ * multiple of rows. */
+static inline __attribute__((always_inline)) AMX_TARGET void rows16_q6_K_amx(const uint8_t *group, const void *xq,
+                                                                            int64_t stride, int n_tokens, int64_t nb,
+                                                                            const void *stop, float *y, int64_t ldy,
+                                                                            int rows) {
+    enum { RUN = 16 * (int)sizeof(block_q6_K) };
+    amx_begin(rows, 16);
+    for (int t0 = 0; t0 < n_tokens; t0 += AMX_TILE) {
+        const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
+        v16f sum[AMX_TILE];
+        v16i isum[AMX_TILE];
+        for (int t = 0; t < nt; t++)
+            sum[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            v16i scale[16], off[8];
+            v16f d_rows;
+            q6_K_scales16(group, i, scale, off, &d_rows);
+            for (int t = 0; t < nt; t++)
+                isum[t] = bsums16(off, token_block(xq, stride, t0 + t, i)->bsums);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                v16i code[8];
+                q6_K_chunk16(group, i, k, code);
+                if (t0 == 0)
+                    prefetch_run(group + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop);
+                const int8_t *a = token_block(xq, stride, t0, i)->qs + 32 * k;
+                int32_t dot[2][AMX_TILE][16];
+                amx_group(code, 16, a, stride, nt, rows, dot[0]);
+                amx_group(code + 4, 16, a + 16, stride, nt, rows, dot[1]);
+                for (int t = 0; t < nt; t++)
+                    isum[t] = V16(add_epi32)(
+                        isum[t], V16(add_epi32)(V16(mullo_epi32)(V16(loadu_si512)(dot[0][t]), scale[2 * k]),
+                                                V16(mullo_epi32)(V16(loadu_si512)(dot[1][t]), scale[2 * k + 1])));
+            }
+            for (int t = 0; t < nt; t++) {
+                const v16f d = V16(mul_ps)(d_rows, V16(set1_ps)(token_block(xq, stride, t0 + t, i)->d));
+                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), d, sum[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy, sum[t]);
+    }
+    amx_end();
+}
+
+/* sq_packed_batch16_<name>_amx: kernel(<type,> ...), the tokens sixteen to a tile, then
+ * those left (fewer than sixteen: a draft's check, a prompt's last few) in a tile of their
+ * own rows, the group's bytes in cache by then (stop at the group: nothing asked of memory). */
+#define AMX_ENTRY(name, kernel, ...)                                                                            \
+    AMX_TARGET void sq_packed_batch16_##name##_amx(const void *group, int64_t row_bytes, const void *xq,       \
+                                                   int64_t stride, int n_tokens, int64_t nb, const void *stop, \
+                                                   float *y, int64_t ldy) {                                    \
+        (void)row_bytes;                                                                                        \
+        const int whole = n_tokens / 16 * 16;                                                                   \
+        if (whole > 0)                                                                                          \
+            kernel(__VA_ARGS__ group, xq, stride, whole, nb, stop, y, ldy, 16);                                 \
+        if (n_tokens > whole)                                                                                   \
+            kernel(__VA_ARGS__ group, token_row(xq, stride, whole), stride, n_tokens - whole, nb,               \
+                   whole > 0 ? group : stop, y + whole * ldy, ldy, n_tokens - whole);                           \
+    }
+
+AMX_ENTRY(q4_1, rows16_block32_amx, SQ_Q4_1,)
+AMX_ENTRY(q8_0, rows16_block32_amx, SQ_Q8_0,)
+AMX_ENTRY(q4_0, rows16_block32_amx, SQ_Q4_0,)
+AMX_ENTRY(q5_0, rows16_block32_amx, SQ_Q5_0,)
+AMX_ENTRY(q5_1, rows16_block32_amx, SQ_Q5_1,)
+AMX_ENTRY(iq4_nl, rows16_block32_amx, SQ_IQ4_NL,)
+AMX_ENTRY(q4_K, rows16_super_amx, SQ_Q4_K,)
+AMX_ENTRY(q5_K, rows16_super_amx, SQ_Q5_K,)
+AMX_ENTRY(iq4_xs, rows16_super_amx, SQ_IQ4_XS,)
+AMX_ENTRY(q3_K, rows16_super_amx, SQ_Q3_K,)
+AMX_ENTRY(q2_K, rows16_super_amx, SQ_Q2_K,)
+AMX_ENTRY(q6_K, rows16_q6_K_amx)
+#endif /* SQ_AMX */
 
 #else
 /* ISO C forbids an empty translation unit. */
