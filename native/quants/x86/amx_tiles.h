@@ -72,20 +72,21 @@ static inline void amx_zero_c(void) {
 }
 
 /* C += A B, signed bytes of A times unsigned ones of B, summed in int32 (wrapping, as the
- * instruction does; the kernels' sums stay far inside the range). */
+ * instruction does; the kernels' sums stay far inside the range). The loops run along B's
+ * rows, so that the compiler vectorizes them. */
 static inline void amx_product(void) {
     amx_tile *a = &amx_tiles[0], *b = &amx_tiles[1], *c = &amx_tiles[2];
     amx_check(amx_configured, "tile product without a configuration");
     amx_check(a->colsb == 4 * b->rows && a->rows == c->rows && b->colsb == c->colsb, "tile shapes do not meet");
-    for (int t = 0; t < c->rows; t++)
-        for (int r = 0; r < c->colsb / 4; r++) {
-            int32_t s;
-            memcpy(&s, c->data[t] + 4 * r, 4);
-            uint32_t acc = (uint32_t)s;
-            for (int k = 0; k < a->colsb; k++)
-                acc += (uint32_t)((int32_t)(int8_t)a->data[t][k] * (int32_t)b->data[k / 4][4 * r + k % 4]);
-            memcpy(c->data[t] + 4 * r, &acc, 4);
-        }
+    for (int t = 0; t < c->rows; t++) {
+        uint32_t acc[16];
+        memcpy(acc, c->data[t], sizeof acc);
+        for (int j = 0; j < b->rows; j++)  /* B's row j: codes 4j..4j+3 of each of the 16 columns */
+            for (int r = 0; r < 16; r++)
+                for (int i = 0; i < 4; i++)
+                    acc[r] += (uint32_t)((int32_t)(int8_t)a->data[t][4 * j + i] * (int32_t)b->data[j][4 * r + i]);
+        memcpy(c->data[t], acc, sizeof acc);
+    }
 }
 
 static inline void amx_store_c(int32_t *out) {
