@@ -123,6 +123,21 @@ static inline TARGET v16f f16_lanes(uint16_t h) {
     return V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
 }
 
+/* n token chains' starts, zeros in a[t] (and b[t] unless NULL), a register at a time. Left
+ * to itself gcc makes the loop a memset, whose rep stos at a few tokens took longer than
+ * their products (2 tokens of Q4_1 rows in cache: 1.4x as fast without it); the empty asm,
+ * which may read and write each zero stored, keeps the loop a loop. */
+static inline __attribute__((always_inline)) TARGET void zero_chains(v16f *a, v16f *b, int n) {
+    for (int t = 0; t < n; t++) {
+        a[t] = V16(setzero_ps)();
+        __asm__("" : "+m"(a[t]));
+        if (b) {
+            b[t] = V16(setzero_ps)();
+            __asm__("" : "+m"(b[t]));
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------
  * Q4_K (and Q5_K, IQ4_XS after it): sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
@@ -412,8 +427,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)run : 0);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        for (int t = 0; t < nt; t++)
-            sum[t] = off[t] = V16(setzero_ps)();
+        zero_chains(sum, off, nt);
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
@@ -531,8 +545,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(const uint8
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[MAX_TILE];
         v16i isum[MAX_TILE];
-        for (int t = 0; t < nt; t++)
-            sum[t] = V16(setzero_ps)();
+        zero_chains(sum, NULL, nt);
         for (int64_t i = 0; i < nb; i++) {
             v16i scale[16], off[8];
             v16f d_rows;
@@ -894,8 +907,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[MAX_TILE], off[MAX_TILE];
         v16i isum[MAX_TILE];
-        for (int t = 0; t < nt; t++)
-            sum[t] = off[t] = V16(setzero_ps)();
+        zero_chains(sum, off, nt);
         for (int64_t i = 0; i < nb; i++) {
             const uint8_t *run = group + i * 16 * bytes;
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
@@ -1030,8 +1042,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(
     for (int t0 = 0; t0 < n_tokens; t0 += AMX_TILE) {
         const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
         v16f sum[AMX_TILE], off[AMX_TILE];
-        for (int t = 0; t < nt; t++)
-            sum[t] = off[t] = V16(setzero_ps)();
+        zero_chains(sum, off, nt);
         for (int64_t i = 0; i < nb; i++) {
             if (t0 == 0)
                 prefetch_run(group + i * run, (int)run, PREFETCH_AHEAD, stop);
@@ -1078,8 +1089,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
         const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
         v16f sum[AMX_TILE], off[AMX_TILE];
         v16i isum[AMX_TILE];
-        for (int t = 0; t < nt; t++)
-            sum[t] = off[t] = V16(setzero_ps)();
+        zero_chains(sum, off, nt);
         for (int64_t i = 0; i < nb; i++) {
             const uint8_t *run = group + i * 16 * bytes;
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];
@@ -1094,8 +1104,11 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
                 q3_K_header16(run, scale, flip, pairs, bits, &d_rows);
             else
                 q2_K_header16(run, scale, pairs, &d_rows, &dmin_rows);
-            for (int t = 0; t < nt; t++)
-                isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
+            /* a token's isum: the offsets' share from the bsums, or where the pairs are mins,
+             * the first span's products */
+            if (!mins)
+                for (int t = 0; t < nt; t++)
+                    isum[t] = bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 if (t0 == 0)
@@ -1116,15 +1129,17 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
                 if (scaled) {
                     amx_group(code[0], 64, a, stride, nt, rows, dot[0]);  /* code[1] follows code[0] */
                     for (int t = 0; t < nt; t++)
-                        isum[t] = V16(add_epi32)(isum[t], V16(loadu_si512)(dot[0][t]));
+                        isum[t] = c == 0 && mins ? V16(loadu_si512)(dot[0][t])
+                                                 : V16(add_epi32)(isum[t], V16(loadu_si512)(dot[0][t]));
                     continue;
                 }
                 amx_group(code[0], 32, a, stride, nt, rows, dot[0]);
                 amx_group(code[1], 32, a + 32, stride, nt, rows, dot[1]);
-                for (int t = 0; t < nt; t++)
-                    isum[t] = V16(add_epi32)(
-                        isum[t], V16(add_epi32)(V16(mullo_epi32)(V16(loadu_si512)(dot[0][t]), scale[2 * c]),
-                                                V16(mullo_epi32)(V16(loadu_si512)(dot[1][t]), scale[2 * c + 1])));
+                for (int t = 0; t < nt; t++) {
+                    const v16i span = V16(add_epi32)(V16(mullo_epi32)(V16(loadu_si512)(dot[0][t]), scale[2 * c]),
+                                                     V16(mullo_epi32)(V16(loadu_si512)(dot[1][t]), scale[2 * c + 1]));
+                    isum[t] = c == 0 && mins ? span : V16(add_epi32)(isum[t], span);
+                }
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
@@ -1153,8 +1168,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_q6_K_amx(con
         const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
         v16f sum[AMX_TILE];
         v16i isum[AMX_TILE];
-        for (int t = 0; t < nt; t++)
-            sum[t] = V16(setzero_ps)();
+        zero_chains(sum, NULL, nt);
         for (int64_t i = 0; i < nb; i++) {
             v16i scale[16], off[8];
             v16f d_rows;
