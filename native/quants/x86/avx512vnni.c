@@ -871,6 +871,44 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
     return V16(add_epi32)(even, odd);
 }
 
+/* A block run's header, for a type of 256-element blocks (Q4_K, Q5_K, IQ4_XS, Q3_K, Q2_K), by
+ * its <type>_header16: the integer scales (and Q3_K's flips), the pairs that meet the bsums,
+ * the bits Q5_K's and Q3_K's codes take from elsewhere, d and dmin (zero where the type
+ * has none). */
+static inline __attribute__((always_inline)) TARGET void super_header16(const int type, const uint8_t *run,
+                                                                       v16i scale[16], v16i flip[16], v16i pairs[8],
+                                                                       v16i bits[8], v16f *d_rows, v16f *dmin_rows) {
+    *dmin_rows = V16(setzero_ps)();
+    if (type == SQ_Q4_K)
+        q4_K_headers16(run, 0, scale, pairs, d_rows, dmin_rows);
+    else if (type == SQ_Q5_K)
+        q5_K_header16(run, scale, pairs, bits, d_rows, dmin_rows);
+    else if (type == SQ_IQ4_XS)
+        iq4_xs_header16(run, scale, pairs, d_rows);
+    else if (type == SQ_Q3_K)
+        q3_K_header16(run, scale, flip, pairs, bits, d_rows);
+    else
+        q2_K_header16(run, scale, pairs, d_rows, dmin_rows);
+}
+
+/* Span c's codes of such a run, by its <type>_codes16 (low: the 2-bit codes Q3_K and Q2_K
+ * read at a half's first span). */
+static inline __attribute__((always_inline)) TARGET void super_codes16(const int type, const uint8_t *run, int c,
+                                                                      v16i low[8], const v16i bits[8],
+                                                                      const v16i scale[16], const v16i flip[16],
+                                                                      v16i code[2][8]) {
+    if (type == SQ_Q4_K)
+        q4_K_codes16(run, 0, c, code);
+    else if (type == SQ_Q5_K)
+        q5_K_codes16(run, c, bits, code);
+    else if (type == SQ_IQ4_XS)
+        iq4_xs_codes16(run, c, code);
+    else if (type == SQ_Q3_K)
+        q3_K_codes16(run, c, low, bits, scale, flip, code);
+    else
+        q2_K_codes16(run, c, low, scale, code);
+}
+
 /* A packed group of sixteen rows of a type of 256-element blocks with Q8_K activations
  * (Q4_K, Q5_K, IQ4_XS, Q3_K, Q2_K) times n_tokens activation rows, each output the scalar
  * definition's bits for its row and token (quants/types.h): per block a header of sixteen
@@ -911,17 +949,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
         for (int64_t i = 0; i < nb; i++) {
             const uint8_t *run = group + i * 16 * bytes;
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
-            v16f d_rows, dmin_rows = V16(setzero_ps)();
-            if (type == SQ_Q4_K)
-                q4_K_headers16(run, 0, scale, pairs, &d_rows, &dmin_rows);
-            else if (type == SQ_Q5_K)
-                q5_K_header16(run, scale, pairs, bits, &d_rows, &dmin_rows);
-            else if (type == SQ_IQ4_XS)
-                iq4_xs_header16(run, scale, pairs, &d_rows);
-            else if (type == SQ_Q3_K)
-                q3_K_header16(run, scale, flip, pairs, bits, &d_rows);
-            else
-                q2_K_header16(run, scale, pairs, &d_rows, &dmin_rows);
+            v16f d_rows, dmin_rows;
+            super_header16(type, run, scale, flip, pairs, bits, &d_rows, &dmin_rows);
             /* a token's isum: the offsets' share from the bsums, or, where the pairs are
              * mins, nothing until the first span's products (decode's spans add to zeros) */
             for (int t = 0; t < nt; t++)
@@ -939,16 +968,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                     continue;
                 }
                 v16i code[2][8];
-                if (type == SQ_Q4_K)
-                    q4_K_codes16(run, 0, c, code);
-                else if (type == SQ_Q5_K)
-                    q5_K_codes16(run, c, bits, code);
-                else if (type == SQ_IQ4_XS)
-                    iq4_xs_codes16(run, c, code);
-                else if (type == SQ_Q3_K)
-                    q3_K_codes16(run, c, low, bits, scale, flip, code);
-                else
-                    q2_K_codes16(run, c, low, scale, code);
+                super_codes16(type, run, c, low, bits, scale, flip, code);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
                     const v16i so_far = c == 0 && mins ? V16(setzero_si512)() : isum[t];
@@ -1092,18 +1112,9 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
         zero_chains(sum, off, nt);
         for (int64_t i = 0; i < nb; i++) {
             const uint8_t *run = group + i * 16 * bytes;
-            v16i scale[16], flip[16], pairs[8], bits[8], low[8];
-            v16f d_rows, dmin_rows = V16(setzero_ps)();
-            if (type == SQ_Q4_K)
-                q4_K_headers16(run, 0, scale, pairs, &d_rows, &dmin_rows);
-            else if (type == SQ_Q5_K)
-                q5_K_header16(run, scale, pairs, bits, &d_rows, &dmin_rows);
-            else if (type == SQ_IQ4_XS)
-                iq4_xs_header16(run, scale, pairs, &d_rows);
-            else if (type == SQ_Q3_K)
-                q3_K_header16(run, scale, flip, pairs, bits, &d_rows);
-            else
-                q2_K_header16(run, scale, pairs, &d_rows, &dmin_rows);
+            v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
+            v16f d_rows, dmin_rows;
+            super_header16(type, run, scale, flip, pairs, bits, &d_rows, &dmin_rows);
             /* a token's isum: the offsets' share from the bsums, or where the pairs are mins,
              * the first span's products */
             if (!mins)
@@ -1114,16 +1125,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
                 if (t0 == 0)
                     prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
                 v16i code[2][8];
-                if (type == SQ_Q4_K)
-                    q4_K_codes16(run, 0, c, code);
-                else if (type == SQ_Q5_K)
-                    q5_K_codes16(run, c, bits, code);
-                else if (type == SQ_IQ4_XS)
-                    iq4_xs_codes16(run, c, code);
-                else if (type == SQ_Q3_K)
-                    q3_K_codes16(run, c, low, bits, scale, flip, code);
-                else
-                    q2_K_codes16(run, c, low, scale, code);
+                super_codes16(type, run, c, low, bits, scale, flip, code);
                 const int8_t *a = token_block(xq, stride, t0, i)->qs + 64 * c;
                 int32_t dot[2][AMX_TILE][16];
                 if (scaled) {
