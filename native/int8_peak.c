@@ -3,16 +3,20 @@
  * rate is the wall they run against, as read_bandwidth.c's is decode's. Each thread runs
  * the instruction the kernels of the SIMD setting in use take for those sums, on registers
  * alone, with more independent sums than the pipes' latency needs:
+ *   amx         TDPBSUD into four 16 x 16 tiles of int32 sums     16,384 each (K = 64)
  *   avx512vnni  vpdpbusd on 512-bit registers                    64 multiply-adds each
  *   avx2        vpmaddubsw, then vpmaddwd by ones and vpaddd     32 (three instructions)
  *   neon        sdot with the dot-product extension              16
  *               (without: smull and sadalp, twice)
  *   scalar      a C loop of byte products into int32 sums, as the compiler builds it
- * Every lane of every sum gains 4 * a * b a round, so the checksum is 4 * a * b times the
- * lanes times the rounds: the work cannot be skipped, and a test can see it was all done. */
+ * Every lane of every sum gains 4 * a * b a round (an AMX tile's element 64 * a * b), so the
+ * checksum is a * b times the multiply-adds counted: the work cannot be skipped, and a test
+ * can see it was all done. (At the "amx" setting decode's products still take vpdpbusd;
+ * the tiles' rate is a prompt's and a draft check's wall.) */
 #include <string.h>
 
 #include "pool.h"
+#include "quants/x86/amx_tiles.h"
 #include "simd512.h"
 
 #if defined(SQ_NEON)
@@ -68,6 +72,39 @@ static VNNI_TARGET uint64_t peak_vnni(int64_t rounds, uint8_t a, int8_t b, int64
     *macs = rounds * SUMS * 64;
     return s;
 }
+
+#ifdef SQ_AMX
+/* Four C tiles, so that each product waits on no other: A holds b in every byte, B a. */
+static AMX_TARGET uint64_t peak_amx(int64_t rounds, uint8_t a, int8_t b, int64_t *macs) {
+    _Alignas(64) int8_t x[16 * 64];
+    _Alignas(64) uint8_t w[16 * 64];
+    _Alignas(64) int32_t out[16 * 16];
+    memset(x, b, sizeof x);
+    memset(w, a, sizeof w);
+    amx_begin(16, 64);
+    amx_load_a(x, 64);
+    amx_load_b(w);
+    amx_zero(2);
+    amx_zero(3);
+    amx_zero(4);
+    amx_zero(5);
+    for (int64_t r = 0; r < rounds; r++) {
+        amx_product(2);
+        amx_product(3);
+        amx_product(4);
+        amx_product(5);
+    }
+    uint64_t s = 0;
+#define ADD_TILE(c)                                        \
+    amx_store(c, out);                                     \
+    for (int i = 0; i < 16 * 16; i++) s += (uint32_t)out[i];
+    ADD_TILE(2) ADD_TILE(3) ADD_TILE(4) ADD_TILE(5)
+#undef ADD_TILE
+    amx_end();
+    *macs = rounds * 4 * 16 * 16 * 64;
+    return s;
+}
+#endif
 
 static SQ_AVX2 uint64_t peak_avx2(int64_t rounds, uint8_t a, int8_t b, int64_t *macs) {
     __m256i wa = _mm256_set1_epi8((char)a);
@@ -144,6 +181,12 @@ static uint64_t peak_plain(int64_t rounds, uint8_t a, int8_t b, int64_t *macs) {
 static void peak_share(void *ctx, int ith, int nth) {
     peak_job *job = ctx;
     (void)nth;
+#if defined(SQ_AMX)
+    if (sq_simd_amx()) {
+        job->sums[ith] = peak_amx(job->rounds, job->a, job->b, &job->macs[ith]);
+        return;
+    }
+#endif
 #if defined(SQ_X86)
     if (sq_simd_512()) {
         job->sums[ith] = peak_vnni(job->rounds, job->a, job->b, &job->macs[ith]);

@@ -40,6 +40,9 @@ int sq_simd_enabled(void);
  * (flash_attention_x16.c) as well as the vec_dots of quants/x86/avx512vnni.c. */
 int sq_simd_512(void);
 
+/* Whether a prompt's products take AMX tiles (the "amx" setting). */
+int sq_simd_amx(void);
+
 /* ---------------------------------------------------------------------------
  * CPU checks
  * ------------------------------------------------------------------------- */

@@ -239,6 +239,8 @@ int sq_simd_enabled(void) { return simd_level() != SIMD_OFF; }
 
 int sq_simd_512(void) { return simd_level() >= SIMD_VNNI; }
 
+int sq_simd_amx(void) { return simd_level() == SIMD_AMX; }
+
 const char *sq_simd_name(void) {
 #if defined(SQ_X86) || defined(SQ_NEON)
     return simd_names[simd_level()];

@@ -94,7 +94,7 @@ def test_the_int8_peak_does_all_the_multiply_adds_it_counts(monkeypatch, simd_re
     from llm_smolq._kernel import ffi, lib
 
     checksum = ffi.new("uint64_t *")
-    widths = {"avx512vnni": 64 * 12, "avx2": 32 * 12, "neon": 16 * 12, "scalar": 64}
+    widths = {"amx": 4 * 16 * 16 * 64, "avx512vnni": 64 * 12, "avx2": 32 * 12, "neon": 16 * 12, "scalar": 64}
     seen = set()
     for set_path in simd_paths(monkeypatch):
         name = set_path()

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.may_skip_in_ci
 SKIP = "not long_context and not (thread_counts and f16)"
 SELECTIONS = {
     "kernels": ["tests/kernel/test_quants.py", "tests/kernel/test_rows16.py", "tests/engine/test_packing.py",
-                "-k", SKIP],
+                "tests/dev/test_bench.py::test_the_int8_peak_does_all_the_multiply_adds_it_counts", "-k", SKIP],
     "engine": ["tests/engine/test_engine_reference.py", "-k", "simd_path and not smollm2"],
     "smollm2": ["tests/engine/test_engine_reference.py::test_smollm2_every_simd_path_gives_the_scalar_paths_bits"],
     "kv_cache": ["tests/engine/test_kv_cache.py", "-k", SKIP],

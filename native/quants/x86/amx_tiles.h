@@ -3,11 +3,12 @@
  * that does what the instructions do, with the checks the CPU makes, so that the kernels'
  * use of the tiles is tested bit for bit on any AVX2 CPU.
  *
- * Three tiles, set up by amx_begin for a kernel's run and given back by amx_end:
+ * The tiles, set up by amx_begin for a kernel's run and given back by amx_end:
  *   A (tile 0)  rows tokens' activation codes, K signed bytes each, one token a row;
  *   B (tile 1)  sixteen weight rows' codes as quants/rows16.c packs them: K / 4 rows of
  *               64 bytes, row j the sixteen rows' words j (their codes 4j..4j+3), unsigned;
- *   C (tile 2)  rows x 16 int32: C[t][r] = sum over k of A[t][k] * B[k / 4][4r + k % 4].
+ *   C (tiles 2 to 5)  rows x 16 int32 each: C[t][r] += sum over k of A[t][k] * B[k / 4][4r + k % 4]
+ *               (amx_product(c)); the kernels use tile 2, int8_peak.c all four.
  * TDPBSUD (signed times unsigned) forms C exactly in int32, as vpdpbusd forms a lane's sum
  * in the 512-bit kernels, with the operands' roles swapped: the codes that vpdpbusd takes as
  * its unsigned bytes are B's here. So a group's products are the same integers either way.
@@ -34,7 +35,7 @@ typedef struct {
     int rows, colsb;
 } amx_tile;
 
-static _Thread_local amx_tile amx_tiles[3];
+static _Thread_local amx_tile amx_tiles[6];
 static _Thread_local int amx_configured;
 
 /* What the CPU would fault on (#UD, #GP): a tile used outside a configuration, or shapes
@@ -51,7 +52,8 @@ static inline void amx_begin(int rows, int k) {
     memset(amx_tiles, 0, sizeof amx_tiles);  /* LDTILECFG zeroes every tile */
     amx_tiles[0] = (amx_tile){.rows = rows, .colsb = k};
     amx_tiles[1] = (amx_tile){.rows = k / 4, .colsb = 64};
-    amx_tiles[2] = (amx_tile){.rows = rows, .colsb = 64};
+    for (int c = 2; c < 6; c++)
+        amx_tiles[c] = (amx_tile){.rows = rows, .colsb = 64};
     amx_configured = 1;
 }
 
@@ -66,16 +68,16 @@ static inline void amx_load(amx_tile *t, const void *base, int64_t stride) {
 static inline void amx_load_a(const void *base, int64_t stride) { amx_load(&amx_tiles[0], base, stride); }
 static inline void amx_load_b(const void *base) { amx_load(&amx_tiles[1], base, 64); }
 
-static inline void amx_zero_c(void) {
+static inline void amx_zero(int c) {
     amx_check(amx_configured, "tile zero without a configuration");
-    memset(amx_tiles[2].data, 0, sizeof amx_tiles[2].data);
+    memset(amx_tiles[c].data, 0, sizeof amx_tiles[c].data);
 }
 
 /* C += A B, signed bytes of A times unsigned ones of B, summed in int32 (wrapping, as the
  * instruction does; the kernels' sums stay far inside the range). The loops run along B's
  * rows, so that the compiler vectorizes them. */
-static inline void amx_product(void) {
-    amx_tile *a = &amx_tiles[0], *b = &amx_tiles[1], *c = &amx_tiles[2];
+static inline void amx_product(int tile) {
+    amx_tile *a = &amx_tiles[0], *b = &amx_tiles[1], *c = &amx_tiles[tile];
     amx_check(amx_configured, "tile product without a configuration");
     amx_check(a->colsb == 4 * b->rows && a->rows == c->rows && b->colsb == c->colsb, "tile shapes do not meet");
     for (int t = 0; t < c->rows; t++) {
@@ -89,10 +91,10 @@ static inline void amx_product(void) {
     }
 }
 
-static inline void amx_store_c(int32_t *out) {
+static inline void amx_store(int c, int32_t *out) {
     amx_check(amx_configured, "tile store without a configuration");
-    for (int t = 0; t < amx_tiles[2].rows; t++)
-        memcpy(out + 16 * t, amx_tiles[2].data[t], 64);
+    for (int t = 0; t < amx_tiles[c].rows; t++)
+        memcpy(out + 16 * t, amx_tiles[c].data[t], 64);
 }
 
 #define AMX_TARGET SQ_AVX2
@@ -117,7 +119,8 @@ static inline AMX_TARGET void amx_begin(int rows, int k) {
     c.palette = 1;
     c.rows[0] = (uint8_t)rows, c.colsb[0] = (uint16_t)k;
     c.rows[1] = (uint8_t)(k / 4), c.colsb[1] = 64;
-    c.rows[2] = (uint8_t)rows, c.colsb[2] = 64;
+    for (int t = 2; t < 6; t++)
+        c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
     _tile_loadconfig(&c);
 }
 
@@ -126,9 +129,10 @@ static inline AMX_TARGET void amx_end(void) { _tile_release(); }
 
 #define amx_load_a(base, stride) _tile_loadd(0, (base), (stride))
 #define amx_load_b(base) _tile_loadd(1, (base), 64)
-#define amx_zero_c() _tile_zero(2)
-#define amx_product() _tile_dpbsud(2, 0, 1)
-#define amx_store_c(out) _tile_stored(2, (out), 64)
+/* c: a C tile's number, 2 to 5, written as a number (the instructions name their tiles) */
+#define amx_zero(c) _tile_zero(c)
+#define amx_product(c) _tile_dpbsud(c, 0, 1)
+#define amx_store(c, out) _tile_stored(c, (out), 64)
 
 #endif
 #endif /* SQ_AMX */

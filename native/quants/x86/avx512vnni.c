@@ -1037,9 +1037,9 @@ static inline __attribute__((always_inline)) AMX_TARGET void amx_group(const v16
     amx_load_b(b);
     for (int t = 0; t < nt; t += rows) {
         amx_load_a(a + t * stride, stride);
-        amx_zero_c();
-        amx_product();
-        amx_store_c(out[t]);
+        amx_zero(2);
+        amx_product(2);
+        amx_store(2, out[t]);
     }
 }
 
