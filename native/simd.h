@@ -57,8 +57,9 @@ int sq_cpu_has_avx2(void);
 int sq_cpu_has_avx512vnni(void);
 #ifdef SQ_AMX
 /* Whether the CPU has AMX's tiles and int8 products (and the 512-bit code's instructions),
- * and the OS lets this process use the tiles: the first call asks Linux for them
- * (arch_prctl ARCH_REQ_XCOMP_PERM), a refusal is a 0. Always 1 in the SIMDe test build. */
+ * and the OS lets this process use the tiles: each call asks Linux for them (arch_prctl
+ * ARCH_REQ_XCOMP_PERM; granted once, the grant is the process's for good), a refusal is a
+ * 0. Always 1 in the SIMDe test build. */
 int sq_cpu_has_amx(void);
 #endif
 #endif
