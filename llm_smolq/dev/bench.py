@@ -343,6 +343,7 @@ def measure(args) -> dict:
     report = {
         "model": args.model,
         "threads": args.threads,
+        "simd": bench_markdown.simd_path(),  # the children's too: they inherit SMOLQ_SIMD
         "prefill_tokens": args.prefill,
         "depth": args.depth,
         "kv_cache": args.kv_cache,
@@ -380,7 +381,7 @@ def format_report(r: dict) -> str:
     at = f"depth {r['depth']} (batches of 512)" if r.get("depth") else f"prefill {r['prefill_tokens']}"
     kv = f", KV cache {r['kv_cache']}" if r.get("kv_cache") else ""
     lines = [
-        f"{r['model']}: {r['threads']} threads, {at}, decode {r['decode_tokens']}{kv}, "
+        f"{r['model']}: {r['threads']} threads, {r['simd']} kernels, {at}, decode {r['decode_tokens']}{kv}, "
         f"median of {r['repeat']} (min-max)",
         f"weights read per token: {r['weight_bytes_per_token'] / 1e6:.1f} MB; "
         f"machine read bandwidth: {r['machine_read_gb_s']:.1f} GB/s",

@@ -20,6 +20,10 @@ def test_bench_reports_speed_memory_and_bandwidth(reference_dir):
     # Tied embeddings: a decode step reads every tensor once (token_embd as the output).
     assert report["weight_bytes_per_token"] == sum(t.n_bytes for t in GGUFReader(model).tensors)
     assert report["machine_read_gb_s"] > 0 and ours["decode_gb_s"] > 0
+    # the kernels' path, as a fresh process names it under the same environment
+    name = "from llm_smolq._kernel import ffi, lib; print(ffi.string(lib.sq_simd_name()).decode())"
+    assert report["simd"] == subprocess.run([sys.executable, "-c", name], capture_output=True, text=True,
+                                            check=True).stdout.strip()
 
 
 def test_bench_warm_times_the_prefill_again_as_llama_bench_does(reference_dir):
