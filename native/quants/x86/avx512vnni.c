@@ -123,21 +123,6 @@ static inline TARGET v16f f16_lanes(uint16_t h) {
     return V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
 }
 
-/* n token chains' starts, zeros in a[t] (and b[t] unless NULL), a register at a time. Left
- * to itself gcc makes the loop a memset, whose rep stos at a few tokens took longer than
- * their products (2 tokens of Q4_1 rows in cache: 1.4x as fast without it); the empty asm,
- * which may read and write each zero stored, keeps the loop a loop. */
-static inline __attribute__((always_inline)) TARGET void zero_chains(v16f *a, v16f *b, int n) {
-    for (int t = 0; t < n; t++) {
-        a[t] = V16(setzero_ps)();
-        __asm__("" : "+m"(a[t]));
-        if (b) {
-            b[t] = V16(setzero_ps)();
-            __asm__("" : "+m"(b[t]));
-        }
-    }
-}
-
 /* ---------------------------------------------------------------------------
  * Q4_K (and Q5_K, IQ4_XS after it): sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
@@ -427,7 +412,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)run : 0);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        zero_chains(sum, off, nt);
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
             const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
             for (int k = 0; k < nc; k++) {
@@ -545,7 +531,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(const uint8
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[MAX_TILE];
         v16i isum[MAX_TILE];
-        zero_chains(sum, NULL, nt);
+        for (int t = 0; t < nt; t++)
+            sum[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             v16i scale[16], off[8];
             v16f d_rows;
@@ -945,7 +932,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         v16f sum[MAX_TILE], off[MAX_TILE];
         v16i isum[MAX_TILE];
-        zero_chains(sum, off, nt);
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             const uint8_t *run = group + i * 16 * bytes;
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
@@ -1062,7 +1050,8 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(
     for (int t0 = 0; t0 < n_tokens; t0 += AMX_TILE) {
         const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
         v16f sum[AMX_TILE], off[AMX_TILE];
-        zero_chains(sum, off, nt);
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             if (t0 == 0)
                 prefetch_run(group + i * run, (int)run, PREFETCH_AHEAD, stop);
@@ -1109,7 +1098,8 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
         const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
         v16f sum[AMX_TILE], off[AMX_TILE];
         v16i isum[AMX_TILE];
-        zero_chains(sum, off, nt);
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             const uint8_t *run = group + i * 16 * bytes;
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
@@ -1170,7 +1160,8 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_q6_K_amx(con
         const int nt = n_tokens - t0 < AMX_TILE ? n_tokens - t0 : AMX_TILE;
         v16f sum[AMX_TILE];
         v16i isum[AMX_TILE];
-        zero_chains(sum, NULL, nt);
+        for (int t = 0; t < nt; t++)
+            sum[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             v16i scale[16], off[8];
             v16f d_rows;
