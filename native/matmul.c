@@ -66,7 +66,8 @@ static void chunk_of_rows(void *p, int64_t k, int ith) {
  * that both cores contend for. So do a few tokens (FEW_TOKENS at most: a lookup draft's
  * check), whose products still wait on memory: the kernels ask for the bytes ahead only
  * up to their chunk's end, and SmolLM2's chunks of 16 to 64 rows left them asking for
- * nothing (its 8-token check took 12.3-12.7 ms with them, 10.8-10.9 with decode's). */
+ * nothing (timed in one process, alternating check by check: its 8-token check took a
+ * median 17.8 ms with them, 15.9 with decode's; 2 tokens 9.7 and 7.7 ms). */
 enum { CHUNKS_PER_THREAD = 32, STEP_CHUNKS_PER_THREAD = 3, FEW_TOKENS = 16 };
 
 static int64_t chunk_rows(int64_t total_rows, int n_threads, int n_tokens) {
