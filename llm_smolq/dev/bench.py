@@ -8,6 +8,7 @@
     python -m llm_smolq.dev.bench MODEL.gguf --lookup [8] [--threads N] [--repeat 5] [--json | --markdown]
     python -m llm_smolq.dev.bench MODEL.gguf --draft-check [512] [--threads N] [--repeat 5] [--json]
     python -m llm_smolq.dev.bench MODEL.gguf --kernels [1,2,4,8,9] [--repeat 5] [--json]
+    python -m llm_smolq.dev.bench MODEL.gguf --kernels 1,8 --against OTHER/_kernel.abi3.so
 
 With --depth N the prompt is N random ids fed in batches of 512 (prefill tok/s is their
 average), and decode is timed at that depth; --vs-llama-cpp then runs llama.cpp twice,
@@ -249,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kernels", nargs="?", const="1,2,4,8,9", metavar="K,K,...",
                         help="instead: one thread's GB/s in each quantized type's largest matrix times K tokens, "
                              "from the file's layout and packed (dev/kernel_bench.py)")
+    parser.add_argument("--against", metavar="KERNEL",
+                        help="with --kernels: time this kernel build and another (a _kernel*.so path) call by call "
+                             "in one process, and print their ratio")
     parser.add_argument("--bandwidth", action="store_true",
                         help="also time llm-smolq's threads reading the model file, and decode as a share of it")
     parser.add_argument("--with-depth", type=int, metavar="N",
@@ -266,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--markdown and --json: one output format at a time")
     if args.markdown and other_mode not in (None, "--lookup"):
         parser.error(f"--markdown prints the speed runs and --lookup, not {other_mode}")
+    if args.against and other_mode != "--kernels":
+        parser.error("--against goes with --kernels")
     if (args.with_depth or args.with_lookup) and (other_mode or args.depth):
         parser.error("--with-depth and --with-lookup go with the speed runs, not with --depth or another mode")
 
@@ -300,6 +306,13 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--kernels takes token counts separated by commas, such as 1,2,9; not {args.kernels!r}")
         if not tokens or min(tokens) < 1:
             parser.error("--kernels: every token count must be 1 or more")
+        if args.against:
+            try:
+                report = kernel_bench.measure_against(args.model, tokens, args.repeat, args.against)
+            except FileNotFoundError as e:
+                parser.error(f"--against: {e}")
+            print(json.dumps(report, indent=2) if args.json else kernel_bench.format_against(report))
+            return
         report = kernel_bench.measure(args.model, tokens, args.repeat)
         print(json.dumps(report, indent=2) if args.json else kernel_bench.format_report(report))
         return

@@ -167,6 +167,38 @@ def test_bench_kernels_times_each_types_largest_matrix_in_both_layouts(reference
             assert row.get("same_bits", True) is True
 
 
+def test_bench_kernels_against_another_build_alternates_them_call_by_call(reference_dir, capsys):
+    """--against: the kernel in use and another build (here the same file, loaded again) take
+    each product in turn; the report gives both rates, their ratio and that the bits agree."""
+    import llm_smolq._kernel
+    from llm_smolq._kernel import lib
+    from llm_smolq.dev import bench
+
+    other = llm_smolq._kernel.__file__
+    bench.main([str(reference_dir / "tiny-smollm3-Q4_K_M.gguf"), "--kernels", "1,9", "--against", other,
+                "--repeat", "1", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["against"] == other and report["calls"] == 10 and len(report["simd"]) == 2
+    assert set(report["types"]) == {"Q4_K", "Q6_K"}
+    for name, entry in report["types"].items():
+        packs = bool(lib.sq_rows16_wanted(getattr(lib, f"SQ_{name}")))
+        assert entry["layout"] == ("packed" if packs else "file")
+        assert list(entry["tokens"]) == ["1", "9"]
+        for row in entry["tokens"].values():
+            assert row["this_gb_s"] > 0 and row["other_gb_s"] > 0 and row["same_bits"] is True
+            assert row["speedup"] == pytest.approx(row["this_gb_s"] / row["other_gb_s"])
+
+
+def test_bench_against_refuses_a_missing_build_and_other_modes(reference_dir, tmp_path, capsys):
+    from llm_smolq.dev import bench
+
+    model = str(reference_dir / "tiny-smollm3-Q4_K_M.gguf")
+    for args in (["--kernels", "1", "--against", str(tmp_path / "missing.so")], ["--against", str(tmp_path)]):
+        with pytest.raises(SystemExit):
+            bench.main([model, *args])
+        assert "--against" in capsys.readouterr().err
+
+
 def test_bench_kernels_refuses_token_counts_it_cannot_use(reference_dir, capsys):
     import pytest
 
