@@ -123,6 +123,20 @@ static inline TARGET v16f f16_lanes(uint16_t h) {
     return V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
 }
 
+/* The definition's block step (quants/types.h) in each row's lane, for one token: sum plus
+ * the block's exact integer times the row's scale times the token's, in one fused
+ * multiply-add; every kernel here, the AMX ones too, takes its chains' steps through it. */
+static inline __attribute__((always_inline)) TARGET v16f block_step16(v16f sum, v16i isum, v16f d_rows,
+                                                                     v16f d_token) {
+    return V16(fmadd_ps)(V16(cvtepi32_ps)(isum), V16(mul_ps)(d_rows, d_token), sum);
+}
+
+/* Two groups' sums of products (g0, g1), each times its scale in the row's lane (s0, s1),
+ * added: a Q4_K-like span's or a Q6_K chunk's share of a block's integer. */
+static inline __attribute__((always_inline)) TARGET v16i scaled_pair16(v16i g0, v16i s0, v16i g1, v16i s1) {
+    return V16(add_epi32)(V16(mullo_epi32)(g0, s0), V16(mullo_epi32)(g1, s1));
+}
+
 /* ---------------------------------------------------------------------------
  * Q4_K (and Q5_K, IQ4_XS after it): sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
@@ -233,8 +247,7 @@ static inline __attribute__((always_inline)) TARGET void q4_1_tokens16(const int
             for (int u = 0; u < T; u++)
                 part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[k][l], a[u][k].qs + 4 * l);
         for (int u = 0; u < T; u++) {
-            const v16f d = V16(mul_ps)(d_rows[k], f16_lanes(a[u][k].d));
-            s[u] = V16(fmadd_ps)(V16(cvtepi32_ps)(V16(add_epi32)(part[u][0], part[u][1])), d, s[u]);
+            s[u] = block_step16(s[u], V16(add_epi32)(part[u][0], part[u][1]), d_rows[k], f16_lanes(a[u][k].d));
             o[u] = V16(fmadd_ps)(m_rows[k], f16_lanes(a[u][k].s), o[u]);
         }
     }
@@ -285,7 +298,7 @@ static inline __attribute__((always_inline)) TARGET void q8_0_tokens16(const int
                 part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[k][l], a[u][k].qs + 4 * l);
         for (int u = 0; u < T; u++) {
             const v16i isum = V16(sub_epi32)(V16(add_epi32)(part[u][0], part[u][1]), q8_0_offset16(a[u][k].qs));
-            s[u] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), V16(mul_ps)(d_rows[k], f16_lanes(a[u][k].d)), s[u]);
+            s[u] = block_step16(s[u], isum, d_rows[k], f16_lanes(a[u][k].d));
         }
     }
     for (int u = 0; u < T; u++)
@@ -561,14 +574,11 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(const uint8
                         g0 = dpbusd_word(g0, code[j], aq + 4 * j);
                         g1 = dpbusd_word(g1, code[j + 4], aq + 16 + 4 * j);
                     }
-                    isum[t] = V16(add_epi32)(isum[t], V16(add_epi32)(V16(mullo_epi32)(g0, scale[2 * k]),
-                                                                     V16(mullo_epi32)(g1, scale[2 * k + 1])));
+                    isum[t] = V16(add_epi32)(isum[t], scaled_pair16(g0, scale[2 * k], g1, scale[2 * k + 1]));
                 }
             }
-            for (int t = 0; t < nt; t++) {
-                const v16f d = V16(mul_ps)(d_rows, V16(set1_ps)(token_block(xq, stride, t0 + t, i)->d));
-                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), d, sum[t]);
-            }
+            for (int t = 0; t < nt; t++)
+                sum[t] = block_step16(sum[t], isum[t], d_rows, V16(set1_ps)(token_block(xq, stride, t0 + t, i)->d));
         }
         for (int t = 0; t < nt; t++)
             V16(storeu_ps)(y + (t0 + t) * ldy, sum[t]);
@@ -971,9 +981,9 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                 if (TILE == 64 && type == SQ_Q4_K && i + 1 < nb)
                     prefetch_block_q8_K(a + 1);
                 const v16f a_d = V16(set1_ps)(a->d);
-                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sum[t]);
+                sum[t] = block_step16(sum[t], isum[t], d_rows, a_d);
                 if (mins)
-                    off[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(bsums16(pairs, a->bsums)), V16(mul_ps)(dmin_rows, a_d), off[t]);
+                    off[t] = block_step16(off[t], bsums16(pairs, a->bsums), dmin_rows, a_d);
             }
         }
         for (int t = 0; t < nt; t++)
@@ -1065,13 +1075,13 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(
                 const v16i isum = V16(loadu_si512)(dot[t]);
                 if (with_m) {
                     const block_q8_1 *at = (const block_q8_1 *)token_row(xq, stride, t0 + t) + i;
-                    sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum), V16(mul_ps)(d_rows, f16_lanes(at->d)), sum[t]);
+                    sum[t] = block_step16(sum[t], isum, d_rows, f16_lanes(at->d));
                     off[t] = V16(fmadd_ps)(m_rows, f16_lanes(at->s), off[t]);
                 } else {  /* the codes' 128 off through the block's sum, as q8_0_tokens16 */
                     const block_q8_0 *at = (const block_q8_0 *)token_row(xq, stride, t0 + t) + i;
                     const v16i exact = V16(sub_epi32)(V16(add_epi32)(isum, V16(set1_epi32)(1 << 19)),
                                                       q8_0_offset16(at->qs));
-                    sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(exact), V16(mul_ps)(d_rows, f16_lanes(at->d)), sum[t]);
+                    sum[t] = block_step16(sum[t], exact, d_rows, f16_lanes(at->d));
                 }
             }
         }
@@ -1128,17 +1138,17 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
                 amx_group(code[0], 32, a, stride, nt, rows, dot[0]);
                 amx_group(code[1], 32, a + 32, stride, nt, rows, dot[1]);
                 for (int t = 0; t < nt; t++) {
-                    const v16i span = V16(add_epi32)(V16(mullo_epi32)(V16(loadu_si512)(dot[0][t]), scale[2 * c]),
-                                                     V16(mullo_epi32)(V16(loadu_si512)(dot[1][t]), scale[2 * c + 1]));
+                    const v16i span = scaled_pair16(V16(loadu_si512)(dot[0][t]), scale[2 * c],
+                                                    V16(loadu_si512)(dot[1][t]), scale[2 * c + 1]);
                     isum[t] = c == 0 && mins ? span : V16(add_epi32)(isum[t], span);
                 }
             }
             for (int t = 0; t < nt; t++) {
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 const v16f a_d = V16(set1_ps)(a->d);
-                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), V16(mul_ps)(d_rows, a_d), sum[t]);
+                sum[t] = block_step16(sum[t], isum[t], d_rows, a_d);
                 if (mins)
-                    off[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(bsums16(pairs, a->bsums)), V16(mul_ps)(dmin_rows, a_d), off[t]);
+                    off[t] = block_step16(off[t], bsums16(pairs, a->bsums), dmin_rows, a_d);
             }
         }
         for (int t = 0; t < nt; t++)
@@ -1179,14 +1189,11 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_q6_K_amx(con
                 amx_group(code, 16, a, stride, nt, rows, dot[0]);
                 amx_group(code + 4, 16, a + 16, stride, nt, rows, dot[1]);
                 for (int t = 0; t < nt; t++)
-                    isum[t] = V16(add_epi32)(
-                        isum[t], V16(add_epi32)(V16(mullo_epi32)(V16(loadu_si512)(dot[0][t]), scale[2 * k]),
-                                                V16(mullo_epi32)(V16(loadu_si512)(dot[1][t]), scale[2 * k + 1])));
+                    isum[t] = V16(add_epi32)(isum[t], scaled_pair16(V16(loadu_si512)(dot[0][t]), scale[2 * k],
+                                                                    V16(loadu_si512)(dot[1][t]), scale[2 * k + 1]));
             }
-            for (int t = 0; t < nt; t++) {
-                const v16f d = V16(mul_ps)(d_rows, V16(set1_ps)(token_block(xq, stride, t0 + t, i)->d));
-                sum[t] = V16(fmadd_ps)(V16(cvtepi32_ps)(isum[t]), d, sum[t]);
-            }
+            for (int t = 0; t < nt; t++)
+                sum[t] = block_step16(sum[t], isum[t], d_rows, V16(set1_ps)(token_block(xq, stride, t0 + t, i)->d));
         }
         for (int t = 0; t < nt; t++)
             V16(storeu_ps)(y + (t0 + t) * ldy, sum[t]);
