@@ -58,6 +58,18 @@ def _activations(vec_type: int, cols: int, tokens: int, rng: np.random.Generator
     return xq, row_bytes
 
 
+def _packed_copy(info: TensorInfo, weights) -> np.ndarray | None:
+    """The matrix packed sixteen rows side by side, where the kernel path in use reads its
+    type so (sq_rows16_wanted); else None."""
+    qtype, cols, rows = int(info.type), info.shape[0], info.rows
+    if not (rows % 16 == 0 and lib.sq_rows16_packs(qtype) and lib.sq_rows16_wanted(qtype)):
+        return None
+    packed = np.empty(info.n_bytes, np.uint8)
+    if lib.sq_rows16_pack(qtype, ffi.from_buffer(weights), ffi.from_buffer(packed), rows, cols) != 0:
+        raise RuntimeError(f"the kernel would not pack {info.name}")
+    return packed
+
+
 def _best_seconds(call, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -75,11 +87,7 @@ def measure(path: str, tokens: list[int], repeat: int) -> dict:
     for type_name, info in sorted(largest.items()):
         qtype, cols, rows = int(info.type), info.shape[0], info.rows
         weights = model.data[info.offset:info.offset + info.n_bytes]
-        packed = None
-        if rows % 16 == 0 and lib.sq_rows16_packs(qtype) and lib.sq_rows16_wanted(qtype):
-            packed = np.empty(info.n_bytes, np.uint8)
-            if lib.sq_rows16_pack(qtype, ffi.from_buffer(weights), ffi.from_buffer(packed), rows, cols) != 0:
-                raise RuntimeError(f"the kernel would not pack {info.name}")
+        packed = _packed_copy(info, weights)
         entry = {"matrix": info.name, "rows": rows, "cols": cols, "mb": info.n_bytes / 1e6, "tokens": {}}
         for k in tokens:
             xq, xq_bytes = _activations(lib.sq_vec_dot_type(qtype), cols, k, rng)
@@ -126,13 +134,9 @@ def measure_against(path: str, tokens: list[int], repeat: int, other_path: str) 
     for type_name, info in sorted(largest.items()):
         qtype, cols, rows = int(info.type), info.shape[0], info.rows
         weights = np.array(model.data[info.offset:info.offset + info.n_bytes])
-        packed = rows % 16 == 0 and lib.sq_rows16_packs(qtype) and lib.sq_rows16_wanted(qtype)
-        if packed:
-            data = np.empty(info.n_bytes, np.uint8)
-            if lib.sq_rows16_pack(qtype, ffi.from_buffer(weights), ffi.from_buffer(data), rows, cols) != 0:
-                raise RuntimeError(f"the kernel would not pack {info.name}")
-        else:
-            data = weights
+        packed_copy = _packed_copy(info, weights)
+        packed = packed_copy is not None
+        data = packed_copy if packed else weights
         entry = {"matrix": info.name, "rows": rows, "cols": cols, "mb": info.n_bytes / 1e6,
                  "layout": "packed" if packed else "file", "tokens": {}}
         for k in tokens:
