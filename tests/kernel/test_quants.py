@@ -606,11 +606,9 @@ def native_simd() -> str | None:
     flags = cpu_flags()
     if not {"avx2", "fma"} <= flags:
         return None
-    simde = bool(os.environ.get("SMOLQ_VNNI_VIA_SIMDE"))
-    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags or simde
-    amx = vnni and ({"amx_tile", "amx_int8"} <= flags and sys.platform == "linux" or simde)
-    if os.environ.get("SMOLQ_SIMD") == "amx" and amx:
+    if os.environ.get("SMOLQ_SIMD") == "amx" and amx_expected():
         return "amx"
+    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags or bool(os.environ.get("SMOLQ_VNNI_VIA_SIMDE"))
     return "avx512vnni" if vnni and os.environ.get("SMOLQ_SIMD") != "avx2" else "avx2"
 
 
@@ -644,12 +642,14 @@ def test_simd_name(simd_restore):
 
 def amx_expected() -> bool:
     """Whether SMOLQ_SIMD=amx should give the AMX path: Linux on a CPU with AMX-TILE and
-    AMX-INT8 (and the 512-bit code's instructions), or the SIMDe test build."""
-    if os.environ.get("SMOLQ_VNNI_VIA_SIMDE") and native_simd():
-        return True
+    AMX-INT8 (and the 512-bit code's instructions), or the SIMDe test build on an AVX2 CPU."""
     flags = cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        return False
+    if os.environ.get("SMOLQ_VNNI_VIA_SIMDE"):
+        return True
     return sys.platform == "linux" and {"amx_tile", "amx_int8", "avx512f", "avx512bw", "avx512vl",
-                                        "avx512_vnni", "avx2", "fma"} <= flags
+                                        "avx512_vnni"} <= flags
 
 
 def test_amx_is_taken_only_where_the_tiles_are():
