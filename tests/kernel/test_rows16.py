@@ -85,7 +85,8 @@ def test_packing_refuses_what_it_cannot_pack():
 def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypatch):
     """sq_vec_dot_rows16 over whole groups and ranges that start or end inside one, for one
     token (decode) to past the kernels' 16-token tile and into the tiled batch kernels'
-    sizes, rows past their 32-block chunks: each output the scalar sq_vec_dot's bits for
+    sizes, past the 128-token span whose chains the 32-element kernels keep from chunk to
+    chunk, rows past their 32-block chunks: each output the scalar sq_vec_dot's bits for
     the row as the file had it; y written only where it should be."""
     rng = np.random.default_rng(60 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
@@ -94,7 +95,7 @@ def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypa
     for cols, rows in ((8 * elems, 48), (37 * elems, 32)):
         plain = matrix(qtype, rows, cols, rng)
         pack = packed(qtype, plain, cols)
-        for tokens in (1, 2, 5, 9, 17, 70):
+        for tokens in (1, 2, 5, 9, 17, 70) + ((131,) if cols > 8 * elems else ()):
             xq = quantized_rows(vtype, cols, tokens, rng)
             want = scalar_steps(qtype, plain, xq, cols)
             for set_path in simd_paths(monkeypatch):
