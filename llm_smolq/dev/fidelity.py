@@ -13,12 +13,27 @@ files. With --smollm2, the six real SmolLM2 conversations: teacher-forced on eac
 greedy answer, the KL divergence of our distribution from llama.cpp's over its top 10 ids,
 and the same between its builds; and how many of our greedy answers are each build's.
 Everything on the F32 KV cache, the path whose order is llama.cpp's outside the products.
+
+Six short conversations give about a hundred steps, too few for a mean KL: a few steps
+decide it. With --text, a real text teacher-forced through SmolLM2 gives as many positions
+as it has tokens (--positions), compared over the whole vocabulary, against llama.cpp builds
+run live, each in a process of its own: --llama-cpp names the folders that hold each build's
+llama_cpp package ("installed": the one installed here), for example one built for this CPU and one
+built for AVX2 alone (docs/development.md says how):
+
+    python -m llm_smolq.dev.fidelity .models/reference --types Q4_1 \
+        --smollm2 .models/SmolLM2-135M-Instruct.Q4_1.gguf --text /usr/share/common-licenses/GPL-3 \
+        --llama-cpp installed,/tmp/llama-cpp-avx2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +156,61 @@ def smollm2(reference: Path, model: Path) -> dict:
     return out
 
 
+def full_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    """KL(p || q) of each row's softmax over the whole vocabulary, in float64."""
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float64) - x.max(axis=1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return (np.exp(lp) * (lp - lq)).sum(axis=1)
+
+
+# A llama.cpp build's logits at every position of the ids, run where PYTHONPATH finds it.
+_LLAMA_CPP_WORKER = """
+import json, sys, numpy as np, llama_cpp
+model, ids_path, out = sys.argv[1:4]
+ids = json.load(open(ids_path))
+llm = llama_cpp.Llama(model_path=model, n_ctx=len(ids) + 8, n_batch=512, n_ubatch=512, logits_all=True,
+                      n_threads=2, verbose=False, flash_attn=False)
+llm.eval(ids)
+np.save(out, np.array(llm.scores[:len(ids)], dtype=np.float32))
+"""
+
+
+def _llama_cpp_logits(site: str, model: Path, ids_path: Path, out: Path) -> np.ndarray:
+    env = dict(os.environ)
+    if site != "installed":
+        env["PYTHONPATH"] = os.pathsep.join([site] + [p for p in [env.get("PYTHONPATH")] if p])
+    done = subprocess.run([sys.executable, "-c", _LLAMA_CPP_WORKER, str(model), str(ids_path), str(out)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"llama.cpp from {site!r} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return np.load(out)
+
+
+def live_text(model: Path, text: Path, sites: list[str], positions: int) -> dict:
+    """Our logits and each llama.cpp build's at every position of the text's first tokens,
+    and the full-vocabulary KL between every two of them."""
+    engine = llm_smolq.load(model, n_ctx=positions + 8, kv_dtype="f32")
+    ids = engine.tokenize(text.read_text())[:positions]
+    logits = {"ours": np.concatenate([np.array(engine.eval(ids[s:s + 512], all_logits=True), np.float32)
+                                      for s in range(0, len(ids), 512)])}
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_path = Path(tmp) / "ids.json"
+        ids_path.write_text(json.dumps(ids))
+        for i, site in enumerate(sites):
+            logits[f"llama.cpp {site}"] = _llama_cpp_logits(site, model, ids_path, Path(tmp) / f"{i}.npy")
+    names = list(logits)
+    pairs = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            kl = full_kl(logits[b], logits[a])  # KL(llama.cpp || ours), KL(build || build)
+            pairs[f"{b} || {a}"] = {"kl_mean": float(kl.mean()), "kl_median": float(np.median(kl)),
+                                    "kl_p99": float(np.quantile(kl, 0.99)),
+                                    "top1_same": float((logits[a].argmax(1) == logits[b].argmax(1)).mean())}
+    return {"positions": len(ids), "pairs": pairs}
+
+
 def format_report(report: dict) -> str:
     lines = ["per-row relative error, median / worst row: ours against each llama.cpp build, and its builds "
              "against each other",
@@ -160,6 +230,13 @@ def format_report(report: dict) -> str:
         r = s["between_builds"]
         lines.append(f"  AVX2 vs AVX-512: {r['kl_mean']:.2e} / {r['kl_median']:.2e} / {r['kl_max']:.2e} over "
                      f"{r['steps']} shared steps; greedy answers the same: {r['same_answers']} of 6")
+    if "text" in report:
+        t = report["text"]
+        lines.append(f"SmolLM2, {t['positions']} positions of real text, teacher-forced: KL over the whole "
+                     "vocabulary, mean / median / 99th percentile; top-1 the same")
+        for pair, r in t["pairs"].items():
+            lines.append(f"  KL({pair}): {r['kl_mean']:.2e} / {r['kl_median']:.2e} / {r['kl_p99']:.2e}; "
+                         f"{r['top1_same']:.2%}")
     return "\n".join(lines)
 
 
@@ -169,8 +246,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smollm2", type=Path, help="the real SmolLM2-135M-Instruct Q4_1 GGUF")
     parser.add_argument("--types", default=",".join(TYPES), metavar="TYPE,...",
                         help="the reference files to compare (default: all)")
+    parser.add_argument("--text", type=Path, help="with --smollm2: a real text to teacher-force, compared live")
+    parser.add_argument("--llama-cpp", default="installed", metavar="SITE,...",
+                        help="with --text: folders holding a llama_cpp build each ('installed': the one here)")
+    parser.add_argument("--positions", type=int, default=1536, help="with --text: its first tokens (default 1536)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.text and not args.smollm2:
+        parser.error("--text compares SmolLM2 live: give its GGUF with --smollm2")
     kinds = args.types.split(",")
     if unknown := [kind for kind in kinds if kind not in TYPES]:
         parser.error(f"--types: no reference file of {', '.join(unknown)}; the files are {', '.join(TYPES)}")
@@ -183,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
         report["files"][f"long {kind}"] = long_file(args.reference, kind)
     if args.smollm2:
         report["smollm2"] = smollm2(args.reference, args.smollm2)
+    if args.text:
+        report["text"] = live_text(args.smollm2, args.text, args.llama_cpp.split(","), args.positions)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
 
 

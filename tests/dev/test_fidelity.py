@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from llm_smolq.dev import fidelity
@@ -26,3 +27,34 @@ def test_fidelity_names_what_it_lacks(tmp_path, capsys):
         with pytest.raises(SystemExit) as stop:
             fidelity.main([str(tmp_path), "--types", types])
         assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_full_kl_is_zero_for_the_same_logits_and_matches_a_worked_case():
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(4, 50)).astype(np.float32)
+    assert np.allclose(fidelity.full_kl(logits, logits), 0.0, atol=1e-12)
+    # Two ids: p = softmax(0, 0) = (1/2, 1/2), q = softmax(0, ln 3) = (1/4, 3/4).
+    kl = fidelity.full_kl(np.array([[0.0, 0.0]]), np.array([[0.0, np.log(3.0)]]))
+    assert kl[0] == pytest.approx(0.5 * np.log(2.0) + 0.5 * np.log(2.0 / 3.0))
+    # Shifting a row's logits by a constant changes no distribution.
+    assert np.allclose(fidelity.full_kl(logits, logits + 7.0), 0.0, atol=1e-12)
+
+
+def test_text_needs_the_smollm2_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        fidelity.main([str(tmp_path), "--types", "Q4_1", "--text", str(tmp_path / "t.txt")])
+    assert stop.value.code == 2 and "give its GGUF with --smollm2" in capsys.readouterr().err
+
+
+@pytest.mark.may_skip_in_ci
+def test_live_text_compares_ours_with_llama_cpp_over_the_vocabulary(smollm2_gguf, tmp_path):
+    """Only where llama-cpp-python is installed (the `bench` extra)."""
+    pytest.importorskip("llama_cpp")
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 8)
+    report = fidelity.live_text(smollm2_gguf, text, ["installed"], positions=40)
+    assert report["positions"] == 40
+    (pair, r), = report["pairs"].items()
+    assert pair == "llama.cpp installed || ours"
+    # Near, not equal: llama.cpp's own builds are this far apart on real text (BENCHMARKS.md).
+    assert 0 < r["kl_mean"] < 0.05 and r["top1_same"] >= 0.8, r
