@@ -404,14 +404,21 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
     }
 }
 
+/* The tokens the 32-element kernels take through a chunk of decoded blocks at a time: a
+ * prompt's 128, a few tokens' (a draft's check) 16, as they had before prompts got the
+ * larger span; 8 tokens measured x0.985-0.99 in it, no more than timing a build against
+ * itself moves. */
+enum { PROMPT_SPAN = 128, FEW_SPAN = 16 };
+
 /* A packed group of sixteen rows of a 32-element type times n_tokens activation rows, each
  * output the scalar vec_dot's bits for its row and token (quants/types.h): per block the
  * exact sum of codes times the token's codes in each row's lane, its block step by the
  * row's d times the token's, and for Q4_1 and Q5_1 the offset chain's fmaf(m, s); y = sum
  * (+ off). CHUNK blocks are decoded at a time (block32_16; 1 for decode, a block's codes
  * straight from the loads to the products; 32 for more tokens), then every token of a span
- * of SPAN, four at a time, through them, the chains kept in memory from chunk to chunk.
- * A prompt's rows are decoded once a span rather than once every 16 tokens:
+ * of SPAN (at most PROMPT_SPAN), four at a time, through them, the chains kept in memory
+ * from chunk to chunk. A prompt's rows are decoded once a span rather than once every 16
+ * tokens:
  * SmolLM2's 576-column rows (one chunk of 18 blocks) times 512 tokens ran 1.14x as fast,
  * and its whole 512-token prefill 1.075x (timed in one process, pass by pass). A span of
  * 128 keeps its chains (16 KiB) and a chunk's codes (16 KiB) near L1's size; 256 gained
@@ -424,10 +431,9 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
                                                                        int64_t nb, const void *stop, float *y,
                                                                        int64_t ldy, const int CHUNK,
                                                                        const int SPAN) {
-    enum { MAX_SPAN = 128 };
     v16i codes[32][8];
     v16f d_rows[32], m_rows[32];
-    v16f sum[MAX_SPAN], off[MAX_SPAN];  /* the span's tokens' chains */
+    v16f sum[PROMPT_SPAN], off[PROMPT_SPAN];  /* the span's tokens' chains */
     const int64_t run = 16 * (int64_t)sq_block_size(type);  /* a block's bytes in the group */
     const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)run : 0);
     for (int t0 = 0; t0 < n_tokens; t0 += SPAN) {
@@ -460,10 +466,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     }
 }
 
-/* Each type's kernel: decode's one token a block at a time; more, 32 blocks at a time, a
- * prompt's in spans of 128 tokens, a few tokens in one of 16 (8 tokens 1-2% slower in the
- * larger). */
-enum { MAX_SPAN_32 = 128 };
+/* Each type's kernel: decode's one token a block at a time; more, 32 blocks at a time. */
 #define ROWS16_BLOCK32(name, NAME)                                                                              \
     TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,\
@@ -471,10 +474,10 @@ enum { MAX_SPAN_32 = 128 };
         (void)row_bytes;                                                                                        \
         if (n_tokens == 1)                                                                                      \
             rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1, 1);                           \
-        else if (n_tokens <= 16)                                                                                \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, 32, 16);                  \
+        else if (n_tokens <= FEW_SPAN)                                                                          \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, 32, FEW_SPAN);            \
         else                                                                                                    \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, 32, MAX_SPAN_32);         \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, 32, PROMPT_SPAN);         \
     }
 ROWS16_BLOCK32(q4_1, Q4_1)
 ROWS16_BLOCK32(q8_0, Q8_0)
