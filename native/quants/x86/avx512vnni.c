@@ -418,9 +418,8 @@ enum { PROMPT_SPAN = 128, FEW_SPAN = 16 };
  * straight from the loads to the products; 32 for more tokens), then every token of a span
  * of SPAN (at most PROMPT_SPAN), four at a time, through them, the chains kept in memory
  * from chunk to chunk. A prompt's rows are decoded once a span rather than once every 16
- * tokens:
- * SmolLM2's 576-column rows (one chunk of 18 blocks) times 512 tokens ran 1.14x as fast,
- * and its whole 512-token prefill 1.075x (timed in one process, pass by pass). A span of
+ * tokens: SmolLM2's 576-column rows (one chunk of 18 blocks) times 512 tokens ran 1.14x as
+ * fast, and its whole 512-token prefill 1.075x (timed in one process, pass by pass). A span of
  * 128 keeps its chains (16 KiB) and a chunk's codes (16 KiB) near L1's size; 256 gained
  * no more. y[t * ldy + r] for r < 16. The bytes to come are asked of memory up to stop as
  * the first span reads the blocks, a chunk beyond PREFETCH_AHEAD, since a chunk's blocks
