@@ -226,34 +226,22 @@ static inline __attribute__((always_inline)) TARGET void q4_1_block16(const uint
     }
 }
 
-/* T tokens (1 to 4; a[u]: token u's activation blocks from the chunk's first) through nc
- * blocks of sixteen Q4_1 rows side by side, sum[u] and off[u] their chains. Each register
- * of codes is loaded once for the T: token by token, a load for every vpdpbusd, 9 tokens
- * took 1.3x as long, 64 tokens 1.4x. */
+/* T tokens (1 to 4; a[u]: token u's activation block) through one block of sixteen Q4_1
+ * rows side by side, sum[u] and off[u] their chains. Each register of codes is loaded once
+ * for the T: token by token, a load for every vpdpbusd, 9 tokens took 1.3x as long, 64
+ * tokens 1.4x. */
 static inline __attribute__((always_inline)) TARGET void q4_1_tokens16(const int T, const block_q8_1 *const a[4],
-                                                                      int nc, const v16i codes[][8],
-                                                                      const v16f d_rows[], const v16f m_rows[],
+                                                                      const v16i codes[8], v16f d_rows, v16f m_rows,
                                                                       v16f sum[], v16f off[]) {
-    v16f s[4], o[4];
-    for (int u = 0; u < T; u++) {
-        s[u] = sum[u];
-        o[u] = off[u];
-    }
-    for (int k = 0; k < nc; k++) {
-        v16i part[4][2];  /* alternate words' products: two chains per token */
+    v16i part[4][2];  /* alternate words' products: two chains per token */
+    for (int u = 0; u < T; u++)
+        part[u][0] = part[u][1] = V16(setzero_si512)();
+    for (int l = 0; l < 8; l++)
         for (int u = 0; u < T; u++)
-            part[u][0] = part[u][1] = V16(setzero_si512)();
-        for (int l = 0; l < 8; l++)
-            for (int u = 0; u < T; u++)
-                part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[k][l], a[u][k].qs + 4 * l);
-        for (int u = 0; u < T; u++) {
-            s[u] = block_step16(s[u], V16(add_epi32)(part[u][0], part[u][1]), d_rows[k], f16_lanes(a[u][k].d));
-            o[u] = V16(fmadd_ps)(m_rows[k], f16_lanes(a[u][k].s), o[u]);
-        }
-    }
+            part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[l], a[u]->qs + 4 * l);
     for (int u = 0; u < T; u++) {
-        sum[u] = s[u];
-        off[u] = o[u];
+        sum[u] = block_step16(sum[u], V16(add_epi32)(part[u][0], part[u][1]), d_rows, f16_lanes(a[u]->d));
+        off[u] = V16(fmadd_ps)(m_rows, f16_lanes(a[u]->s), off[u]);
     }
 }
 
@@ -279,30 +267,22 @@ static inline TARGET v16i q8_0_offset16(const int8_t *qs) {
     return V16(broadcastd_epi32)(AS128I(t));
 }
 
-/* q4_1_tokens16 for Q8_0: T tokens (1 to 4) through nc blocks of sixteen rows, sum[u]
+/* q4_1_tokens16 for Q8_0: T tokens (1 to 4) through one block of sixteen rows, sum[u]
  * token u's chain. */
 static inline __attribute__((always_inline)) TARGET void q8_0_tokens16(const int T, const block_q8_0 *const a[4],
-                                                                      int nc, const v16i codes[][8],
-                                                                      const v16f d_rows[], v16f sum[]) {
-    v16f s[4];
-    for (int u = 0; u < T; u++)
-        s[u] = sum[u];
-    for (int k = 0; k < nc; k++) {
-        v16i part[4][2];
-        for (int u = 0; u < T; u++) {
-            part[u][0] = V16(set1_epi32)(1 << 19);  /* q8_0_offset16's extra 128 * 4096 */
-            part[u][1] = V16(setzero_si512)();
-        }
-        for (int l = 0; l < 8; l++)
-            for (int u = 0; u < T; u++)
-                part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[k][l], a[u][k].qs + 4 * l);
-        for (int u = 0; u < T; u++) {
-            const v16i isum = V16(sub_epi32)(V16(add_epi32)(part[u][0], part[u][1]), q8_0_offset16(a[u][k].qs));
-            s[u] = block_step16(s[u], isum, d_rows[k], f16_lanes(a[u][k].d));
-        }
+                                                                      const v16i codes[8], v16f d_rows, v16f sum[]) {
+    v16i part[4][2];
+    for (int u = 0; u < T; u++) {
+        part[u][0] = V16(set1_epi32)(1 << 19);  /* q8_0_offset16's extra 128 * 4096 */
+        part[u][1] = V16(setzero_si512)();
     }
-    for (int u = 0; u < T; u++)
-        sum[u] = s[u];
+    for (int l = 0; l < 8; l++)
+        for (int u = 0; u < T; u++)
+            part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[l], a[u]->qs + 4 * l);
+    for (int u = 0; u < T; u++) {
+        const v16i isum = V16(sub_epi32)(V16(add_epi32)(part[u][0], part[u][1]), q8_0_offset16(a[u]->qs));
+        sum[u] = block_step16(sum[u], isum, d_rows, f16_lanes(a[u]->d));
+    }
 }
 
 /* ---------------------------------------------------------------------------
@@ -384,78 +364,72 @@ static inline __attribute__((always_inline)) TARGET void block32_16(const int ty
         fifth_bits16(qh, codes);
 }
 
-/* T tokens (1 to 4) from token t through nc blocks of sixteen rows from block i0: the
- * token steps of the type's activations (Q8_1 for Q4_1 and Q5_1, else Q8_0), sum[u] and
- * off[u] token t + u's chains (off theirs alone). */
+/* T tokens (1 to 4) from token t through block i of sixteen rows: the token steps of the
+ * type's activations (Q8_1 for Q4_1 and Q5_1, else Q8_0), sum[u] and off[u] token t + u's
+ * chains (off theirs alone). */
 static inline __attribute__((always_inline)) TARGET void tokens32_16(const int type, const int T, const void *xq,
-                                                                    int64_t stride, int t, int64_t i0, int nc,
-                                                                    const v16i codes[][8], const v16f d_rows[],
-                                                                    const v16f m_rows[], v16f sum[], v16f off[]) {
+                                                                    int64_t stride, int t, int64_t i,
+                                                                    const v16i codes[8], v16f d_rows, v16f m_rows,
+                                                                    v16f sum[], v16f off[]) {
     if (type == SQ_Q4_1 || type == SQ_Q5_1) {
         const block_q8_1 *a[4];
         for (int u = 0; u < T; u++)
-            a[u] = (const block_q8_1 *)token_row(xq, stride, t + u) + i0;
-        q4_1_tokens16(T, a, nc, codes, d_rows, m_rows, sum, off);
+            a[u] = (const block_q8_1 *)token_row(xq, stride, t + u) + i;
+        q4_1_tokens16(T, a, codes, d_rows, m_rows, sum, off);
     } else {
         const block_q8_0 *a[4];
         for (int u = 0; u < T; u++)
-            a[u] = (const block_q8_0 *)token_row(xq, stride, t + u) + i0;
-        q8_0_tokens16(T, a, nc, codes, d_rows, sum);
+            a[u] = (const block_q8_0 *)token_row(xq, stride, t + u) + i;
+        q8_0_tokens16(T, a, codes, d_rows, sum);
     }
 }
 
-/* The tokens the 32-element kernels take through a chunk of decoded blocks at a time: a
- * prompt's 128, a few tokens' (a draft's check) 16, as they had before prompts got the
- * larger span; 8 tokens measured x0.985-0.99 in it, no more than timing a build against
- * itself moves. */
+/* The tokens the 32-element kernels take through a block at a time: a prompt's 128 (each
+ * block decoded once a span of them: every 16 tokens, as it was, SmolLM2's 512-token
+ * prefill took 1.075x as long, timed in one process pass by pass); a few tokens' (a draft's
+ * check) 16, as before (8 tokens measured x0.985-0.99 in the larger span, no more than
+ * timing a build against itself moves). */
 enum { PROMPT_SPAN = 128, FEW_SPAN = 16 };
 
 /* A packed group of sixteen rows of a 32-element type times n_tokens activation rows, each
  * output the scalar vec_dot's bits for its row and token (quants/types.h): per block the
  * exact sum of codes times the token's codes in each row's lane, its block step by the
  * row's d times the token's, and for Q4_1 and Q5_1 the offset chain's fmaf(m, s); y = sum
- * (+ off). CHUNK blocks are decoded at a time (block32_16; 1 for decode, a block's codes
- * straight from the loads to the products; 32 for more tokens), then every token of a span
- * of SPAN (at most PROMPT_SPAN), four at a time, through them, the chains kept in memory
- * from chunk to chunk. A prompt's rows are decoded once a span rather than once every 16
- * tokens: SmolLM2's 576-column rows (one chunk of 18 blocks) times 512 tokens ran 1.14x as
- * fast, and its whole 512-token prefill 1.075x (timed in one process, pass by pass). A span of
- * 128 keeps its chains (16 KiB) and a chunk's codes (16 KiB) near L1's size; 256 gained
- * no more. y[t * ldy + r] for r < 16. The bytes to come are asked of memory up to stop as
- * the first span reads the blocks, a chunk beyond PREFETCH_AHEAD, since a chunk's blocks
- * are read at once (from memory, one thread, 2 tokens of Q4_1: 1.3-1.5x as fast as at
- * PREFETCH_AHEAD alone). */
+ * (+ off). Block by block, the codes go from the loads into registers (block32_16), and
+ * every token of a span of SPAN (at most PROMPT_SPAN), four at a time, through them, the
+ * chains waiting in memory from block to block. (Decoding 32 blocks at a time into memory
+ * first, as these kernels did, made a SmolLM2 draft check of 8 tokens 1.08x as long, of 2
+ * tokens 1.14x, and its prefill 1.03x: timed in one process, alternating.) y[t * ldy + r]
+ * for r < 16. The bytes to come are asked of memory up to stop as the first span reads
+ * the blocks, PREFETCH_AHEAD ahead for one token, 32 blocks further for more: SmolLM2's
+ * output matrix (30 MB) times 2 tokens ran 1.9x as fast with them. */
 static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, const uint8_t *group,
                                                                        const void *xq, int64_t stride, int n_tokens,
                                                                        int64_t nb, const void *stop, float *y,
-                                                                       int64_t ldy, const int CHUNK,
-                                                                       const int SPAN) {
-    v16i codes[32][8];
-    v16f d_rows[32], m_rows[32];
+                                                                       int64_t ldy, const int SPAN) {
     v16f sum[PROMPT_SPAN], off[PROMPT_SPAN];  /* the span's tokens' chains */
     const int64_t run = 16 * (int64_t)sq_block_size(type);  /* a block's bytes in the group */
-    const int ahead = PREFETCH_AHEAD + (CHUNK > 1 ? CHUNK * (int)run : 0);
+    const int ahead = PREFETCH_AHEAD + (n_tokens > 1 ? 32 * (int)run : 0);
     for (int t0 = 0; t0 < n_tokens; t0 += SPAN) {
         const int nt = n_tokens - t0 < SPAN ? n_tokens - t0 : SPAN;
         for (int t = 0; t < nt; t++)
             sum[t] = off[t] = V16(setzero_ps)();
-        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
-            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
-            for (int k = 0; k < nc; k++) {
-                if (t0 == 0)
-                    prefetch_run(group + (i0 + k) * run, (int)run, ahead, stop);
-                block32_16(type, group, i0 + k, codes[k], &d_rows[k], &m_rows[k]);
-            }
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0)
+                prefetch_run(group + i * run, (int)run, ahead, stop);
+            v16i codes[8];
+            v16f d_rows, m_rows;
+            block32_16(type, group, i, codes, &d_rows, &m_rows);
             for (int t = 0; t < nt;) {
                 const int T = nt - t >= 4 ? 4 : nt - t;
                 if (T == 4)
-                    tokens32_16(type, 4, xq, stride, t0 + t, i0, nc, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 4, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else if (T == 3)
-                    tokens32_16(type, 3, xq, stride, t0 + t, i0, nc, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 3, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else if (T == 2)
-                    tokens32_16(type, 2, xq, stride, t0 + t, i0, nc, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 2, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else
-                    tokens32_16(type, 1, xq, stride, t0 + t, i0, nc, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 1, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 t += T;
             }
         }
@@ -465,18 +439,18 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     }
 }
 
-/* Each type's kernel: decode's one token a block at a time; more, 32 blocks at a time. */
+/* Each type's kernel: decode's one token alone, a few tokens and a prompt's in their spans. */
 #define ROWS16_BLOCK32(name, NAME)                                                                              \
     TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,\
                                                     float *y, int64_t ldy) {                                   \
         (void)row_bytes;                                                                                        \
         if (n_tokens == 1)                                                                                      \
-            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1, 1);                           \
+            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1);                              \
         else if (n_tokens <= FEW_SPAN)                                                                          \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, 32, FEW_SPAN);            \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_SPAN);                \
         else                                                                                                    \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, 32, PROMPT_SPAN);         \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, PROMPT_SPAN);             \
     }
 ROWS16_BLOCK32(q4_1, Q4_1)
 ROWS16_BLOCK32(q8_0, Q8_0)
