@@ -263,20 +263,20 @@ static inline TARGET void q4_1_side_by_side(const void *rows, int64_t row_bytes,
 /* Eight Q4_1 rows (row_bytes apart) times n_tokens activation rows, each output with the
  * definition's bits for its row and token: the rows in the float lanes, and per block
  * their exact integers (nibble_dot8, a broadcast activation word multiplying eight rows
- * at once) and their two block steps. CHUNK blocks are put side by side at a time, then
- * each token of a tile of TILE runs through them; its two chains wait in sums and offs
- * between chunks. A prompt's tiles of 128 tokens rather than 16 put a row's blocks side
- * by side an eighth as often: SmolLM2's rows times 512 tokens 1.06-1.10x as fast (on Zen
- * 4 at the avx2 setting); a few tokens keep the tile of 16 they had (8 tokens measured
- * x0.95-0.985 in the larger). It prefetches the eight rows after these, up to stop.
- * y[t * ldy + r] for r < 8. */
+ * at once) and their two block steps. Block by block, the eight rows' codes are put side
+ * by side in registers and each token of a tile of TILE runs through them, its two chains
+ * waiting in sums and offs from block to block. A prompt's tiles of 128 tokens rather than
+ * 16 put a row's blocks side by side an eighth as often (SmolLM2's rows times 512 tokens
+ * 1.06-1.10x as fast, one thread); a few tokens keep the tile of 16 they had (8 tokens
+ * measured x0.95-0.985 in the larger). (32 blocks at a time put side by side in memory
+ * first, as this kernel did, made a SmolLM2 2-token check 1.12x as long, 8 tokens 1.04x,
+ * its prefill the same: on Zen 4 at the avx2 setting, one process, alternating.) It
+ * prefetches the eight rows after these, up to stop. y[t * ldy + r] for r < 8. */
 static inline __attribute__((always_inline)) TARGET void steps_dot8_q4_1(const void *rows, int64_t row_bytes,
                                                                         const void *xq, int64_t stride, int n_tokens,
                                                                         int64_t nb, const void *stop, float *y,
                                                                         int64_t ldy, const int TILE) {
-    enum { CHUNK = 32, MAX_TILE = 128 };
-    __m256i codes[CHUNK][8];
-    __m256 d_rows[CHUNK], m_rows[CHUNK];
+    enum { MAX_TILE = 128 };
     __m256 sums[MAX_TILE], offs[MAX_TILE];  /* a token's sum and off chains, a row per lane */
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;
     const int64_t share = 8 * (int64_t)sizeof(block_q4_1);  /* of the next rows, per block */
@@ -284,24 +284,19 @@ static inline __attribute__((always_inline)) TARGET void steps_dot8_q4_1(const v
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
             sums[t] = offs[t] = _mm256_setzero_ps();
-        for (int64_t i0 = 0; i0 < nb; i0 += CHUNK) {
-            const int nc = nb - i0 < CHUNK ? (int)(nb - i0) : CHUNK;
-            for (int k = 0; k < nc; k++) {
-                if (t0 == 0)
-                    prefetch_next_rows(next, i0 + k, share, stop);
-                q4_1_side_by_side(rows, row_bytes, i0 + k, codes[k], &d_rows[k], &m_rows[k]);
-            }
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0)
+                prefetch_next_rows(next, i, share, stop);
+            __m256i codes[8];
+            __m256 d_rows, m_rows;
+            q4_1_side_by_side(rows, row_bytes, i, codes, &d_rows, &m_rows);
             for (int t = 0; t < nt; t++) {
-                const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i0;
-                __m256 sum = sums[t], off = offs[t];
-                for (int k = 0; k < nc; k++) {
-                    const __m128 ds = h2f_pair(&a[k].d);  /* the token's d, s */
-                    const __m256i isum = nibble_dot8(a[k].qs, codes[k]);
-                    sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d_rows[k], _mm256_broadcastss_ps(ds)), sum);
-                    off = _mm256_fmadd_ps(m_rows[k], _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), off);
-                }
-                sums[t] = sum;
-                offs[t] = off;
+                const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                const __m128 ds = h2f_pair(&a->d);  /* the token's d, s */
+                const __m256i isum = nibble_dot8(a->qs, codes);
+                sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d_rows, _mm256_broadcastss_ps(ds)),
+                                          sums[t]);
+                offs[t] = _mm256_fmadd_ps(m_rows, _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), offs[t]);
             }
         }
         for (int t = 0; t < nt; t++)
