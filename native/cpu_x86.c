@@ -82,6 +82,12 @@ int sq_cpu_has_avx2(void) {
     return bit(l7.ebx, 5) && bit(l1.ecx, 12) && bit(l1.ecx, 29);
 }
 
+/* The vendor string's three registers: "Auth" "enti" "cAMD" in EBX, EDX, ECX. */
+int sq_cpu_is_amd(void) {
+    const cpuid_regs l0 = cpuid(0, 0);
+    return l0.ebx == 0x68747541 && l0.edx == 0x69746e65 && l0.ecx == 0x444d4163;
+}
+
 #ifdef SQ_VNNI_VIA_SIMDE
 /* A test build: the VNNI kernels take their AVX-512 instructions from SIMDe and run
  * wherever the AVX2 ones do (simd512.h), and the AMX ones take C stand-ins for the tiles

@@ -29,6 +29,7 @@
 
 #ifdef SQ_X86
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -53,17 +54,18 @@
 #define PREFETCH_NEAR 512
 
 /* prefetch_ahead's requests for a piece of a packed group's run, from `ahead` bytes on
- * rather than PREFETCH_AHEAD; where all of them lie before stop (everywhere but near a
- * matrix's end) with one comparison for the piece rather than one per request: decode's
- * sixteen-row kernels spent as many instructions on those as on their products. */
+ * rather than PREFETCH_AHEAD, the near ones too where `near`; where all of them lie before
+ * stop (everywhere but near a matrix's end) with one comparison for the piece rather than
+ * one per request: decode's sixteen-row kernels spent as many instructions on those as on
+ * their products. */
 static inline __attribute__((always_inline)) TARGET void prefetch_run(const uint8_t *piece, int bytes, int ahead,
-                                                                     const void *stop) {
+                                                                     const void *stop, int near_too) {
     const uintptr_t far = (uintptr_t)piece + (uintptr_t)ahead, near = (uintptr_t)piece + PREFETCH_NEAR;
     const int checked = far + (uintptr_t)bytes > (uintptr_t)stop;
     for (int k = 0; k < bytes; k += 64) {
         if (!checked || far + (uintptr_t)k < (uintptr_t)stop)
             _mm_prefetch((const char *)(far + (uintptr_t)k), PREFETCH_INTO);
-        if (PREFETCH_NEAR && (!checked || near + (uintptr_t)k < (uintptr_t)stop))
+        if (PREFETCH_NEAR && near_too && (!checked || near + (uintptr_t)k < (uintptr_t)stop))
             _mm_prefetch((const char *)(near + (uintptr_t)k), _MM_HINT_T0);
     }
 }
@@ -402,11 +404,12 @@ enum { PROMPT_SPAN = 128, FEW_SPAN = 16 };
  * tokens 1.14x, and its prefill 1.03x: timed in one process, alternating.) y[t * ldy + r]
  * for r < 16. The bytes to come are asked of memory up to stop as the first span reads
  * the blocks, PREFETCH_AHEAD ahead for one token, 32 blocks further for more: SmolLM2's
- * output matrix (30 MB) times 2 tokens ran 1.9x as fast with them. */
+ * output matrix (30 MB) times 2 tokens ran 1.9x as fast with them; the near ones where
+ * near_too. */
 static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, const uint8_t *group,
                                                                        const void *xq, int64_t stride, int n_tokens,
                                                                        int64_t nb, const void *stop, float *y,
-                                                                       int64_t ldy, const int SPAN) {
+                                                                       int64_t ldy, const int SPAN, int near_too) {
     v16f sum[PROMPT_SPAN], off[PROMPT_SPAN];  /* the span's tokens' chains */
     const int64_t run = 16 * (int64_t)sq_block_size(type);  /* a block's bytes in the group */
     const int ahead = PREFETCH_AHEAD + (n_tokens > 1 ? 32 * (int)run : 0);
@@ -416,7 +419,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
             sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             if (t0 == 0)
-                prefetch_run(group + i * run, (int)run, ahead, stop);
+                prefetch_run(group + i * run, (int)run, ahead, stop, near_too);
             v16i codes[8];
             v16f d_rows, m_rows;
             block32_16(type, group, i, codes, &d_rows, &m_rows);
@@ -439,6 +442,20 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     }
 }
 
+/* Whether decode's 32-element kernels ask for L1 as well (PREFETCH_NEAR): not on AMD's
+ * CPUs. On the Xeon they made SmolLM2's decode 4% faster; on Zen 4, 5-8% slower (one
+ * process, steps with and without them alternating, 600-800 of each, two builds), where
+ * the 3B shape's K-quant kernels still gained 2.5% from theirs: those keep them. */
+static int decode_near_32(void) {
+    static atomic_int near = -1;
+    int v = atomic_load_explicit(&near, memory_order_relaxed);
+    if (v < 0) {
+        v = !sq_cpu_is_amd();
+        atomic_store_explicit(&near, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 /* Each type's kernel: decode's one token alone, a few tokens and a prompt's in their spans. */
 #define ROWS16_BLOCK32(name, NAME)                                                                              \
     TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
@@ -446,11 +463,11 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
                                                     float *y, int64_t ldy) {                                   \
         (void)row_bytes;                                                                                        \
         if (n_tokens == 1)                                                                                      \
-            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1);                              \
+            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1, decode_near_32());            \
         else if (n_tokens <= FEW_SPAN)                                                                          \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_SPAN);                \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_SPAN, 1);             \
         else                                                                                                    \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, PROMPT_SPAN);             \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, PROMPT_SPAN, 1);          \
     }
 ROWS16_BLOCK32(q4_1, Q4_1)
 ROWS16_BLOCK32(q8_0, Q8_0)
@@ -554,7 +571,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_q6_K(const uint8
                 v16i code[8];
                 q6_K_chunk16(group, i, k, code);
                 if (t0 == 0)  /* one stream: ahead of an eighth of the run per chunk */
-                    prefetch_run(group + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop);
+                    prefetch_run(group + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop, 1);
                 for (int t = 0; t < nt; t++) {
                     const int8_t *aq = token_block(xq, stride, t0 + t, i)->qs + 32 * k;
                     v16i g0 = V16(setzero_si512)(), g1 = V16(setzero_si512)();
@@ -945,7 +962,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
                 if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
-                    prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
+                    prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop, 1);
                 if (TILE <= 2 && (type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_IQ4_XS)) {  /* TILE tokens exactly */
                     const int8_t *aq[2];
                     for (int t = 0; t < TILE; t++)
@@ -1052,7 +1069,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(
             sum[t] = off[t] = V16(setzero_ps)();
         for (int64_t i = 0; i < nb; i++) {
             if (t0 == 0)
-                prefetch_run(group + i * run, (int)run, PREFETCH_AHEAD, stop);
+                prefetch_run(group + i * run, (int)run, PREFETCH_AHEAD, stop, 1);
             v16i codes[8];
             v16f d_rows, m_rows = V16(setzero_ps)();
             block32_16(type, group, i, codes, &d_rows, &m_rows);
@@ -1111,7 +1128,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 if (t0 == 0)
-                    prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop);
+                    prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop, 1);
                 v16i code[2][8];
                 super_codes16(type, run, c, low, bits, scale, flip, code);
                 const int8_t *a = token_block(xq, stride, t0, i)->qs + 64 * c;
@@ -1171,7 +1188,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_q6_K_amx(con
                 v16i code[8];
                 q6_K_chunk16(group, i, k, code);
                 if (t0 == 0)
-                    prefetch_run(group + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop);
+                    prefetch_run(group + i * RUN + k * (RUN / 8), RUN / 8, PACKED_AHEAD_K, stop, 1);
                 const int8_t *a = token_block(xq, stride, t0, i)->qs + 32 * k;
                 int32_t dot[2][AMX_TILE][16];
                 amx_group(code, 16, a, stride, nt, rows, dot[0]);
