@@ -48,7 +48,8 @@
  * bytes ahead, then for the same lines into L1 PREFETCH_NEAR bytes ahead. On the Xeon
  * with AVX-512 requests for L1 from afar used up the core's line fill buffers and the
  * prefetches waited on them: the 3B shape's decode went 8-13% faster with the L2
- * requests, and 3-6% more with the near ones (SmolLM2's 4%). */
+ * requests, and 3-6% more with the near ones (SmolLM2's 4%; but on AMD's CPUs decode's
+ * 32-element kernels go without them: decode_near_32). */
 #define PREFETCH_AHEAD 3072
 #define PREFETCH_INTO _MM_HINT_T1
 #define PREFETCH_NEAR 512
