@@ -17,9 +17,9 @@ Everything on the F32 KV cache, the path whose order is llama.cpp's outside the 
 Six short conversations give about a hundred steps, too few for a mean KL: a few steps
 decide it. With --text, a real text teacher-forced through SmolLM2 gives as many positions
 as it has tokens (--positions), compared over the whole vocabulary, against llama.cpp builds
-run live, each in a process of its own: --llama-cpp names the folders that hold each build's
-llama_cpp package ("installed": the one installed here), for example one built for this CPU and one
-built for AVX2 alone (docs/development.md says how):
+run live, each in a process of its own: --llama-cpp names the folders that hold each
+build's llama_cpp package ("installed": the one installed here), for example one built for
+this CPU and one built for AVX2 alone (docs/development.md says how):
 
     python -m llm_smolq.dev.fidelity .models/reference --types Q4_1 \
         --smollm2 .models/SmolLM2-135M-Instruct.Q4_1.gguf --text /usr/share/common-licenses/GPL-3 \

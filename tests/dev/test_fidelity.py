@@ -56,5 +56,5 @@ def test_live_text_compares_ours_with_llama_cpp_over_the_vocabulary(smollm2_gguf
     assert report["positions"] == 40
     (pair, r), = report["pairs"].items()
     assert pair == "llama.cpp installed || ours"
-    # Near, not equal: llama.cpp's own builds are this far apart on real text (BENCHMARKS.md).
+    # Near, not equal: llama.cpp's own builds are about this far apart on real text (docs/design.md).
     assert 0 < r["kl_mean"] < 0.05 and r["top1_same"] >= 0.8, r

@@ -988,10 +988,9 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
     """Rows times a batch: every output exactly the scalar sq_vec_dot's bits, for token
     counts below and past the batch kernels' thresholds (Q4_K's 4, the tiled 8) and tiles
     (8 tokens per row, 16 per eight rows, 64 in the tiled kernels, 128 in a prompt's eight
-    Q4_1 rows), rows by sixteens,
-    eights and left over, rows longer than the kernels' chunks of blocks (32, or 4 for
-    Q6_K) and ending in a part of one, on every path (the VNNI and the AVX2 copy where the CPU has both); y is written
-    only where it should be."""
+    Q4_1 rows), rows by sixteens, eights and left over, rows longer than the kernels' chunks
+    of blocks (32, or 4 for Q6_K) and ending in a part of one, on every path (the VNNI and
+    the AVX2 copy where the CPU has both); y is written only where it should be."""
     rng = np.random.default_rng(900 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     cases = [(max(sizes(qtype)), n_rows, tokens)

@@ -85,9 +85,9 @@ def test_packing_refuses_what_it_cannot_pack():
 def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypatch):
     """sq_vec_dot_rows16 over whole groups and ranges that start or end inside one, for one
     token (decode) to past the kernels' 16-token tile and into the tiled batch kernels'
-    sizes, past the 128-token span whose chains the 32-element kernels keep from chunk to
-    chunk, rows past their 32-block chunks: each output the scalar sq_vec_dot's bits for
-    the row as the file had it; y written only where it should be."""
+    sizes, past the 128-token span whose chains the 32-element kernels keep from block to
+    block, rows of 37 blocks: each output the scalar sq_vec_dot's bits for the row as the
+    file had it; y written only where it should be."""
     rng = np.random.default_rng(60 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     elems = GGML_QUANT_SIZES[qtype][0]
