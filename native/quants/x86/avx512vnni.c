@@ -912,6 +912,33 @@ static inline __attribute__((always_inline)) TARGET void super_codes16(const int
         q2_K_codes16(run, c, low, scale, code);
 }
 
+/* The block steps of block i for tokens t0 .. t0 + nt - 1 of a super-block type (rows16_super
+ * and its AMX form): each token's isum into its sum, and where the type has mins their
+ * bsums' share (pairs) into off, both by the row's d (dmin) times the token's; with
+ * fetch_next, each token's next activation block is asked of memory first. */
+static inline __attribute__((always_inline)) TARGET void super_steps16(int mins, const void *xq, int64_t stride,
+                                                                      int t0, int nt, int64_t i, int fetch_next,
+                                                                      const v16i isum[], const v16i pairs[8],
+                                                                      v16f d_rows, v16f dmin_rows, v16f sum[],
+                                                                      v16f off[]) {
+    for (int t = 0; t < nt; t++) {
+        const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+        if (fetch_next)
+            prefetch_block_q8_K(a + 1);
+        const v16f a_d = V16(set1_ps)(a->d);
+        sum[t] = block_step16(sum[t], isum[t], d_rows, a_d);
+        if (mins)
+            off[t] = block_step16(off[t], bsums16(pairs, a->bsums), dmin_rows, a_d);
+    }
+}
+
+/* y[t * ldy + r] = sum (- off where the type has mins) for the nt tokens' sixteen rows. */
+static inline __attribute__((always_inline)) TARGET void super_store16(int mins, int nt, const v16f sum[],
+                                                                      const v16f off[], float *y, int64_t ldy) {
+    for (int t = 0; t < nt; t++)
+        V16(storeu_ps)(y + t * ldy, mins ? V16(sub_ps)(sum[t], off[t]) : sum[t]);
+}
+
 /* A packed group of sixteen rows of a type of 256-element blocks with Q8_K activations
  * (Q4_K, Q5_K, IQ4_XS, Q3_K, Q2_K) times n_tokens activation rows, each output the scalar
  * definition's bits for its row and token (quants/types.h): per block a header of sixteen
@@ -982,18 +1009,10 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                         isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], so_far);
                 }
             }
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                if (TILE == 64 && type == SQ_Q4_K && i + 1 < nb)
-                    prefetch_block_q8_K(a + 1);
-                const v16f a_d = V16(set1_ps)(a->d);
-                sum[t] = block_step16(sum[t], isum[t], d_rows, a_d);
-                if (mins)
-                    off[t] = block_step16(off[t], bsums16(pairs, a->bsums), dmin_rows, a_d);
-            }
+            super_steps16(mins, xq, stride, t0, nt, i, TILE == 64 && type == SQ_Q4_K && i + 1 < nb, isum, pairs,
+                          d_rows, dmin_rows, sum, off);
         }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, mins ? V16(sub_ps)(sum[t], off[t]) : sum[t]);
+        super_store16(mins, nt, sum, off, y + t0 * ldy, ldy);
     }
 }
 
@@ -1149,16 +1168,9 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
                     isum[t] = c == 0 && mins ? span : V16(add_epi32)(isum[t], span);
                 }
             }
-            for (int t = 0; t < nt; t++) {
-                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                const v16f a_d = V16(set1_ps)(a->d);
-                sum[t] = block_step16(sum[t], isum[t], d_rows, a_d);
-                if (mins)
-                    off[t] = block_step16(off[t], bsums16(pairs, a->bsums), dmin_rows, a_d);
-            }
+            super_steps16(mins, xq, stride, t0, nt, i, 0, isum, pairs, d_rows, dmin_rows, sum, off);
         }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy, mins ? V16(sub_ps)(sum[t], off[t]) : sum[t]);
+        super_store16(mins, nt, sum, off, y + t0 * ldy, ldy);
     }
     amx_end();
 }
