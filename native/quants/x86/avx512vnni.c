@@ -229,25 +229,6 @@ static inline __attribute__((always_inline)) TARGET void q4_1_block16(const uint
     }
 }
 
-/* T tokens (1 to 4; a[u]: token u's activation block) through one block of sixteen Q4_1
- * rows side by side, sum[u] and off[u] their chains. Each register of codes is loaded once
- * for the T: token by token, a load for every vpdpbusd, 9 tokens took 1.3x as long, 64
- * tokens 1.4x. */
-static inline __attribute__((always_inline)) TARGET void q4_1_tokens16(const int T, const block_q8_1 *const a[4],
-                                                                      const v16i codes[8], v16f d_rows, v16f m_rows,
-                                                                      v16f sum[], v16f off[]) {
-    v16i part[4][2];  /* alternate words' products: two chains per token */
-    for (int u = 0; u < T; u++)
-        part[u][0] = part[u][1] = V16(setzero_si512)();
-    for (int l = 0; l < 8; l++)
-        for (int u = 0; u < T; u++)
-            part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[l], a[u]->qs + 4 * l);
-    for (int u = 0; u < T; u++) {
-        sum[u] = block_step16(sum[u], V16(add_epi32)(part[u][0], part[u][1]), d_rows, f16_lanes(a[u]->d));
-        off[u] = V16(fmadd_ps)(m_rows, f16_lanes(a[u]->s), off[u]);
-    }
-}
-
 /* Block i of a packed group of sixteen Q8_0 rows: codes[l] lane r holds row r's codes
  * 4l..4l+3, each plus 128 so that it multiplies as an unsigned byte; d each row's. */
 static inline __attribute__((always_inline)) TARGET void q8_0_block16(const uint8_t *group, int64_t i, v16i codes[8],
@@ -270,36 +251,18 @@ static inline TARGET v16i q8_0_offset16(const int8_t *qs) {
     return V16(broadcastd_epi32)(AS128I(t));
 }
 
-/* q4_1_tokens16 for Q8_0: T tokens (1 to 4) through one block of sixteen rows, sum[u]
- * token u's chain. */
-static inline __attribute__((always_inline)) TARGET void q8_0_tokens16(const int T, const block_q8_0 *const a[4],
-                                                                      const v16i codes[8], v16f d_rows, v16f sum[]) {
-    v16i part[4][2];
-    for (int u = 0; u < T; u++) {
-        part[u][0] = V16(set1_epi32)(1 << 19);  /* q8_0_offset16's extra 128 * 4096 */
-        part[u][1] = V16(setzero_si512)();
-    }
-    for (int l = 0; l < 8; l++)
-        for (int u = 0; u < T; u++)
-            part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[l], a[u]->qs + 4 * l);
-    for (int u = 0; u < T; u++) {
-        const v16i isum = V16(sub_epi32)(V16(add_epi32)(part[u][0], part[u][1]), q8_0_offset16(a[u]->qs));
-        sum[u] = block_step16(sum[u], isum, d_rows, f16_lanes(a[u]->d));
-    }
-}
-
 /* ---------------------------------------------------------------------------
  * Every 32-element type: sixteen rows packed side by side
  * ------------------------------------------------------------------------- */
 
-/* The 32-element types go through Q4_1's and Q8_0's token steps (q4_1_tokens16,
- * q8_0_tokens16): a block decoder puts each type's codes in the form those take. Q5_1's
+/* The 32-element types go through one token step (tokens32_16) in Q4_1's form or Q8_0's:
+ * a block decoder puts each type's codes in the form those take. Q5_1's
  * codes are unsigned, with an offset chain, as Q4_1's. The others' codes are signed (q - 8,
  * q - 16, the IQ4 grid); each goes as an unsigned byte c + 128, as Q8_0's do, and the
  * token steps take 128 times the activation block's sum off the block's total, exactly
  * (q8_0_offset16): the codes' offset costs the 16 rows no more than Q8_0's does.
  * vpdpbusd sums into int32 and saturates nothing; a block's products, at most 32 * 241 *
- * 127 (the grid's 113 + 128) in size, stay far below 2^31 with q8_0_tokens16's 2^19. */
+ * 127 (the grid's 113 + 128) in size, stay far below 2^31 with step32_16's 2^19. */
 
 /* The 32 nibbles of four words of sixteen rows (w[j] lane r: word j of row r), in Q4_1's
  * order (q4_1_block16): codes[l] lane r holds row r's elements 4l..4l+3, the low nibbles of
@@ -367,24 +330,46 @@ static inline __attribute__((always_inline)) TARGET void block32_16(const int ty
         fifth_bits16(qh, codes);
 }
 
-/* T tokens (1 to 4) from token t through block i of sixteen rows: the token steps of the
- * type's activations (Q8_1 for Q4_1 and Q5_1, else Q8_0), sum[u] and off[u] token t + u's
- * chains (off theirs alone). */
+/* One token's block step for sixteen rows of a 32-element type, from isum, the products of
+ * the rows' codes and the token's (activation block a): for Q4_1 and Q5_1 (Q8_1
+ * activations) the step by the row's d times the token's, and the offset chain's
+ * fmaf(m, s); for the others (Q8_0 activations, codes plus 128) isum holds 2^19 more, and
+ * 128 times (the block's sum + 4096) comes off it exactly first (q8_0_offset16). */
+static inline __attribute__((always_inline)) TARGET void step32_16(const int with_m, const void *a, v16i isum,
+                                                                  v16f d_rows, v16f m_rows, v16f *sum, v16f *off) {
+    if (with_m) {
+        const block_q8_1 *b = a;
+        *sum = block_step16(*sum, isum, d_rows, f16_lanes(b->d));
+        *off = V16(fmadd_ps)(m_rows, f16_lanes(b->s), *off);
+    } else {
+        const block_q8_0 *b = a;
+        *sum = block_step16(*sum, V16(sub_epi32)(isum, q8_0_offset16(b->qs)), d_rows, f16_lanes(b->d));
+    }
+}
+
+/* T tokens (1 to 4) from token t through block i of sixteen rows of a 32-element type,
+ * sum[u] and off[u] token t + u's chains (off Q4_1's and Q5_1's alone). Each register of
+ * codes is loaded once for the T: token by token, a load for every vpdpbusd, 9 tokens took
+ * 1.3x as long, 64 tokens 1.4x. A token's products go into two chains of alternate words. */
 static inline __attribute__((always_inline)) TARGET void tokens32_16(const int type, const int T, const void *xq,
                                                                     int64_t stride, int t, int64_t i,
                                                                     const v16i codes[8], v16f d_rows, v16f m_rows,
                                                                     v16f sum[], v16f off[]) {
-    if (type == SQ_Q4_1 || type == SQ_Q5_1) {
-        const block_q8_1 *a[4];
-        for (int u = 0; u < T; u++)
-            a[u] = (const block_q8_1 *)token_row(xq, stride, t + u) + i;
-        q4_1_tokens16(T, a, codes, d_rows, m_rows, sum, off);
-    } else {
-        const block_q8_0 *a[4];
-        for (int u = 0; u < T; u++)
-            a[u] = (const block_q8_0 *)token_row(xq, stride, t + u) + i;
-        q8_0_tokens16(T, a, codes, d_rows, sum);
+    const int with_m = type == SQ_Q4_1 || type == SQ_Q5_1;  /* Q8_1 activations, an offset chain */
+    const int64_t a_bytes = with_m ? (int64_t)sizeof(block_q8_1) : (int64_t)sizeof(block_q8_0);
+    const int qs_at = with_m ? (int)offsetof(block_q8_1, qs) : (int)offsetof(block_q8_0, qs);
+    const uint8_t *a[4];
+    v16i part[4][2];
+    for (int u = 0; u < T; u++) {
+        a[u] = (const uint8_t *)token_row(xq, stride, t + u) + i * a_bytes;
+        part[u][0] = with_m ? V16(setzero_si512)() : V16(set1_epi32)(1 << 19);
+        part[u][1] = V16(setzero_si512)();
     }
+    for (int l = 0; l < 8; l++)
+        for (int u = 0; u < T; u++)
+            part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[l], (const int8_t *)a[u] + qs_at + 4 * l);
+    for (int u = 0; u < T; u++)
+        step32_16(with_m, a[u], V16(add_epi32)(part[u][0], part[u][1]), d_rows, m_rows, &sum[u], &off[u]);
 }
 
 /* The tokens the 32-element kernels take through a block at a time: a prompt's 128 (each
@@ -1069,8 +1054,8 @@ static inline __attribute__((always_inline)) AMX_TARGET void amx_group(const v16
 enum { AMX_TILE = 64 };  /* tokens whose sums a block's pass keeps: four tiles of sixteen */
 
 /* rows16_block32 through the tiles: per block, its codes (block32_16) times the tokens' 32
- * codes as one product per sixteen tokens, then each token's block step as
- * q4_1_tokens16 and q8_0_tokens16 take it (the same integer, the same float operations).
+ * codes as one product per sixteen tokens, then each token's block step (step32_16, as
+ * tokens32_16 takes it: the same integer, the same float operations).
  * n_tokens a multiple of rows. */
 static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(const int type, const uint8_t *group,
                                                                                const void *xq, int64_t stride,
@@ -1098,16 +1083,9 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(
             amx_group(codes, 32, (const int8_t *)a, stride, nt, rows, dot);
             for (int t = 0; t < nt; t++) {
                 const v16i isum = V16(loadu_si512)(dot[t]);
-                if (with_m) {
-                    const block_q8_1 *at = (const block_q8_1 *)token_row(xq, stride, t0 + t) + i;
-                    sum[t] = block_step16(sum[t], isum, d_rows, f16_lanes(at->d));
-                    off[t] = V16(fmadd_ps)(m_rows, f16_lanes(at->s), off[t]);
-                } else {  /* the codes' 128 off through the block's sum, as q8_0_tokens16 */
-                    const block_q8_0 *at = (const block_q8_0 *)token_row(xq, stride, t0 + t) + i;
-                    const v16i exact = V16(sub_epi32)(V16(add_epi32)(isum, V16(set1_epi32)(1 << 19)),
-                                                      q8_0_offset16(at->qs));
-                    sum[t] = block_step16(sum[t], exact, d_rows, f16_lanes(at->d));
-                }
+                step32_16(with_m, (const uint8_t *)token_row(xq, stride, t0 + t) + i * a_bytes,
+                          with_m ? isum : V16(add_epi32)(isum, V16(set1_epi32)(1 << 19)), d_rows, m_rows, &sum[t],
+                          &off[t]);
             }
         }
         for (int t = 0; t < nt; t++)
