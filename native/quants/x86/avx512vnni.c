@@ -48,8 +48,8 @@
  * bytes ahead, then for the same lines into L1 PREFETCH_NEAR bytes ahead. On the Xeon
  * with AVX-512 requests for L1 from afar used up the core's line fill buffers and the
  * prefetches waited on them: the 3B shape's decode went 8-13% faster with the L2
- * requests, and 3-6% more with the near ones (SmolLM2's 4%; but on AMD's CPUs decode's
- * 32-element kernels go without them: decode_near_32). */
+ * requests, and 3-6% more with the near ones (SmolLM2's 4%; on AMD's CPUs decode asks
+ * otherwise: decode_fetch). */
 #define PREFETCH_AHEAD 3072
 #define PREFETCH_INTO _MM_HINT_T1
 #define PREFETCH_NEAR 512
@@ -71,10 +71,11 @@ static inline __attribute__((always_inline)) TARGET void prefetch_run(const uint
     }
 }
 
-/* How far ahead the packed Q4_K and Q6_K kernels ask for their runs. Streamed from memory
- * (100 MB of rows of 2,048 columns, one thread), 12 KiB ahead read them at 1 token 1.3x
- * (Q4_K) and 1.5x (Q6_K) as fast as PREFETCH_AHEAD's 3 KiB, and at 2 tokens 1.4x and 2.1x;
- * 24 KiB no faster. Decode's Q4_1 and Q8_0 gained nothing from it (Q8_0 lost 15%). */
+/* How far ahead the packed Q4_K and Q6_K kernels ask for their runs (decode's Q4_K on AMD
+ * excepted: decode_fetch). Streamed from memory (100 MB of rows of 2,048 columns, one
+ * thread), 12 KiB ahead read them at 1 token 1.3x (Q4_K) and 1.5x (Q6_K) as fast as
+ * PREFETCH_AHEAD's 3 KiB, and at 2 tokens 1.4x and 2.1x; 24 KiB no faster. Decode's Q4_1
+ * and Q8_0 gained nothing from it (Q8_0 lost 15%). */
 #define PACKED_AHEAD_K 12288
 
 #ifdef SQ_VNNI_VIA_SIMDE
@@ -389,16 +390,18 @@ enum { PROMPT_SPAN = 128, FEW_SPAN = 16 };
  * first, as these kernels did, made a SmolLM2 draft check of 8 tokens 1.08x as long, of 2
  * tokens 1.14x, and its prefill 1.03x: timed in one process, alternating.) y[t * ldy + r]
  * for r < 16. The bytes to come are asked of memory up to stop as the first span reads
- * the blocks, PREFETCH_AHEAD ahead for one token, 32 blocks further for more: SmolLM2's
- * output matrix (30 MB) times 2 tokens ran 1.9x as fast with them; the near ones where
- * near_too. */
+ * the blocks, `ahead` bytes ahead for one token (decode_fetch), PREFETCH_AHEAD and 32
+ * blocks further for more: SmolLM2's output matrix (30 MB) times 2 tokens ran 1.9x as
+ * fast with them; the near ones where near_too. */
 static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, const uint8_t *group,
                                                                        const void *xq, int64_t stride, int n_tokens,
                                                                        int64_t nb, const void *stop, float *y,
-                                                                       int64_t ldy, const int SPAN, int near_too) {
+                                                                       int64_t ldy, const int SPAN, int ahead,
+                                                                       int near_too) {
     v16f sum[PROMPT_SPAN], off[PROMPT_SPAN];  /* the span's tokens' chains */
     const int64_t run = 16 * (int64_t)sq_block_size(type);  /* a block's bytes in the group */
-    const int ahead = PREFETCH_AHEAD + (n_tokens > 1 ? 32 * (int)run : 0);
+    if (n_tokens > 1)
+        ahead = PREFETCH_AHEAD + 32 * (int)run;
     for (int t0 = 0; t0 < n_tokens; t0 += SPAN) {
         const int nt = n_tokens - t0 < SPAN ? n_tokens - t0 : SPAN;
         for (int t = 0; t < nt; t++)
@@ -428,18 +431,33 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     }
 }
 
-/* Whether decode's 32-element kernels ask for L1 as well (PREFETCH_NEAR): not on AMD's
- * CPUs. On the Xeon they made SmolLM2's decode 4% faster; on Zen 4, 5-8% slower (one
- * process, steps with and without them alternating, 600-800 of each, two builds), where
- * the 3B shape's K-quant kernels still gained 2.5% from theirs: those keep them. */
-static int decode_near_32(void) {
-    static atomic_int near = -1;
-    int v = atomic_load_explicit(&near, memory_order_relaxed);
+/* How decode (one token) asks memory for the rows to come, by the CPU's maker. On the Xeon,
+ * the 32-element kernels PREFETCH_AHEAD ahead and their near requests for L1 too (SmolLM2's
+ * decode 4% faster with those), the K-quant spans PACKED_AHEAD_K ahead. On AMD's CPUs the
+ * core's own stream prefetcher follows one token's pass through the rows, and requests far
+ * ahead of it only got in its way: on Zen 4, one process, steps alternating between the
+ * settings, DECODE_AHEAD_AMD rather than those made the 3B shape's Q4_K_M decode 3-6.5%
+ * faster, Q5_K_M's 10.6%, Q4_1's 6-19% (SmolLM2's 0-2%); and the 32-element kernels' near
+ * requests made SmolLM2's 5-8% slower (600-800 steps each, two builds), where the K-quant
+ * spans still gained 2.5% from theirs. A few tokens' and a prompt's passes keep their
+ * distances (8 tokens of Q4_K 1.2x as slow with DECODE_AHEAD_AMD). */
+enum { DECODE_AHEAD_AMD = 1024 };
+
+typedef struct {
+    int ahead_32, near_32;  /* the 32-element kernels' distance, and whether they ask for L1 too */
+    int ahead_K;            /* the K-quant spans' (rows16_super) */
+} decode_fetch;
+
+static decode_fetch decode_fetch_here(void) {
+    static atomic_int amd = -1;
+    int v = atomic_load_explicit(&amd, memory_order_relaxed);
     if (v < 0) {
-        v = !sq_cpu_is_amd();
-        atomic_store_explicit(&near, v, memory_order_relaxed);
+        v = sq_cpu_is_amd();
+        atomic_store_explicit(&amd, v, memory_order_relaxed);
     }
-    return v;
+    if (v)
+        return (decode_fetch){DECODE_AHEAD_AMD, 0, DECODE_AHEAD_AMD};
+    return (decode_fetch){PREFETCH_AHEAD, 1, PACKED_AHEAD_K};
 }
 
 /* Each type's kernel: decode's one token alone, a few tokens and a prompt's in their spans. */
@@ -448,12 +466,13 @@ static int decode_near_32(void) {
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,\
                                                     float *y, int64_t ldy) {                                   \
         (void)row_bytes;                                                                                        \
-        if (n_tokens == 1)                                                                                      \
-            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1, decode_near_32());            \
-        else if (n_tokens <= FEW_SPAN)                                                                          \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_SPAN, 1);             \
+        if (n_tokens == 1) {                                                                                    \
+            const decode_fetch f = decode_fetch_here();                                                         \
+            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1, f.ahead_32, f.near_32);       \
+        } else if (n_tokens <= FEW_SPAN)                                                                        \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_SPAN, 0, 1);          \
         else                                                                                                    \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, PROMPT_SPAN, 1);          \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, PROMPT_SPAN, 0, 1);       \
     }
 ROWS16_BLOCK32(q4_1, Q4_1)
 ROWS16_BLOCK32(q8_0, Q8_0)
@@ -945,14 +964,15 @@ static inline __attribute__((always_inline)) TARGET void super_store16(int mins,
  * and the hardware does not follow one block from each of 64 token rows at a time (the
  * same made 64 tokens of Q5_K rows of 11,008 columns 12% slower, one thread).
  * The bytes to come are asked of memory up to stop a piece per span, in their order in
- * memory, PACKED_AHEAD_K ahead of the span. (Asked a block's worth at a time, Q4_K rows of
- * 2,048 columns streamed from memory no faster than the eight-row kernel's, where in cache
- * they ran 30% faster; spread out, the 3B shape's Q4_K rows at 8 tokens took 190 ms where
- * they took 250, one thread.) y[t * ldy + r] for r < 16. */
+ * memory, `ahead` bytes ahead of the span: PACKED_AHEAD_K, but decode's decode_fetch.
+ * (Asked a block's worth at a time, Q4_K rows of 2,048 columns streamed from memory no
+ * faster than the eight-row kernel's, where in cache they ran 30% faster; spread out, the
+ * 3B shape's Q4_K rows at 8 tokens took 190 ms where they took 250, one thread.)
+ * y[t * ldy + r] for r < 16. */
 static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *group,
                                                                      const void *xq, int64_t stride, int n_tokens,
                                                                      int64_t nb, const void *stop, float *y,
-                                                                     int64_t ldy, const int TILE) {
+                                                                     int64_t ldy, const int TILE, int ahead) {
     enum { MAX_TILE = 64 };
     const int mins = type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K;
     const int64_t bytes = sq_block_size(type);
@@ -975,7 +995,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
                 if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
-                    prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, PACKED_AHEAD_K, stop, 1);
+                    prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, ahead, stop, 1);
                 if (TILE <= 2 && (type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_IQ4_XS)) {  /* TILE tokens exactly */
                     const int8_t *aq[2];
                     for (int t = 0; t < TILE; t++)
@@ -1010,13 +1030,13 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                                                     float *y, int64_t ldy) {                                   \
         (void)row_bytes;                                                                                        \
         if (n_tokens == 1)                                                                                      \
-            rows16_super(TYPE, group, xq, stride, 1, nb, stop, y, ldy, 1);                                     \
+            rows16_super(TYPE, group, xq, stride, 1, nb, stop, y, ldy, 1, decode_fetch_here().ahead_K);        \
         else if (n_tokens == 2)                                                                                 \
-            rows16_super(TYPE, group, xq, stride, 2, nb, stop, y, ldy, 2);                                     \
+            rows16_super(TYPE, group, xq, stride, 2, nb, stop, y, ldy, 2, PACKED_AHEAD_K);                     \
         else if (n_tokens <= 16)                                                                                \
-            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 16);                             \
+            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 16, PACKED_AHEAD_K);             \
         else                                                                                                    \
-            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 64);                             \
+            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 64, PACKED_AHEAD_K);             \
     }
 
 ROWS16_SUPER_PACKED_ENTRY(q4_K, SQ_Q4_K)
