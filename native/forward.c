@@ -103,13 +103,27 @@ void sq_state_free(sq_state *s) {
  * ------------------------------------------------------------------------- */
 
 /* out = x / rms(x) * weight, rounded as llama.cpp rounds it: squares in float, their sum
- * in double, the mean back in float (to the bit: see quants/types.h). */
-static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
-    double ss = 0.0;
-    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+ * in double (ss, in order), the mean back in float (to the bit: see quants/types.h). */
+static void rms_apply(float *out, const float *x, const float *weight, int n, float eps, double ss) {
     float mean = (float)(ss / n);
     float scale = 1.0f / sqrtf(mean + eps);
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
+}
+
+static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    rms_apply(out, x, weight, n, eps, ss);
+}
+
+/* rmsnorm of four rows, n apart, their sums side by side: each the same chain of adds in
+ * the same order, so the same bits, but four in flight, where one row's sum waits on each
+ * of its adds. (A draft check's norms ran on one thread while the other waited.) */
+static void rmsnorm4(float *out, const float *x, const float *weight, int n, float eps) {
+    double ss[4] = {0.0, 0.0, 0.0, 0.0};
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < 4; r++) ss[r] += (double)(x[r * n + i] * x[r * n + i]);
+    for (int r = 0; r < 4; r++) rms_apply(out + r * n, x + r * n, weight, n, eps, ss[r]);
 }
 
 /* The rotation angles depend only on the position: computed once per token per chunk,
@@ -309,7 +323,9 @@ typedef struct {
 
 static void norm_rows(void *p, int64_t t0, int64_t t1) {
     const norm_job *j = p;
-    for (int64_t t = t0; t < t1; t++) rmsnorm(j->out + t * j->dim, j->x + t * j->dim, j->weight, j->dim, j->eps);
+    int64_t t = t0;
+    for (; t + 4 <= t1; t += 4) rmsnorm4(j->out + t * j->dim, j->x + t * j->dim, j->weight, j->dim, j->eps);
+    for (; t < t1; t++) rmsnorm(j->out + t * j->dim, j->x + t * j->dim, j->weight, j->dim, j->eps);
 }
 
 static void rmsnorm_rows(sq_pool *pool, float *out, const float *x, const float *weight, int n_rows, int dim,
