@@ -62,13 +62,17 @@ static void chunk_of_rows(void *p, int64_t k, int ith) {
  * sixteen or eight at a time). A batch's chunk is the most a thread can be left waiting
  * for its partner at the end of a product: with 8 a thread, SmolLM2's 512-token prefill
  * spent 10.5% of its samples waiting in the pool, with 32 7.4%. A one-token call is a
- * few microseconds of work, so it takes fewer, larger chunks: each costs an atomic add
- * that both cores contend for. So do a few tokens (FEW_TOKENS at most: a lookup draft's
- * check), whose products still wait on memory: the kernels ask for the bytes ahead only
- * up to their chunk's end, and SmolLM2's chunks of 16 to 64 rows left them asking for
- * nothing (timed in one process, alternating check by check: its 8-token check took a
- * median 17.8 ms with them, 15.9 with decode's; 2 tokens 9.7 and 7.7 ms). */
-enum { CHUNKS_PER_THREAD = 32, STEP_CHUNKS_PER_THREAD = 3, FEW_TOKENS = 16 };
+ * few microseconds of work, so it takes one chunk a thread: each chunk costs an atomic
+ * add that both cores contend for, and starts a stream from memory afresh (SmolLM2's
+ * steps took 1.034x as long in three a thread, its 2-token checks 1.04x, 8-token 1.033x;
+ * the 3B shape's steps the same, within 2.5%, and SmolLM2's beside a busy program too:
+ * Zen 4, one process, alternating). So do a few tokens (FEW_TOKENS at most: a lookup
+ * draft's check), whose products still wait on memory: the kernels ask for the bytes
+ * ahead only up to their chunk's end, and SmolLM2's chunks of 16 to 64 rows left them
+ * asking for nothing (its 8-token check took a median 17.8 ms with them, 15.9 with
+ * decode's three a thread; 2 tokens 9.7 and 7.7 ms). A worker not yet running leaves its
+ * chunk to the caller (pool.c). */
+enum { CHUNKS_PER_THREAD = 32, STEP_CHUNKS_PER_THREAD = 1, FEW_TOKENS = 16 };
 
 static int64_t chunk_rows(int64_t total_rows, int n_threads, int n_tokens) {
     const int64_t per = n_tokens <= FEW_TOKENS ? STEP_CHUNKS_PER_THREAD : CHUNKS_PER_THREAD;
