@@ -636,13 +636,15 @@ int sq_flash_attention(sq_pool *pool, const sq_config *c, const float *q, const 
         n_tok < 1 || n_past < 0 || n_past + n_tok > c->n_ctx)
         return -1;
     flash_job job = {c, q, k_layer, v_layer, kv_type, n_tok, n_past, scratch_buf, partials, out, QUERY_BLOCK};
-    if (n_tok == 1) {
+    if (n_tok == 1 && n_past >= KEY_CHUNK) {
         run_job(pool, chunk_worker, &job);
         run_job(pool, merge_worker, &job);
     } else {
         /* Blocks of QUERY_BLOCK tokens, but a draft check's few tokens in as many blocks as it
          * takes to give every thread a task for each of its KV heads (SmolLM2's three heads
-         * were two tasks on one thread and one on the other), as even as they go. */
+         * were two tasks on one thread and one on the other), as even as they go. A step
+         * within the first chunk of keys comes here too, a task per KV head: its one chunk
+         * merged and finished where it was computed, as the merge job would, in one job. */
         const int threads = pool ? sq_pool_threads(pool) : 1;
         int blocks = (n_tok + QUERY_BLOCK - 1) / QUERY_BLOCK;
         while (blocks * c->n_kv_heads % threads != 0 && blocks < threads && blocks < n_tok) blocks++;
