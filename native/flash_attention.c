@@ -8,11 +8,12 @@
  *    when the max grows, what was summed so far is rescaled);
  *  - every KEY_CHUNK keys that partial result is closed and merged, chunk by chunk in
  *    order, into the row's total.
- * Decode (one token) hands the chunks of each KV head to the pool's threads and merges
- * them after; a prefill gives each thread (query block, KV head) tasks, and a row skips
- * the key blocks past its own position. Since chunks are fixed spans of keys and every
- * row's arithmetic is the same whichever way the work is shared, a token's output does
- * not depend on the batch it came in, the thread count or the SIMD path.
+ * Decode (one token) past the first chunk hands the chunks of each KV head to the pool's
+ * threads and merges them after; a prefill (and a step within the first chunk) gives each
+ * thread (query block, KV head) tasks, and a row skips the key blocks past its own
+ * position. Since chunks are fixed spans of keys and every row's arithmetic is the same
+ * whichever way the work is shared, a token's output does not depend on the batch it came
+ * in, the thread count or the SIMD path.
  *
  * A key block's scores are dot products in 8 lanes (lane l sums the products of the
  * dimensions d = l mod 8, one fma chain in order of d), the lanes then added as a

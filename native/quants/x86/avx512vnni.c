@@ -436,11 +436,12 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
  * decode 4% faster with those), the K-quant spans PACKED_AHEAD_K ahead. On AMD's CPUs the
  * core's own stream prefetcher follows one token's pass through the rows, and requests far
  * ahead of it only got in its way: on Zen 4, one process, steps alternating between the
- * settings, DECODE_AHEAD_AMD rather than those made the 3B shape's Q4_K_M decode 3-6.5%
- * faster, Q5_K_M's 10.6%, Q4_1's 6-19% (SmolLM2's 0-2%); and the 32-element kernels' near
+ * settings, DECODE_AHEAD_AMD rather than those made the 3B shape's Q4_K_M steps take x0.96
+ * of the time, Q5_K_M's x0.92-0.95, Q4_1's x0.80 (SmolLM2's x0.90-1.0; Q6_K's runs kept
+ * theirs: 1 KiB made the 3B shape's steps x1.09); and the 32-element kernels' near
  * requests made SmolLM2's 5-8% slower (600-800 steps each, two builds), where the K-quant
  * spans still gained 2.5% from theirs. A few tokens' and a prompt's passes keep their
- * distances (8 tokens of Q4_K 1.2x as slow with DECODE_AHEAD_AMD). */
+ * distances (8 tokens of Q4_K took 1.2x as long 1.5 KiB ahead). */
 enum { DECODE_AHEAD_AMD = 1024 };
 
 typedef struct {
