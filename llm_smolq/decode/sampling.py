@@ -40,18 +40,47 @@ class Sampler:
             logits[ids] = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
         if p.temperature <= 0:
             return int(np.argmax(logits))
-        order = np.argsort(-logits, kind="stable")
-        if p.top_k > 0:
-            order = order[: p.top_k]
-        probs = _softmax(logits[order])
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
-            order, probs = order[:keep], probs[:keep]
+        order, probs = self._top(logits)
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
             order = order[keep]
         probs = _softmax(logits[order] / p.temperature)
         return int(order[self.rng.choice(len(order), p=probs)])
+
+    def _top(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What top-k and top-p keep: the tokens in descending order of logit (ties in
+        token order), with their probabilities at temperature 1 among what top-k left. Only
+        as much of that order is sorted as the cuts reach: sorting all of SmolLM2's 49,152
+        logits took 4 ms a token, longer than its forward pass."""
+        p = self.params
+        if p.top_k > 0 or p.top_p >= 1.0:
+            order = _head(logits, p.top_k if p.top_k > 0 else len(logits))
+            probs = _softmax(logits[order])
+            if p.top_p < 1.0:
+                keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
+                order, probs = order[:keep], probs[:keep]
+            return order, probs
+        e = np.exp(logits - logits.max())
+        total = e.sum()
+        need = 64
+        while True:  # a longer head until its probabilities reach top_p, or every token is in it
+            order = _head(logits, need)
+            probs = e[order] / total
+            cumulative = np.cumsum(probs)
+            if cumulative[-1] >= p.top_p or len(order) == len(logits):
+                keep = int(np.searchsorted(cumulative, p.top_p)) + 1
+                return order[:keep], probs[:keep]
+            need *= 8
+
+
+def _head(logits: np.ndarray, n: int) -> np.ndarray:
+    """The first n of the token ids sorted by descending logit, ties in token order (as a
+    stable sort of all of them gives), sorting only those at or above the n-th largest."""
+    if n >= len(logits):
+        return np.argsort(-logits, kind="stable")
+    nth = np.partition(logits, len(logits) - n)[len(logits) - n]
+    ids = np.flatnonzero(logits >= nth)
+    return ids[np.argsort(-logits[ids], kind="stable")][:n]
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from llm.cli import cli
 
 import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
-from llm_smolq.decode.sampling import Sampler, SamplingParams
+from llm_smolq.decode.sampling import Sampler, SamplingParams, _head
 
 DRAWS = 20_000
 ALPHA = 1e-3  # a fit is accepted above this p-value and rejected below it
@@ -127,6 +127,35 @@ def assert_fits(counts, right, label, **wrong):
         p = p_value(counts, probs)
         print(f"; {name}: p = {p:.3g}", end="")
         assert p < ALPHA, f"{label}: the draws also fit {name} (p = {p:.3g}); the test could not tell them apart"
+
+
+# -- sorting only the head of the order -------------------------------------------------------
+
+def test_the_head_of_the_order_is_a_stable_sorts_first_tokens():
+    """_head sorts only the tokens at or above the n-th largest logit, and must give what a
+    stable sort of all of them gives: ties in token order, a schema's -inf masks included."""
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        size = int(rng.choice([7, 100, 49_152]))
+        z = rng.standard_normal(size)
+        z[: size // 2] = np.round(z[: size // 2])  # many ties
+        z[rng.integers(0, size, size // 4)] = -np.inf
+        full = np.argsort(-z, kind="stable")
+        for n in (1, 5, 64, size // 2, size - 1, size, size + 3):
+            assert np.array_equal(_head(z, n), full[:n]), (trial, size, n)
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.95, 0.999])
+def test_top_p_sorts_as_far_as_its_cut_reaches(top_p):
+    """A flat distribution over SmolLM2's vocabulary: top-p 0.95 keeps most of it, past every
+    head but the whole; the tokens kept and their probabilities are those of a full sort."""
+    z = np.random.default_rng(6).standard_normal(49_152) * 0.3
+    order, probs = Sampler(SamplingParams(temperature=1.0, top_p=top_p))._top(z)
+    full = np.argsort(-z, kind="stable")
+    p = softmax(z[full])
+    keep = int(np.searchsorted(np.cumsum(p), top_p)) + 1
+    assert np.array_equal(order, full[:keep])
+    assert np.allclose(probs, p[:keep], rtol=1e-12, atol=0)
 
 
 # -- temperature -----------------------------------------------------------------------------
