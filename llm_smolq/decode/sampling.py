@@ -60,17 +60,20 @@ class Sampler:
                 keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
                 order, probs = order[:keep], probs[:keep]
             return order, probs
-        e = np.exp(logits - logits.max())
+        top = logits.max()
+        e = np.exp(logits - top)
         total = e.sum()
-        need = 64
-        while True:  # a longer head until its probabilities reach top_p, or every token is in it
-            order = _head(logits, need)
+        # The tokens within `depth` of the largest logit lead the order (ties in token order
+        # within it): a deeper cut until their probabilities reach top_p, else all of them.
+        for depth in (8.0, 16.0, 32.0, 64.0, np.inf):
+            ids = np.flatnonzero(logits >= top - depth) if depth < np.inf else np.arange(len(logits))
+            order = ids[np.argsort(-logits[ids], kind="stable")]
             probs = e[order] / total
             cumulative = np.cumsum(probs)
-            if cumulative[-1] >= p.top_p or len(order) == len(logits):
-                keep = int(np.searchsorted(cumulative, p.top_p)) + 1
-                return order[:keep], probs[:keep]
-            need *= 8
+            if cumulative[-1] >= p.top_p:
+                break
+        keep = int(np.searchsorted(cumulative, p.top_p)) + 1
+        return order[:keep], probs[:keep]
 
 
 def _head(logits: np.ndarray, n: int) -> np.ndarray:

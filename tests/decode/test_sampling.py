@@ -145,11 +145,17 @@ def test_the_head_of_the_order_is_a_stable_sorts_first_tokens():
             assert np.array_equal(_head(z, n), full[:n]), (trial, size, n)
 
 
-@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.95, 0.999])
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.95, 0.9999, 1 - 1e-15])
 def test_top_p_sorts_as_far_as_its_cut_reaches(top_p):
-    """A flat distribution over SmolLM2's vocabulary: top-p 0.95 keeps most of it, past every
-    head but the whole; the tokens kept and their probabilities are those of a full sort."""
-    z = np.random.default_rng(6).standard_normal(49_152) * 0.3
+    """Logits in layers 0, 9.5, 20 and 40 nats below the top, over SmolLM2's vocabulary, and
+    a quarter masked: top-p 0.5 stops within the first layer, 0.95 and 0.9999 need deeper
+    cuts, 1 - 1e-15 the whole order. The tokens kept, and their probabilities, are those of
+    a full stable sort."""
+    rng = np.random.default_rng(6)
+    z = np.concatenate([rng.normal(0, 0.5, 10), rng.normal(-9.5, 0.3, 30_000), rng.normal(-20, 1, 9_000),
+                        rng.normal(-40, 2, 10_142)])
+    rng.shuffle(z)
+    z[rng.integers(0, len(z), len(z) // 4)] = -np.inf
     order, probs = Sampler(SamplingParams(temperature=1.0, top_p=top_p))._top(z)
     full = np.argsort(-z, kind="stable")
     p = softmax(z[full])
