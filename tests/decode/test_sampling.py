@@ -148,9 +148,9 @@ def test_the_head_of_the_order_is_a_stable_sorts_first_tokens():
 @pytest.mark.parametrize("top_p", [0.05, 0.5, 0.95, 0.9999, 1 - 1e-15])
 def test_top_p_sorts_as_far_as_its_cut_reaches(top_p):
     """Logits in layers 0, 9.5, 20 and 40 nats below the top, over SmolLM2's vocabulary, and
-    a quarter masked: top-p 0.5 stops within the first layer, 0.95 and 0.9999 need deeper
-    cuts, 1 - 1e-15 the whole order. The tokens kept, and their probabilities, are those of
-    a full stable sort."""
+    a quarter masked: top-p 0.05 and 0.5 stop at the first cut (8 nats down), 0.95 and 0.9999
+    take the second (16), 1 - 1e-15 the fourth (64). The tokens kept, and their
+    probabilities, are those of a full stable sort."""
     rng = np.random.default_rng(6)
     z = np.concatenate([rng.normal(0, 0.5, 10), rng.normal(-9.5, 0.3, 30_000), rng.normal(-20, 1, 9_000),
                         rng.normal(-40, 2, 10_142)])
