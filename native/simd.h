@@ -55,8 +55,8 @@ int sq_simd_amx(void);
  * build the second is always 1. */
 int sq_cpu_has_avx2(void);
 int sq_cpu_has_avx512vnni(void);
-/* Whether AMD made the CPU (CPUID leaf 0's "AuthenticAMD"): the 512-bit kernels tune a
- * prefetch by it (x86/avx512vnni.c). */
+/* Whether AMD made the CPU (CPUID leaf 0's "AuthenticAMD"): the 512-bit kernels choose
+ * decode's prefetches by it (decode_fetch, x86/avx512vnni.c). */
 int sq_cpu_is_amd(void);
 #ifdef SQ_AMX
 /* Whether the CPU has AMX's tiles and int8 products (and the 512-bit code's instructions),

@@ -380,57 +380,6 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
  * as fast as in the prompt's (one thread, in cache). */
 enum { PROMPT_SPAN = 128, FEW_SPAN = 16 };
 
-/* A packed group of sixteen rows of a 32-element type times n_tokens activation rows, each
- * output the scalar vec_dot's bits for its row and token (quants/types.h): per block the
- * exact sum of codes times the token's codes in each row's lane, its block step by the
- * row's d times the token's, and for Q4_1 and Q5_1 the offset chain's fmaf(m, s); y = sum
- * (+ off). Block by block, the codes go from the loads into registers (block32_16), and
- * every token of a span of SPAN (at most PROMPT_SPAN), four at a time, through them, the
- * chains waiting in memory from block to block. (Decoding 32 blocks at a time into memory
- * first, as these kernels did, made a SmolLM2 draft check of 8 tokens 1.08x as long, of 2
- * tokens 1.14x, and its prefill 1.03x: timed in one process, alternating.) y[t * ldy + r]
- * for r < 16. The bytes to come are asked of memory up to stop as the first span reads
- * the blocks, `ahead` bytes ahead for one token (decode_fetch), PREFETCH_AHEAD and 32
- * blocks further for more: SmolLM2's output matrix (30 MB) times 2 tokens ran 1.9x as
- * fast with them; the near ones where near_too. */
-static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, const uint8_t *group,
-                                                                       const void *xq, int64_t stride, int n_tokens,
-                                                                       int64_t nb, const void *stop, float *y,
-                                                                       int64_t ldy, const int SPAN, int ahead,
-                                                                       int near_too) {
-    v16f sum[PROMPT_SPAN], off[PROMPT_SPAN];  /* the span's tokens' chains */
-    const int64_t run = 16 * (int64_t)sq_block_size(type);  /* a block's bytes in the group */
-    if (n_tokens > 1)
-        ahead = PREFETCH_AHEAD + 32 * (int)run;
-    for (int t0 = 0; t0 < n_tokens; t0 += SPAN) {
-        const int nt = n_tokens - t0 < SPAN ? n_tokens - t0 : SPAN;
-        for (int t = 0; t < nt; t++)
-            sum[t] = off[t] = V16(setzero_ps)();
-        for (int64_t i = 0; i < nb; i++) {
-            if (t0 == 0)
-                prefetch_run(group + i * run, (int)run, ahead, stop, near_too);
-            v16i codes[8];
-            v16f d_rows, m_rows;
-            block32_16(type, group, i, codes, &d_rows, &m_rows);
-            for (int t = 0; t < nt;) {
-                const int T = nt - t >= 4 ? 4 : nt - t;
-                if (T == 4)
-                    tokens32_16(type, 4, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
-                else if (T == 3)
-                    tokens32_16(type, 3, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
-                else if (T == 2)
-                    tokens32_16(type, 2, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
-                else
-                    tokens32_16(type, 1, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
-                t += T;
-            }
-        }
-        for (int t = 0; t < nt; t++)
-            V16(storeu_ps)(y + (t0 + t) * ldy,
-                           type == SQ_Q4_1 || type == SQ_Q5_1 ? V16(add_ps)(sum[t], off[t]) : sum[t]);
-    }
-}
-
 /* How decode (one token) asks memory for the rows to come, by the CPU's maker. On the Xeon,
  * the 32-element kernels PREFETCH_AHEAD ahead and their near requests for L1 too (SmolLM2's
  * decode 4% faster with those), the K-quant spans PACKED_AHEAD_K ahead. On AMD's CPUs the
@@ -461,19 +410,68 @@ static decode_fetch decode_fetch_here(void) {
     return (decode_fetch){PREFETCH_AHEAD, 1, PACKED_AHEAD_K};
 }
 
+/* A packed group of sixteen rows of a 32-element type times n_tokens activation rows, each
+ * output the scalar vec_dot's bits for its row and token (quants/types.h): per block the
+ * exact sum of codes times the token's codes in each row's lane, its block step by the
+ * row's d times the token's, and for Q4_1 and Q5_1 the offset chain's fmaf(m, s); y = sum
+ * (+ off). Block by block, the codes go from the loads into registers (block32_16), and
+ * every token of a span of SPAN (at most PROMPT_SPAN), four at a time, through them, the
+ * chains waiting in memory from block to block. (Decoding 32 blocks at a time into memory
+ * first, as these kernels did, made a SmolLM2 draft check of 8 tokens 1.08x as long, of 2
+ * tokens 1.14x, and its prefill 1.03x: timed in one process, alternating.) y[t * ldy + r]
+ * for r < 16. The bytes to come are asked of memory up to stop as the first span reads
+ * the blocks, as decode_fetch says for one token, PREFETCH_AHEAD and 32 blocks further
+ * for more (SmolLM2's output matrix, 30 MB, times 2 tokens ran 1.9x as fast with them),
+ * near ones too. */
+static inline __attribute__((always_inline)) TARGET void rows16_block32(const int type, const uint8_t *group,
+                                                                       const void *xq, int64_t stride, int n_tokens,
+                                                                       int64_t nb, const void *stop, float *y,
+                                                                       int64_t ldy, const int SPAN) {
+    v16f sum[PROMPT_SPAN], off[PROMPT_SPAN];  /* the span's tokens' chains */
+    const int64_t run = 16 * (int64_t)sq_block_size(type);  /* a block's bytes in the group */
+    const decode_fetch fetch = SPAN == 1 ? decode_fetch_here()  /* SPAN 1: decode's one token */
+                                         : (decode_fetch){PREFETCH_AHEAD + 32 * (int)run, 1, PACKED_AHEAD_K};
+    for (int t0 = 0; t0 < n_tokens; t0 += SPAN) {
+        const int nt = n_tokens - t0 < SPAN ? n_tokens - t0 : SPAN;
+        for (int t = 0; t < nt; t++)
+            sum[t] = off[t] = V16(setzero_ps)();
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0)
+                prefetch_run(group + i * run, (int)run, fetch.ahead_32, stop, fetch.near_32);
+            v16i codes[8];
+            v16f d_rows, m_rows;
+            block32_16(type, group, i, codes, &d_rows, &m_rows);
+            for (int t = 0; t < nt;) {
+                const int T = nt - t >= 4 ? 4 : nt - t;
+                if (T == 4)
+                    tokens32_16(type, 4, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                else if (T == 3)
+                    tokens32_16(type, 3, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                else if (T == 2)
+                    tokens32_16(type, 2, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                else
+                    tokens32_16(type, 1, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                t += T;
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            V16(storeu_ps)(y + (t0 + t) * ldy,
+                           type == SQ_Q4_1 || type == SQ_Q5_1 ? V16(add_ps)(sum[t], off[t]) : sum[t]);
+    }
+}
+
 /* Each type's kernel: decode's one token alone, a few tokens and a prompt's in their spans. */
 #define ROWS16_BLOCK32(name, NAME)                                                                              \
     TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,\
                                                     float *y, int64_t ldy) {                                   \
         (void)row_bytes;                                                                                        \
-        if (n_tokens == 1) {                                                                                    \
-            const decode_fetch f = decode_fetch_here();                                                         \
-            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1, f.ahead_32, f.near_32);       \
-        } else if (n_tokens <= FEW_SPAN)                                                                        \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_SPAN, 0, 1);          \
+        if (n_tokens == 1)                                                                                      \
+            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1);                              \
+        else if (n_tokens <= FEW_SPAN)                                                                          \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_SPAN);                \
         else                                                                                                    \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, PROMPT_SPAN, 0, 1);       \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, PROMPT_SPAN);             \
     }
 ROWS16_BLOCK32(q4_1, Q4_1)
 ROWS16_BLOCK32(q8_0, Q8_0)
@@ -973,8 +971,9 @@ static inline __attribute__((always_inline)) TARGET void super_store16(int mins,
 static inline __attribute__((always_inline)) TARGET void rows16_super(const int type, const uint8_t *group,
                                                                      const void *xq, int64_t stride, int n_tokens,
                                                                      int64_t nb, const void *stop, float *y,
-                                                                     int64_t ldy, const int TILE, int ahead) {
+                                                                     int64_t ldy, const int TILE) {
     enum { MAX_TILE = 64 };
+    const int ahead = TILE == 1 ? decode_fetch_here().ahead_K : PACKED_AHEAD_K;
     const int mins = type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K;
     const int64_t bytes = sq_block_size(type);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
@@ -1031,13 +1030,13 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                                                     float *y, int64_t ldy) {                                   \
         (void)row_bytes;                                                                                        \
         if (n_tokens == 1)                                                                                      \
-            rows16_super(TYPE, group, xq, stride, 1, nb, stop, y, ldy, 1, decode_fetch_here().ahead_K);        \
+            rows16_super(TYPE, group, xq, stride, 1, nb, stop, y, ldy, 1);                                     \
         else if (n_tokens == 2)                                                                                 \
-            rows16_super(TYPE, group, xq, stride, 2, nb, stop, y, ldy, 2, PACKED_AHEAD_K);                     \
+            rows16_super(TYPE, group, xq, stride, 2, nb, stop, y, ldy, 2);                                     \
         else if (n_tokens <= 16)                                                                                \
-            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 16, PACKED_AHEAD_K);             \
+            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 16);                             \
         else                                                                                                    \
-            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 64, PACKED_AHEAD_K);             \
+            rows16_super(TYPE, group, xq, stride, n_tokens, nb, stop, y, ldy, 64);                             \
     }
 
 ROWS16_SUPER_PACKED_ENTRY(q4_K, SQ_Q4_K)
