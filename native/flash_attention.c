@@ -20,11 +20,11 @@
  * register reduction; keys are read straight from the cache. Then each row's online
  * softmax, then the weighted V rows (each output one fma chain over the keys, in order),
  * from values widened once into scratch when many rows share them (prefill), straight
- * from the cache when few do (decode). The AVX2 version runs those chains in registers,
+ * from the cache when few do (decode, a draft check). The AVX2 version runs those chains in registers,
  * up to four rows and eight keys or outputs at once, and asks memory for the next keys
  * and values ahead of use; the plain version runs the same chains one value at a time,
  * and both give the same bits (exp_le0 and the lane trees of max and sum included). At
- * the avx512vnni setting a prefill's block step (more than ROWS rows) goes to
+ * the avx512vnni setting a prefill's block step (more than IN_PLACE_ROWS rows) goes to
  * flash_attention_x16.c instead, with the keys widened once into scratch, two side by
  * side, for all of the task's rows: the same chains again, so the same bits.
  */
@@ -46,6 +46,13 @@ enum {
     KEY_CHUNK = 256,   /* keys of one partial softmax: what decode shares out between threads */
     QUERY_BLOCK = 16,  /* tokens of one prefill task */
     ROWS = 4,          /* query rows through a key block at once */
+    /* Rows that read a block's keys and values in place, converting them as they go (a
+     * step, a draft check's task of up to four tokens of three query heads); more widen
+     * them once into scratch for all. Widening cost more than it saved at 6 to 12 rows:
+     * SmolLM2's checks of 3, 4 and 6 tokens (tasks of 6 and 9 rows) took x0.94, x0.94
+     * and x0.95 of the time in place, 8 tokens' (12 rows) x0.99; 15 rows in place gained
+     * nothing (Zen 4, one process, alternating). */
+    IN_PLACE_ROWS = 12,
 };
 
 /* Rows are widened into scratch padded with zeros to a multiple of 32 values, so the
@@ -468,8 +475,8 @@ static int use_simd(void) {
 
 /* Rows r0..n_rows-1 of a task (tokens from t0) through the key block of nk keys at key
  * b0 (k: its first key's row; `end`: one past the task's last key): scores, each row's
- * online softmax, weighted values. The values are widened once when more than ROWS rows
- * share them, else read in place. */
+ * online softmax, weighted values. The keys and values are widened once when more than
+ * IN_PLACE_ROWS rows share them, else read in place. */
 static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, const uint8_t *vh, size_t b0, size_t nk,
                        size_t end, size_t r0, size_t n_rows, int t0, int simd) {
     const sq_config *c = job->c;
@@ -480,7 +487,8 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
 #ifndef SQ_X86
     (void)simd, (void)end; /* no SIMD path to choose, nor prefetches to bound, in this build */
 #else
-    const int fast = simd && hd % 8 == 0, wide = fast && n > ROWS && simd == SIMD_512;
+    const int fast = simd && hd % 8 == 0, in_place = fast && n <= IN_PLACE_ROWS;
+    const int wide = fast && !in_place && simd == SIMD_512;
     /* This block's values (read next) and the next block's keys asked of memory while
      * the keys are scored (or widened): left to the hardware prefetchers, decode waits on
      * memory for half its time. Up to ROWS rows (a decode step, where up to four query
@@ -512,7 +520,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
             online_plain(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
     }
 #ifdef SQ_X86
-    if (fast && n <= ROWS) {
+    if (in_place) {
         weigh_avx2(s, n, most, vh + b0 * rb, job->kv_type, rb, hd, hdp, o);
         return;
     }

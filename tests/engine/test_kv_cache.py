@@ -246,7 +246,8 @@ def shaped_model(request, tmp_path_factory):
 def test_a_prefills_attention_gives_every_simd_paths_bits(shaped_model, kv_dtype, monkeypatch):
     """A prefill of many rows per KV head (the path the 512-bit kernels take) against the
     AVX2 and plain code, bit for bit, past key blocks (32), chunks (256), partial blocks
-    on the diagonal and a second batch that starts mid-block; then one decode step."""
+    on the diagonal and a second batch that starts mid-block; then batches of a draft
+    check's size (tasks of 2 to 16 rows, read in place or widened) and one decode step."""
     prompt, more = ids(300, seed=2), ids(37, seed=3)
     results = {}
     was_on = lib.sq_set_simd(1)
@@ -254,7 +255,8 @@ def test_a_prefills_attention_gives_every_simd_paths_bits(shaped_model, kv_dtype
         for set_path in simd_paths(monkeypatch):
             name = set_path()
             eng = llm_smolq.load(shaped_model, n_ctx=512, threads=2, kv_dtype=kv_dtype)
-            rows = [eng.eval(prompt, all_logits=True), eng.eval(more, all_logits=True), eng.eval([5], all_logits=True)]
+            rows = [eng.eval(prompt, all_logits=True), eng.eval(more, all_logits=True),
+                    *(eng.eval(ids(k, seed=k), all_logits=True) for k in (2, 3, 4, 8)), eng.eval([5], all_logits=True)]
             results[name] = np.concatenate(rows).view(np.uint32)
     finally:  # the setting the run had (SMOLQ_SIMD=0 or avx2 in some runs), for the tests after
         monkeypatch.undo()
