@@ -24,9 +24,10 @@
  * up to four rows and eight keys or outputs at once, and asks memory for the next keys
  * and values ahead of use; the plain version runs the same chains one value at a time,
  * and both give the same bits (exp_le0 and the lane trees of max and sum included). At
- * the avx512vnni setting a prefill's block step (more than IN_PLACE_ROWS rows) goes to
- * flash_attention_x16.c instead, with the keys widened once into scratch, two side by
- * side, for all of the task's rows: the same chains again, so the same bits.
+ * the avx512vnni setting the block step of a task of many rows (a prefill's, a long
+ * check's) goes to flash_attention_x16.c instead, with the keys in pairs side by side
+ * (read in place, or widened once into scratch for all of the task's rows): the same
+ * chains again, so the same bits.
  */
 #include <math.h>
 #include <stddef.h>
@@ -46,13 +47,20 @@ enum {
     KEY_CHUNK = 256,   /* keys of one partial softmax: what decode shares out between threads */
     QUERY_BLOCK = 16,  /* tokens of one prefill task */
     ROWS = 4,          /* query rows through a key block at once */
-    /* Rows that read a block's keys and values in place, converting them as they go (a
-     * step, a draft check's task of up to four tokens of three query heads); more widen
-     * them once into scratch for all. Widening cost more than it saved at 6 to 12 rows:
-     * SmolLM2's checks of 3, 4 and 6 tokens (tasks of 6 and 9 rows) took x0.94, x0.94
-     * and x0.95 of the time in place, 8 tokens' (12 rows) x0.99; 15 rows in place gained
-     * nothing (Zen 4, one process, alternating). */
+    /* A task's rows read a block's keys and values in place, converting them as they go
+     * (a step's, a draft check's), or, when many share them (a prefill's), widen them once
+     * into scratch for all. The AVX2 kernels read in place up to IN_PLACE_ROWS rows: a
+     * check's task of four tokens of three query heads. At the avx512vnni setting, more
+     * than X16_ROWS_FROM rows take the 512-bit kernels, which read whole blocks in place
+     * up to X16_IN_PLACE_ROWS rows. Timed on Zen 4 (one process, alternating), SmolLM2's
+     * checks of 3, 4 and 6 tokens (tasks of 6 and 9 rows) took x0.94-0.95 of the time in
+     * place with the AVX2 kernels as widened with the 512-bit ones; of 8 and 16 tokens
+     * (12 and 24 rows) x0.96-0.98 and x0.97 in place with the 512-bit ones; a 512-token
+     * prefill (48 rows) x1.02, and steps and checks of 3 and 4 tokens x1.01-1.09, so those
+     * keep theirs. */
     IN_PLACE_ROWS = 12,
+    X16_ROWS_FROM = 8,
+    X16_IN_PLACE_ROWS = 24,
 };
 
 /* Rows are widened into scratch padded with zeros to a multiple of 32 values, so the
@@ -475,8 +483,8 @@ static int use_simd(void) {
 
 /* Rows r0..n_rows-1 of a task (tokens from t0) through the key block of nk keys at key
  * b0 (k: its first key's row; `end`: one past the task's last key): scores, each row's
- * online softmax, weighted values. The keys and values are widened once when more than
- * IN_PLACE_ROWS rows share them, else read in place. */
+ * online softmax, weighted values, the keys and values read in place or widened once
+ * (IN_PLACE_ROWS says when). */
 static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, const uint8_t *vh, size_t b0, size_t nk,
                        size_t end, size_t r0, size_t n_rows, int t0, int simd) {
     const sq_config *c = job->c;
@@ -487,8 +495,9 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
 #ifndef SQ_X86
     (void)simd, (void)end; /* no SIMD path to choose, nor prefetches to bound, in this build */
 #else
-    const int fast = simd && hd % 8 == 0, in_place = fast && n <= IN_PLACE_ROWS;
-    const int wide = fast && !in_place && simd == SIMD_512;
+    const int fast = simd && hd % 8 == 0, x16 = fast && simd == SIMD_512 && n > X16_ROWS_FROM;
+    const int in_place = x16 ? n <= X16_IN_PLACE_ROWS && nk == KEY_BLOCK && hdp == hd : fast && n <= IN_PLACE_ROWS;
+    const int wide = x16 && !in_place, src = wide ? SQ_FLASH_WIDE : job->kv_type;
     /* This block's values (read next) and the next block's keys asked of memory while
      * the keys are scored (or widened): left to the hardware prefetchers, decode waits on
      * memory for half its time. Up to ROWS rows (a decode step, where up to four query
@@ -497,9 +506,9 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
      * all taken the prefetches themselves stall; SmolLM2's decode at depth 8,000 went 8%
      * faster with an F16 cache, 20% with Q8_0. More rows (a prefill) keep prefetcht0. */
     const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
-    if (wide) {
-        widen_key_pairs(k, job->kv_type, rb, hd, nk, sc->k);
-        sq_flash_scores_x16(q, n, hdp, sc->k, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
+    if (x16) {
+        if (wide) widen_key_pairs(k, job->kv_type, rb, hd, nk, sc->k);
+        sq_flash_scores_x16(q, n, hdp, sc->k, k, src, rb, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
     } else if (fast) {
         scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
     }
@@ -511,7 +520,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
         const size_t valid = pos - b0 + 1 < nk ? pos - b0 + 1 : nk;
         most = valid > most ? valid : most;
 #ifdef SQ_X86
-        if (wide)
+        if (x16)
             sq_flash_online_x16(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->c + r);
         else if (simd)
             online_avx2(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
@@ -520,6 +529,10 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
             online_plain(sc->s + r * KEY_BLOCK, valid, sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
     }
 #ifdef SQ_X86
+    if (x16 && in_place) {
+        sq_flash_weigh_x16(s, n, most, NULL, vh + b0 * rb, src, rb, hdp, o, sc->c + r0);
+        return;
+    }
     if (in_place) {
         weigh_avx2(s, n, most, vh + b0 * rb, job->kv_type, rb, hd, hdp, o);
         return;
@@ -531,7 +544,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
         widen_plain(vh, job->kv_type, hd, hdp, b0, nk, sc->v);
 #ifdef SQ_X86
     if (wide) {
-        sq_flash_weigh_x16(s, n, most, sc->v, hdp, o, sc->c + r0);
+        sq_flash_weigh_x16(s, n, most, sc->v, NULL, SQ_FLASH_WIDE, 0, hdp, o, sc->c + r0);
         return;
     }
     if (simd) {

@@ -1,4 +1,4 @@
-/* flash_attention.h: what flash_attention.c shares with its 512-bit prefill step,
+/* flash_attention.h: what flash_attention.c shares with its 512-bit block step,
  * flash_attention_x16.c, and no one else. */
 #ifndef SMOLQ_FLASH_ATTENTION_H
 #define SMOLQ_FLASH_ATTENTION_H
@@ -18,18 +18,25 @@ enum { SQ_FLASH_KEY_BLOCK = 32 };
     default: CALL(4); break;          \
     }
 
-/* A prefill's rows through one key block in 512-bit registers (flash_attention_x16.c),
- * for the x86-64 build at sq_simd_512(); each gives the bits of flash_attention.c's
- * code for the same step. q: [n][hdp] scaled queries; s: [n][SQ_FLASH_KEY_BLOCK];
- * kw: the block's keys as floats in pairs (flash_attention.c, widen_key_pairs);
- * lanes: [4][SQ_FLASH_KEY_BLOCK][8] scratch; v: [SQ_FLASH_KEY_BLOCK][hdp] widened
- * values; o: [n][hdp]; scale: [n], what the online step leaves for the weighted sum
- * (sq_flash_online_x16). The scores also ask memory for the first pf_bytes at pf_a and
- * (unless NULL) pf_b, a slice per group of rows. */
-void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, size_t head_dim, float *lanes,
-                         float *s, const uint8_t *pf_a, const uint8_t *pf_b, size_t pf_bytes);
+/* Where the 512-bit kernels read a block's keys and values: floats widened into scratch
+ * (SQ_FLASH_WIDE), or the rows of an SQ_F16 or SQ_Q8_0 cache, widened as they are read. */
+enum { SQ_FLASH_WIDE = -1 };
+
+/* A task's rows through one key block of SQ_FLASH_KEY_BLOCK keys in 512-bit registers
+ * (flash_attention_x16.c), for the x86-64 build at sq_simd_512(); each gives the bits of
+ * flash_attention.c's code for the same step. q: [n][hdp] scaled queries; s:
+ * [n][SQ_FLASH_KEY_BLOCK]; src SQ_FLASH_WIDE: kw, the block's keys as floats in pairs
+ * (flash_attention.c, widen_key_pairs), and v, [SQ_FLASH_KEY_BLOCK][hdp] widened values;
+ * src a cache type: k and vc, the block's first key and value rows, rb bytes apart (then
+ * hdp must be head_dim); lanes: [4][SQ_FLASH_KEY_BLOCK][8] scratch; o: [n][hdp]; scale:
+ * [n], what the online step leaves for the weighted sum (sq_flash_online_x16). The scores
+ * also ask memory for the first pf_bytes at pf_a and (unless NULL) pf_b, a slice per group
+ * of rows. */
+void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, const uint8_t *k, int src, size_t rb,
+                         size_t head_dim, float *lanes, float *s, const uint8_t *pf_a, const uint8_t *pf_b,
+                         size_t pf_bytes);
 void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *scale);
-void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o,
-                        const float *scale);
+void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, const uint8_t *vc, int src, size_t rb,
+                        size_t hdp, float *o, const float *scale);
 
 #endif

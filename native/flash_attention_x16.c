@@ -1,5 +1,7 @@
-/* flash_attention_x16.c: a prefill's query rows through one key block (flash_attention.c's
- * block step) in 512-bit registers, at the "avx512vnni" SIMD setting.
+/* flash_attention_x16.c: a task's query rows through one key block (flash_attention.c's
+ * block step) in 512-bit registers, at the "avx512vnni" SIMD setting: a prefill's, whose
+ * keys and values flash_attention.c widens into scratch once for all its rows, and a long
+ * draft check's, which reads them from the cache in place, widening as it loads.
  *
  * Each piece keeps the bits of the AVX2 and plain code it stands for:
  *  - scores: a register holds two keys side by side (key 2p in lanes 0-7, key 2p + 1 in
@@ -19,7 +21,9 @@
 
 #include "exp_ggml.h"
 #include "flash_attention.h"
+#include "quants/blocks.h"
 #include "simd512.h"
+#include "smolq.h"
 
 #ifdef SQ_X86
 
@@ -48,13 +52,50 @@ SQ_AVX512 static ALWAYS_INLINE v16f exp_le0_x16(v16f x) {
     return V16(fmadd_ps)(j, k, k);
 }
 
+/* -- rows from the cache ---------------------------------------------------------------------- */
+
+/* Sixteen signed bytes as floats (via 16-bit words: the build through SIMDe has no direct
+ * byte-to-dword widening at 512 bits). */
+SQ_AVX512 static ALWAYS_INLINE v16f codes16(__m128i bytes) {
+    return V16(cvtepi32_ps)(V16(cvtepi16_epi32)(AS256I(_mm256_cvtepi8_epi16(bytes))));
+}
+
+/* Eight elements from element d (a multiple of 8) of each of two cached rows, as floats:
+ * row a's in lanes 0-7, row b's in 8-15. As flash_attention.c's load8 widens them: the
+ * halves converted, or a Q8_0 block's scale times each code, rounded once. */
+SQ_AVX512 static ALWAYS_INLINE v16f cached_pair(const uint8_t *a, const uint8_t *b, size_t d, const int KV) {
+    if (KV == SQ_F16) {
+        const __m128i lo = _mm_loadu_si128((const __m128i *)(a + 2 * d)), hi = _mm_loadu_si128((const __m128i *)(b + 2 * d));
+        return V16(cvtph_ps)(AS256I(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1)));
+    }
+    const block_q8_0 *ba = (const block_q8_0 *)a + d / QK8_0, *bb = (const block_q8_0 *)b + d / QK8_0;
+    const __m128i codes = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(ba->qs + d % QK8_0)),
+                                             _mm_loadl_epi64((const __m128i *)(bb->qs + d % QK8_0)));
+    const __m256i scales = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)ba->d)),
+                                                   _mm_set1_epi16((short)bb->d), 1);
+    const v16f scale = V16(cvtph_ps)(AS256I(scales));  /* row a's in lanes 0-7, b's in 8-15 */
+    return V16(mul_ps)(scale, codes16(codes));
+}
+
+/* Sixteen elements from element d (a multiple of 16) of one cached row, as floats, as
+ * cached_pair widens them. */
+SQ_AVX512 static ALWAYS_INLINE v16f cached16(const uint8_t *row, size_t d, const int KV) {
+    if (KV == SQ_F16) return V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(row + 2 * d))));
+    const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
+    const v16f scale = V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(b->d))));
+    const __m128i codes = _mm_loadu_si128((const __m128i *)(b->qs + d % QK8_0));
+    return V16(mul_ps)(scale, codes16(codes));
+}
+
 /* -- scores --------------------------------------------------------------------------------- */
 
 /* Lanes of key pairs p0..p0+KP-1 for G rows: lanes[r][2p + h][l] sums q[r][d] k[2p + h][d]
- * over d = l mod 8, in order of d. kw holds the block's keys in pairs:
- * kw[(p * steps + s) * 16 + 8h + l] is element 8s + l of key 2p + h. */
-SQ_AVX512 static ALWAYS_INLINE void score_pairs(const float *q, size_t hdp, const float *kw, size_t steps, size_t p0,
-                                             float *lanes, const int G, const int KP) {
+ * over d = l mod 8, in order of d. With SRC WIDE, kw holds the block's keys in pairs:
+ * kw[(p * steps + s) * 16 + 8h + l] is element 8s + l of key 2p + h; with SRC a cache
+ * type, the keys are the cache's rows at k, rb bytes apart, widened as they are read. */
+SQ_AVX512 static ALWAYS_INLINE void score_pairs(const float *q, size_t hdp, const float *kw, const uint8_t *k,
+                                             size_t rb, size_t steps, size_t p0, float *lanes, const int G,
+                                             const int KP, const int SRC) {
     v16f acc[ROWS][8];
 #pragma GCC unroll 4
     for (int r = 0; r < G; r++)
@@ -64,7 +105,10 @@ SQ_AVX512 static ALWAYS_INLINE void score_pairs(const float *q, size_t hdp, cons
     for (size_t s = 0; s < steps; s++) {
         v16f key[8];
 #pragma GCC unroll 8
-        for (int i = 0; i < KP; i++) key[i] = V16(loadu_ps)(kp + ((size_t)i * steps + s) * 16);
+        for (int i = 0; i < KP; i++)
+            key[i] = SRC == SQ_FLASH_WIDE ? V16(loadu_ps)(kp + ((size_t)i * steps + s) * 16)
+                                          : cached_pair(k + 2 * (p0 + (size_t)i) * rb, k + (2 * (p0 + (size_t)i) + 1) * rb,
+                                                        8 * s, SRC);
 #pragma GCC unroll 4
         for (int r = 0; r < G; r++) {
             const v16f w = sq_both_halves(q + (size_t)r * hdp + 8 * s);
@@ -78,10 +122,10 @@ SQ_AVX512 static ALWAYS_INLINE void score_pairs(const float *q, size_t hdp, cons
         for (int i = 0; i < KP; i++) V16(storeu_ps)(lanes + ((size_t)r * KEY_BLOCK + 2 * (p0 + (size_t)i)) * 8, acc[r][i]);
 }
 
-SQ_AVX512 static ALWAYS_INLINE void score_rows(const float *q, size_t hdp, const float *kw, size_t steps, float *lanes,
-                                            const int G) {
+SQ_AVX512 static ALWAYS_INLINE void score_rows(const float *q, size_t hdp, const float *kw, const uint8_t *k,
+                                            size_t rb, size_t steps, float *lanes, const int G, const int SRC) {
     const int KP = G <= 2 ? 8 : 4;
-    for (size_t p0 = 0; p0 < PAIRS; p0 += (size_t)KP) score_pairs(q, hdp, kw, steps, p0, lanes, G, KP);
+    for (size_t p0 = 0; p0 < PAIRS; p0 += (size_t)KP) score_pairs(q, hdp, kw, k, rb, steps, p0, lanes, G, KP, SRC);
 }
 
 /* Sixteen keys' lanes (lanes[j][8]) to their scores, each key's 8 lanes added in
@@ -103,8 +147,9 @@ SQ_AVX512 static void reduce16(const float *lanes, float *s) {
     V16(storeu_ps)(s, V16(permutexvar_ps)(order, sum));
 }
 
-SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, size_t head_dim,
-                                   float *lanes, float *s, const uint8_t *pf_a, const uint8_t *pf_b, size_t pf_bytes) {
+SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, const uint8_t *k, int src,
+                                   size_t rb, size_t head_dim, float *lanes, float *s, const uint8_t *pf_a,
+                                   const uint8_t *pf_b, size_t pf_bytes) {
     const size_t steps = head_dim / 8;
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
@@ -115,9 +160,14 @@ SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const f
             __builtin_prefetch(pf_a + at);
             if (pf_b) __builtin_prefetch(pf_b + at);
         }
-#define SCORE(G) score_rows(qr, hdp, kw, steps, lanes, G)
+#define SCORE_FROM(G, SRC) score_rows(qr, hdp, kw, k, rb, steps, lanes, G, SRC)
+#define SCORE(G)                                \
+    (src == SQ_F16    ? SCORE_FROM(G, SQ_F16)   \
+     : src == SQ_Q8_0 ? SCORE_FROM(G, SQ_Q8_0)  \
+                      : SCORE_FROM(G, SQ_FLASH_WIDE))
         SQ_FOR_GROUP_OF_ROWS(g, SCORE)
 #undef SCORE
+#undef SCORE_FROM
         for (size_t r = 0; r < g; r++)
             for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 16)
                 reduce16(lanes + (r * KEY_BLOCK + j0) * 8, s + (r0 + r) * KEY_BLOCK + j0);
@@ -159,8 +209,9 @@ SQ_AVX512 void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, f
 
 /* Outputs d..d+16W-1 of G rows: o[r][d] * scale[r] (0 where scale[r] is 0: the chunk
  * starts afresh) plus s[r][j] v[j][d] over j < most, in order of j. */
-SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const float *v, size_t hdp, float *o,
-                                            const float *scale, size_t d, const int G, const int W) {
+SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, const float *v, const uint8_t *vc,
+                                            size_t rb, size_t hdp, float *o, const float *scale, size_t d, const int G,
+                                            const int W, const int SRC) {
     v16f acc[ROWS][8];
 #pragma GCC unroll 4
     for (int r = 0; r < G; r++) {
@@ -178,7 +229,8 @@ SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, cons
         for (int r = 0; r < G; r++) w[r] = V16(set1_ps)(s[(size_t)r * KEY_BLOCK + j]);
 #pragma GCC unroll 8
         for (int i = 0; i < W; i++) {
-            const v16f x = V16(loadu_ps)(v + j * hdp + d + 16 * (size_t)i);
+            const v16f x = SRC == SQ_FLASH_WIDE ? V16(loadu_ps)(v + j * hdp + d + 16 * (size_t)i)
+                                                : cached16(vc + j * rb, d + 16 * (size_t)i, SRC);
 #pragma GCC unroll 4
             for (int r = 0; r < G; r++) acc[r][i] = V16(fmadd_ps)(w[r], x, acc[r][i]);
         }
@@ -190,24 +242,30 @@ SQ_AVX512 static ALWAYS_INLINE void weigh_outs(const float *s, size_t most, cons
 }
 
 /* hdp is a multiple of 32: eight, four, then two registers of outputs at a time. */
-SQ_AVX512 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const float *v, size_t hdp, float *o,
-                                            const float *scale, const int G) {
+SQ_AVX512 static ALWAYS_INLINE void weigh_rows(const float *s, size_t most, const float *v, const uint8_t *vc,
+                                            size_t rb, size_t hdp, float *o, const float *scale, const int G,
+                                            const int SRC) {
     size_t d = 0;
     if (G <= 2)
-        for (; d + 128 <= hdp; d += 128) weigh_outs(s, most, v, hdp, o, scale, d, G, 8);
-    for (; d + 64 <= hdp; d += 64) weigh_outs(s, most, v, hdp, o, scale, d, G, 4);
-    for (; d < hdp; d += 32) weigh_outs(s, most, v, hdp, o, scale, d, G, 2);
+        for (; d + 128 <= hdp; d += 128) weigh_outs(s, most, v, vc, rb, hdp, o, scale, d, G, 8, SRC);
+    for (; d + 64 <= hdp; d += 64) weigh_outs(s, most, v, vc, rb, hdp, o, scale, d, G, 4, SRC);
+    for (; d < hdp; d += 32) weigh_outs(s, most, v, vc, rb, hdp, o, scale, d, G, 2, SRC);
 }
 
-SQ_AVX512 void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, size_t hdp, float *o,
-                                  const float *scale) {
+SQ_AVX512 void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, const uint8_t *vc, int src,
+                                  size_t rb, size_t hdp, float *o, const float *scale) {
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
         const float *sr = s + r0 * KEY_BLOCK, *cr = scale + r0;
         float *orow = o + r0 * hdp;
-#define WEIGH(G) weigh_rows(sr, most, v, hdp, orow, cr, G)
+#define WEIGH_FROM(G, SRC) weigh_rows(sr, most, v, vc, rb, hdp, orow, cr, G, SRC)
+#define WEIGH(G)                                \
+    (src == SQ_F16    ? WEIGH_FROM(G, SQ_F16)   \
+     : src == SQ_Q8_0 ? WEIGH_FROM(G, SQ_Q8_0)  \
+                      : WEIGH_FROM(G, SQ_FLASH_WIDE))
         SQ_FOR_GROUP_OF_ROWS(g, WEIGH)
 #undef WEIGH
+#undef WEIGH_FROM
     }
 }
 
