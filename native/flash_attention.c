@@ -20,14 +20,14 @@
  * register reduction; keys are read straight from the cache. Then each row's online
  * softmax, then the weighted V rows (each output one fma chain over the keys, in order),
  * from values widened once into scratch when many rows share them (prefill), straight
- * from the cache when few do (decode, a draft check). The AVX2 version runs those chains in registers,
- * up to four rows and eight keys or outputs at once, and asks memory for the next keys
- * and values ahead of use; the plain version runs the same chains one value at a time,
- * and both give the same bits (exp_le0 and the lane trees of max and sum included). At
- * the avx512vnni setting the block step of a task of many rows (a prefill's, a long
- * check's) goes to flash_attention_x16.c instead, with the keys in pairs side by side
- * (read in place, or widened once into scratch for all of the task's rows): the same
- * chains again, so the same bits.
+ * from the cache when few do (decode, a draft check). The AVX2 version runs those chains
+ * in registers, up to four rows and eight keys or outputs at once, and asks memory for
+ * the next keys and values ahead of use; the plain version runs the same chains one
+ * value at a time, and both give the same bits (exp_le0 and the lane trees of max and
+ * sum included). At the avx512vnni setting the block step of a task of many rows (a
+ * prefill's, a long check's) goes to flash_attention_x16.c instead, with the keys in
+ * pairs side by side (read in place, or widened once into scratch for all of the task's
+ * rows): the same chains again, so the same bits.
  */
 #include <math.h>
 #include <stddef.h>
