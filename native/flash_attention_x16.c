@@ -65,7 +65,8 @@ SQ_AVX512 static ALWAYS_INLINE v16f codes16(__m128i bytes) {
  * halves converted, or a Q8_0 block's scale times each code, rounded once. */
 SQ_AVX512 static ALWAYS_INLINE v16f cached_pair(const uint8_t *a, const uint8_t *b, size_t d, const int KV) {
     if (KV == SQ_F16) {
-        const __m128i lo = _mm_loadu_si128((const __m128i *)(a + 2 * d)), hi = _mm_loadu_si128((const __m128i *)(b + 2 * d));
+        const __m128i lo = _mm_loadu_si128((const __m128i *)(a + 2 * d));
+        const __m128i hi = _mm_loadu_si128((const __m128i *)(b + 2 * d));
         return V16(cvtph_ps)(AS256I(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1)));
     }
     const block_q8_0 *ba = (const block_q8_0 *)a + d / QK8_0, *bb = (const block_q8_0 *)b + d / QK8_0;
@@ -90,7 +91,7 @@ SQ_AVX512 static ALWAYS_INLINE v16f cached16(const uint8_t *row, size_t d, const
 /* -- scores --------------------------------------------------------------------------------- */
 
 /* Lanes of key pairs p0..p0+KP-1 for G rows: lanes[r][2p + h][l] sums q[r][d] k[2p + h][d]
- * over d = l mod 8, in order of d. With SRC WIDE, kw holds the block's keys in pairs:
+ * over d = l mod 8, in order of d. With SRC SQ_FLASH_WIDE, kw holds the block's keys in pairs:
  * kw[(p * steps + s) * 16 + 8h + l] is element 8s + l of key 2p + h; with SRC a cache
  * type, the keys are the cache's rows at k, rb bytes apart, widened as they are read. */
 SQ_AVX512 static ALWAYS_INLINE void score_pairs(const float *q, size_t hdp, const float *kw, const uint8_t *k,
