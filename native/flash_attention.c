@@ -508,7 +508,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
     const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
     if (x16) {
         if (wide) widen_key_pairs(k, job->kv_type, rb, hd, nk, sc->k);
-        sq_flash_scores_x16(q, n, hdp, sc->k, k, src, rb, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
+        sq_flash_scores_x16(q, n, hdp, sc->k, k, src, rb, hd, s, vh + b0 * rb, next_keys, nk * rb);
     } else if (fast) {
         scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
     }

@@ -6,7 +6,7 @@
  * Each piece keeps the bits of the AVX2 and plain code it stands for:
  *  - scores: a register holds two keys side by side (key 2p in lanes 0-7, key 2p + 1 in
  *    lanes 8-15), so each lane is the same fma chain over d as lane l of an 8-lane key;
- *    a key's 8 lanes are then added in sq_hsum8's order, sixteen keys at once;
+ *    a key's 8 lanes are then added in sq_hsum8's order, eight keys at once;
  *  - the online softmax: the block's 32 scores in two registers, their max and sum taken
  *    in the pairing of the AVX2 trees (keys 0-7 with 8-15, 16-23 with 24-31, then the two);
  *  - weighted values: sixteen outputs a register, each output one fma chain over the
@@ -90,12 +90,32 @@ SQ_AVX512 static ALWAYS_INLINE v16f cached16(const uint8_t *row, size_t d, const
 
 /* -- scores --------------------------------------------------------------------------------- */
 
-/* Lanes of key pairs p0..p0+KP-1 for G rows: lanes[r][2p + h][l] sums q[r][d] k[2p + h][d]
- * over d = l mod 8, in order of d. With SRC SQ_FLASH_WIDE, kw holds the block's keys in pairs:
+/* Eight keys' scores from their four pair registers (pair[i]: key 2i in lanes 0-7, key
+ * 2i + 1 in 8-15), each key's 8 lanes added in sq_hsum8's order, (l0 + l4) + (l2 + l6)
+ * plus (l1 + l5) + (l3 + l7), into s[0..7], in registers (through memory, as the lanes of
+ * all 32 keys were stored and read back, a 512-token prefill at depth 3,072 took 1.04-1.11
+ * times as long; Zen 4, one process, alternating). */
+SQ_AVX512 static ALWAYS_INLINE void reduce8(const v16f pair[4], float *s) {
+    v16f t[2];
+    for (int m = 0; m < 2; m++)  /* quarter c of t[m]: key 4m + c's l0 + l4, l1 + l5, l2 + l6, l3 + l7 */
+        t[m] = V16(add_ps)(V16(shuffle_f32x4)(pair[2 * m], pair[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           V16(shuffle_f32x4)(pair[2 * m], pair[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* quarter c: the two halves of key c, then of key 4 + c */
+    const v16f u = V16(add_ps)(V16(shuffle_ps)(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                               V16(shuffle_ps)(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane 4c: the score of key c, lane 4c + 1: of key 4 + c */
+    const v16f sum = V16(add_ps)(V16(shuffle_ps)(u, u, _MM_SHUFFLE(2, 0, 2, 0)), V16(shuffle_ps)(u, u, _MM_SHUFFLE(3, 1, 3, 1)));
+    const v16i order = V16(setr_epi32)(0, 4, 8, 12, 1, 5, 9, 13, 0, 4, 8, 12, 1, 5, 9, 13);
+    _mm256_storeu_ps(s, sq_low8(V16(permutexvar_ps)(order, sum)));
+}
+
+/* Scores of key pairs p0..p0+KP-1 for G rows: scores[r][2p + h] is q[r] . k[2p + h], whose
+ * lane l sums q[r][d] k[2p + h][d] over d = l mod 8, in order of d, the lanes then added by
+ * reduce8. With SRC SQ_FLASH_WIDE, kw holds the block's keys in pairs:
  * kw[(p * steps + s) * 16 + 8h + l] is element 8s + l of key 2p + h; with SRC a cache
  * type, the keys are the cache's rows at k, rb bytes apart, widened as they are read. */
 SQ_AVX512 static ALWAYS_INLINE void score_pairs(const float *q, size_t hdp, const float *kw, const uint8_t *k,
-                                             size_t rb, size_t steps, size_t p0, float *lanes, const int G,
+                                             size_t rb, size_t steps, size_t p0, float *scores, const int G,
                                              const int KP, const int SRC) {
     v16f acc[ROWS][8];
 #pragma GCC unroll 4
@@ -119,38 +139,19 @@ SQ_AVX512 static ALWAYS_INLINE void score_pairs(const float *q, size_t hdp, cons
     }
 #pragma GCC unroll 4
     for (int r = 0; r < G; r++)
-#pragma GCC unroll 8
-        for (int i = 0; i < KP; i++) V16(storeu_ps)(lanes + ((size_t)r * KEY_BLOCK + 2 * (p0 + (size_t)i)) * 8, acc[r][i]);
+#pragma GCC unroll 2
+        for (int i = 0; i < KP; i += 4) reduce8(acc[r] + i, scores + (size_t)r * KEY_BLOCK + 2 * (p0 + (size_t)i));
 }
 
 SQ_AVX512 static ALWAYS_INLINE void score_rows(const float *q, size_t hdp, const float *kw, const uint8_t *k,
-                                            size_t rb, size_t steps, float *lanes, const int G, const int SRC) {
+                                            size_t rb, size_t steps, float *s, const int G, const int SRC) {
     const int KP = G <= 2 ? 8 : 4;
-    for (size_t p0 = 0; p0 < PAIRS; p0 += (size_t)KP) score_pairs(q, hdp, kw, k, rb, steps, p0, lanes, G, KP, SRC);
-}
-
-/* Sixteen keys' lanes (lanes[j][8]) to their scores, each key's 8 lanes added in
- * sq_hsum8's order: (l0 + l4) + (l2 + l6), plus (l1 + l5) + (l3 + l7). */
-SQ_AVX512 static void reduce16(const float *lanes, float *s) {
-    v16f t[4], u[2];
-    for (int m = 0; m < 4; m++) {  /* quarter c of t[m]: key 4m + c's l0 + l4, l1 + l5, l2 + l6, l3 + l7 */
-        const v16f a = V16(loadu_ps)(lanes + 32 * m), b = V16(loadu_ps)(lanes + 32 * m + 16);
-        t[m] = V16(add_ps)(V16(shuffle_f32x4)(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
-                           V16(shuffle_f32x4)(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-    }
-    for (int h = 0; h < 2; h++)  /* quarter c of u[h]: the two halves of keys 8h + c, then of 8h + 4 + c */
-        u[h] = V16(add_ps)(V16(shuffle_ps)(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                           V16(shuffle_ps)(t[2 * h], t[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* lane 4c + e: the score of key c + 4e */
-    const v16f sum = V16(add_ps)(V16(shuffle_ps)(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 V16(shuffle_ps)(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const v16i order = V16(setr_epi32)(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    V16(storeu_ps)(s, V16(permutexvar_ps)(order, sum));
+    for (size_t p0 = 0; p0 < PAIRS; p0 += (size_t)KP) score_pairs(q, hdp, kw, k, rb, steps, p0, s, G, KP, SRC);
 }
 
 SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, const uint8_t *k, int src,
-                                   size_t rb, size_t head_dim, float *lanes, float *s, const uint8_t *pf_a,
-                                   const uint8_t *pf_b, size_t pf_bytes) {
+                                   size_t rb, size_t head_dim, float *s, const uint8_t *pf_a, const uint8_t *pf_b,
+                                   size_t pf_bytes) {
     const size_t steps = head_dim / 8;
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS;
@@ -161,7 +162,7 @@ SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const f
             __builtin_prefetch(pf_a + at);
             if (pf_b) __builtin_prefetch(pf_b + at);
         }
-#define SCORE_FROM(G, SRC) score_rows(qr, hdp, kw, k, rb, steps, lanes, G, SRC)
+#define SCORE_FROM(G, SRC) score_rows(qr, hdp, kw, k, rb, steps, s + r0 * KEY_BLOCK, G, SRC)
 #define SCORE(G)                                \
     (src == SQ_F16    ? SCORE_FROM(G, SQ_F16)   \
      : src == SQ_Q8_0 ? SCORE_FROM(G, SQ_Q8_0)  \
@@ -169,9 +170,6 @@ SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const f
         SQ_FOR_GROUP_OF_ROWS(g, SCORE)
 #undef SCORE
 #undef SCORE_FROM
-        for (size_t r = 0; r < g; r++)
-            for (size_t j0 = 0; j0 < KEY_BLOCK; j0 += 16)
-                reduce16(lanes + (r * KEY_BLOCK + j0) * 8, s + (r0 + r) * KEY_BLOCK + j0);
     }
 }
 
