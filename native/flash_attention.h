@@ -28,10 +28,9 @@ enum { SQ_FLASH_WIDE = -1 };
  * [n][SQ_FLASH_KEY_BLOCK]; src SQ_FLASH_WIDE: kw, the block's keys as floats in pairs
  * (flash_attention.c, widen_key_pairs), and v, [SQ_FLASH_KEY_BLOCK][hdp] widened values;
  * src a cache type: k and vc, the block's first key and value rows, rb bytes apart (then
- * hdp must be head_dim); o: [n][hdp]; scale:
- * [n], what the online step leaves for the weighted sum (sq_flash_online_x16). The scores
- * also ask memory for the first pf_bytes at pf_a and (unless NULL) pf_b, a slice per group
- * of rows. */
+ * hdp must be head_dim); o: [n][hdp]; scale: [n], what the online step leaves for the
+ * weighted sum (sq_flash_online_x16). The scores also ask memory for the first pf_bytes at
+ * pf_a and (unless NULL) pf_b, a slice per group of rows. */
 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, const uint8_t *k, int src, size_t rb,
                          size_t head_dim, float *s, const uint8_t *pf_a, const uint8_t *pf_b, size_t pf_bytes);
 void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *scale);
