@@ -33,7 +33,7 @@ enum { SQ_FLASH_WIDE = -1 };
  * pf_a and (unless NULL) pf_b, a slice per group of rows. */
 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const float *kw, const uint8_t *k, int src, size_t rb,
                          size_t head_dim, float *s, const uint8_t *pf_a, const uint8_t *pf_b, size_t pf_bytes);
-void sq_flash_online_x16(float *s, size_t valid, float *m, float *l, float *scale);
+void sq_flash_online_x16(float *s, size_t n, const size_t *valid, float *m, float *l, float *scale);
 void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const float *v, const uint8_t *vc, int src, size_t rb,
                         size_t hdp, float *o, const float *scale);
 
