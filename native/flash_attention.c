@@ -518,20 +518,20 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
     /* each row's online softmax over the keys it sees; the 512-bit step takes sixteen rows
      * at a time */
     for (size_t r1 = r0; r1 < n_rows; r1 += 16) {
-        const size_t k = n_rows - r1 < 16 ? n_rows - r1 : 16;
+        const size_t count = n_rows - r1 < 16 ? n_rows - r1 : 16;
         size_t valid[16];
-        for (size_t i = 0; i < k; i++) {
+        for (size_t i = 0; i < count; i++) {
             const size_t pos = (size_t)job->n_past + (size_t)t0 + (r1 + i) / group;
             valid[i] = pos - b0 + 1 < nk ? pos - b0 + 1 : nk;
             most = valid[i] > most ? valid[i] : most;
         }
 #ifdef SQ_X86
         if (x16) {
-            sq_flash_online_x16(sc->s + r1 * KEY_BLOCK, k, valid, sc->m + r1, sc->l + r1, sc->c + r1);
+            sq_flash_online_x16(sc->s + r1 * KEY_BLOCK, count, valid, sc->m + r1, sc->l + r1, sc->c + r1);
             continue;
         }
 #endif
-        for (size_t i = 0, r = r1; i < k; i++, r++) {
+        for (size_t i = 0, r = r1; i < count; i++, r++) {
 #ifdef SQ_X86
             if (simd)
                 online_avx2(sc->s + r * KEY_BLOCK, valid[i], sc->m + r, sc->l + r, sc->o + r * hdp, hdp);
