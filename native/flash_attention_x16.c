@@ -54,6 +54,13 @@ SQ_AVX512 static ALWAYS_INLINE v16f exp_le0_x16(v16f x) {
 
 /* -- rows from the cache ---------------------------------------------------------------------- */
 
+/* CALL(G, SRC) with SRC the constant that src (SQ_F16, SQ_Q8_0 or SQ_FLASH_WIDE) holds: the
+ * kernels below are inlined once for each source of keys and values. */
+#define FOR_SOURCE(src, G, CALL)                 \
+    ((src) == SQ_F16    ? CALL(G, SQ_F16)        \
+     : (src) == SQ_Q8_0 ? CALL(G, SQ_Q8_0)       \
+                        : CALL(G, SQ_FLASH_WIDE))
+
 /* Sixteen signed bytes as floats (via 16-bit words: the build through SIMDe has no direct
  * byte-to-dword widening at 512 bits). */
 SQ_AVX512 static ALWAYS_INLINE v16f codes16(__m128i bytes) {
@@ -163,10 +170,7 @@ SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const f
             if (pf_b) __builtin_prefetch(pf_b + at);
         }
 #define SCORE_FROM(G, SRC) score_rows(qr, hdp, kw, k, rb, steps, s + r0 * KEY_BLOCK, G, SRC)
-#define SCORE(G)                                \
-    (src == SQ_F16    ? SCORE_FROM(G, SQ_F16)   \
-     : src == SQ_Q8_0 ? SCORE_FROM(G, SQ_Q8_0)  \
-                      : SCORE_FROM(G, SQ_FLASH_WIDE))
+#define SCORE(G) FOR_SOURCE(src, G, SCORE_FROM)
         SQ_FOR_GROUP_OF_ROWS(g, SCORE)
 #undef SCORE
 #undef SCORE_FROM
@@ -278,10 +282,7 @@ SQ_AVX512 void sq_flash_weigh_x16(const float *s, size_t n, size_t most, const f
         const float *sr = s + r0 * KEY_BLOCK, *cr = scale + r0;
         float *orow = o + r0 * hdp;
 #define WEIGH_FROM(G, SRC) weigh_rows(sr, most, v, vc, rb, hdp, orow, cr, G, SRC)
-#define WEIGH(G)                                \
-    (src == SQ_F16    ? WEIGH_FROM(G, SQ_F16)   \
-     : src == SQ_Q8_0 ? WEIGH_FROM(G, SQ_Q8_0)  \
-                      : WEIGH_FROM(G, SQ_FLASH_WIDE))
+#define WEIGH(G) FOR_SOURCE(src, G, WEIGH_FROM)
         SQ_FOR_GROUP_OF_ROWS(g, WEIGH)
 #undef WEIGH
 #undef WEIGH_FROM
