@@ -35,7 +35,8 @@ struct sq_state {
     float *flash;           /* [scratch_threads][sq_flash_scratch_floats] compact-cache attention scratch */
     int scratch_threads;    /* rows of scores and flash, grown to the pool's size on first use */
     float *partials;        /* [sq_flash_partials_floats] a decode step's per-chunk softmax partials */
-    void *xq;               /* [max_batch][widest] 2-byte slots: mat-mul inputs in vec-dot format */
+    void *xq;               /* [max_batch][widest] 2-byte slots: mat-mul inputs in vec-dot format
+                               (sq_activation_row_bytes: F16's 2 bytes an element are the most) */
 };
 
 /* The bytes of each buffer of an sq_state: one account for sq_state_new, which

@@ -90,7 +90,7 @@ typedef struct {
 static void convert_tokens(void *p, int64_t t0, int64_t t1) {
     const convert_job *job = p;
     for (int64_t t = t0; t < t1; t++)
-        sq_quantize_row(job->vec_type, job->x + t * job->cols, job->xq + t * job->row_bytes, job->cols);
+        sq_quantize_activations(job->vec_type, job->x + t * job->cols, job->xq + t * job->row_bytes, job->cols);
 }
 
 /* All matrices of the set share one vec-dot type: x is converted once for all, a batch's
@@ -105,7 +105,7 @@ static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_t
     job.chunk = chunk_rows(job.total_rows, sq_pool_threads(pool), n_tokens);
     if (vec_type != SQ_F32) {
         job.xq = xq;
-        job.xq_row_bytes = cols / sq_block_elems(vec_type) * sq_block_bytes(vec_type);
+        job.xq_row_bytes = sq_activation_row_bytes(vec_type, cols);
         convert_job cj = {x, xq, vec_type, cols, job.xq_row_bytes};
         sq_pool_ranges(pool, n_tokens, 4, convert_tokens, &cj);
     }

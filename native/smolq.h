@@ -67,6 +67,13 @@ int sq_vec_dot_type(int type);
  * n must be a whole number of its blocks. Returns 0, or -1 as sq_dequantize_row does. */
 int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n);
 
+/* A row of activations as the mat-vecs below take it: sq_quantize_row's blocks, and for
+ * Q8_0 each block's offset after them (quants/blocks.h, sq_q8_0_offsets_at), which the
+ * packed kernels read (sq_vec_dot_rows16). sq_activation_row_bytes: its size in bytes, or
+ * -1 where sq_quantize_row would fail; sq_quantize_activations writes it (0, or -1). */
+int64_t sq_activation_row_bytes(int vec_type, int64_t n);
+int sq_quantize_activations(int vec_type, const float *x, void *dst, int64_t n);
+
 /* Dot product of n elements of a weight row of `type` with activations xq already in
  * sq_vec_dot_type(type) format: the engine's arithmetic, whose bits every other form
  * below (and every SIMD path) gives. Returns NaN on the error cases of
@@ -128,9 +135,10 @@ int sq_rows16_unpack(int type, const void *src, void *dst, int64_t rows, int64_t
 int sq_rows16_wanted(int type);
 
 /* Rows r0..r1-1 of a matrix packed by sq_rows16_pack whose row 0 is at data, times
- * n_tokens activation rows: y[t * ldy + r - r0], each exactly sq_vec_dot's value for
- * the row as the file had it. Returns 0, or -1 on its error cases, a type that does not
- * pack, r1 < r0 or n_tokens < 1. */
+ * n_tokens activation rows as sq_quantize_activations writes them, xq_stride bytes apart:
+ * y[t * ldy + r - r0], each exactly sq_vec_dot's value for the row as the file had it.
+ * Returns 0, or -1 on its error cases, a type that does not pack, r1 < r0, n_tokens < 1
+ * or a stride below sq_activation_row_bytes (with more than one token). */
 int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
                       int n_tokens, int64_t n, float *y, int64_t ldy);
 

@@ -50,11 +50,12 @@ def _largest_matrices(path: str) -> tuple[ModelFile, dict[str, TensorInfo]]:
 
 def _activations(vec_type: int, cols: int, tokens: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
     """tokens rows of random activations in the vec-dot format, and the bytes of one row."""
-    row_bytes = cols // lib.sq_block_elems(vec_type) * lib.sq_block_bytes(vec_type)
+    row_bytes = lib.sq_activation_row_bytes(vec_type, cols)
     xq = np.zeros(tokens * row_bytes, np.uint8)
     x = rng.standard_normal((tokens, cols)).astype(np.float32)
     for t in range(tokens):
-        lib.sq_quantize_row(vec_type, ffi.from_buffer("float[]", x[t]), ffi.from_buffer(xq[t * row_bytes:]), cols)
+        lib.sq_quantize_activations(vec_type, ffi.from_buffer("float[]", x[t]), ffi.from_buffer(xq[t * row_bytes:]),
+                                    cols)
     return xq, row_bytes
 
 

@@ -36,6 +36,13 @@ static_assert(QK_K == 256, "QK_K must be 256");
 typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 
+/* A row of Q8_0 activations as the mat-vecs take it (sq_quantize_activations) holds, after
+ * its nb blocks, from this byte on, each block's offset: -128 times the sum of its codes,
+ * an int32. The 512-bit kernels multiply the weights' codes as unsigned bytes, code + 128;
+ * the offset takes the 128s' share back off a block's products, found once per token here
+ * rather than once per sixteen rows in the kernels. */
+static inline int64_t sq_q8_0_offsets_at(int64_t nb) { return (nb * (int64_t)sizeof(block_q8_0) + 3) / 4 * 4; }
+
 /* Q8_1: f16 scale d, f16 s = d * sum(qs) (from d before its rounding), 32 signed byte codes. */
 typedef struct { uint16_t d, s; int8_t qs[QK8_1]; } block_q8_1;
 static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");

@@ -454,7 +454,8 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
                       int n_tokens, int64_t n, float *y, int64_t ldy) {
     const sq_type_traits *t = sq_traits(type);
     int64_t nb = sq_whole_blocks(t, n);
-    if (nb < 0 || !sq_rows16_packs(type) || r0 < 0 || r1 < r0 || n_tokens < 1)
+    if (nb < 0 || !sq_rows16_packs(type) || r0 < 0 || r1 < r0 || n_tokens < 1 ||
+        (n_tokens > 1 && xq_stride < sq_activation_row_bytes(t->vec_type, n)))
         return -1;
     if (r0 == r1)
         return 0;

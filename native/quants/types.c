@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "quants/kernels.h"
 
@@ -54,6 +55,32 @@ int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n) {
     if (nb < 0 || !quantize)
         return -1;
     quantize(x, dst, nb);
+    return 0;
+}
+
+int64_t sq_activation_row_bytes(int vec_type, int64_t n) {
+    const sq_type_traits *t = sq_traits(vec_type);
+    int64_t nb = sq_whole_blocks(t, n);
+    if (nb < 0 || !sq_quantizer(vec_type))
+        return -1;
+    return vec_type == SQ_Q8_0 ? sq_q8_0_offsets_at(nb) + 4 * nb : nb * t->bytes;
+}
+
+int sq_quantize_activations(int vec_type, const float *x, void *dst, int64_t n) {
+    if (sq_quantize_row(vec_type, x, dst, n) != 0)
+        return -1;
+    if (vec_type == SQ_Q8_0) {
+        const int64_t nb = n / QK8_0;
+        const block_q8_0 *b = dst;
+        uint8_t *offsets = (uint8_t *)dst + sq_q8_0_offsets_at(nb);
+        for (int64_t i = 0; i < nb; i++) {
+            int32_t sum = 0;
+            for (int j = 0; j < QK8_0; j++)
+                sum += b[i].qs[j];
+            const int32_t offset = -128 * sum;
+            memcpy(offsets + 4 * i, &offset, 4);
+        }
+    }
     return 0;
 }
 

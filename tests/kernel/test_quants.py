@@ -877,8 +877,46 @@ def c_vec_dot_batch(qtype: int, raw: np.ndarray, xq_rows: np.ndarray, n: int) ->
     return y[::3]
 
 
+def c_activations(vtype: int, x: np.ndarray) -> np.ndarray:
+    """One activation row as the mat-vecs take it (sq_quantize_activations): the blocks and,
+    for Q8_0, their offsets after them."""
+    size = lib.sq_activation_row_bytes(int(vtype), len(x))
+    row = np.full((size + 7) // 8, np.nan).view(np.uint8)[:size]  # 8-byte aligned, as c_quantize's
+    assert lib.sq_quantize_activations(int(vtype), ffi.from_buffer("float[]", x), ffi.from_buffer(row), len(x)) == 0
+    return row
+
+
 def quantized_rows(vtype: T, n: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
-    return np.stack([c_quantize(vtype, activations(n, rng))[1][:-GUARD] for _ in range(tokens)])
+    return np.stack([c_activations(vtype, activations(n, rng)) for _ in range(tokens)])
+
+
+@pytest.mark.parametrize("vtype", ACT_TYPES, ids=lambda t: t.name)
+def test_activation_rows_are_the_blocks_and_q8_0s_offsets(vtype):
+    """sq_quantize_activations writes sq_quantize_row's blocks, and for Q8_0 each block's
+    offset after them (-128 times its codes' sum, an int32, from the first multiple of 4),
+    nothing past sq_activation_row_bytes; both say -1 where sq_quantize_row fails."""
+    rng = np.random.default_rng(77)
+    elems, size = ACT_GEOMETRY[vtype]
+    for n in (256, 512, 32 * 9, 2048):
+        if n % elems:
+            continue
+        x = activations(n, rng)
+        nb = n // elems
+        blocks = c_quantize(vtype, x)[1][:nb * size]
+        at = (nb * size + 3) // 4 * 4
+        want = len(blocks) if vtype != T.Q8_0 else at + 4 * nb
+        assert lib.sq_activation_row_bytes(int(vtype), n) == want, f"n={n}"
+        buf = np.full((want + GUARD + 7) // 8, np.nan).view(np.uint8)[:want + GUARD]
+        buf[:] = 0xAB
+        assert lib.sq_quantize_activations(int(vtype), ffi.from_buffer("float[]", x), ffi.from_buffer(buf), n) == 0
+        assert buf[:nb * size].tobytes() == blocks.tobytes(), f"n={n}"
+        assert (buf[want:] == 0xAB).all(), f"n={n}: written past the row"
+        if vtype == T.Q8_0:
+            _, q = q8_0_fields(blocks)
+            got = buf[at:want].copy().view("<i4")
+            assert (got == -128 * q.astype(np.int32).sum(axis=1)).all(), f"n={n}"
+    assert lib.sq_activation_row_bytes(int(vtype), 3 if elems > 1 else -1) == -1
+    assert lib.sq_activation_row_bytes(int(T.Q4_0), 256) == -1  # not an activation format
 
 
 def scalar_steps(qtype: T, rows: np.ndarray, xq: np.ndarray, n: int) -> np.ndarray:

@@ -240,16 +240,12 @@ static inline __attribute__((always_inline)) TARGET void q8_0_block16(const uint
         codes[l] = V16(xor_si512)(V16(loadu_si512)(run + 32 + 64 * l), V16(set1_epi8)((char)0x80));
 }
 
-/* 128 times (the sum of an activation block's 32 codes + 4096), in every lane: what the
- * codes' offset of 128 (q8_0_block16) adds to each row's sum, plus 2^19 (|.| <= 2^20).
- * vpsadbw sums the codes plus 128, unsigned, eight at a time; the rest is 128-bit work
- * but the broadcast. */
-static inline TARGET v16i q8_0_offset16(const int8_t *qs) {
-    const __m256i biased = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)qs), _mm256_set1_epi8((char)0x80));
-    const __m256i sums = _mm256_sad_epu8(biased, _mm256_setzero_si256());
-    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-    t = _mm_slli_epi32(_mm_add_epi64(t, _mm_unpackhi_epi64(t, t)), 7);
-    return V16(broadcastd_epi32)(AS128I(t));
+/* Block i's offset in every lane, from the activation row (nb blocks) of a token: what makes
+ * the products of codes plus 128 exact (quants/blocks.h, sq_q8_0_offsets_at). */
+static inline TARGET v16i q8_0_offset16(const void *row, int64_t nb, int64_t i) {
+    int32_t offset;
+    memcpy(&offset, (const uint8_t *)row + sq_q8_0_offsets_at(nb) + 4 * i, 4);
+    return V16(set1_epi32)(offset);
 }
 
 /* ---------------------------------------------------------------------------
@@ -263,7 +259,7 @@ static inline TARGET v16i q8_0_offset16(const int8_t *qs) {
  * token steps take 128 times the activation block's sum off the block's total, exactly
  * (q8_0_offset16): the codes' offset costs the 16 rows no more than Q8_0's does.
  * vpdpbusd sums into int32 and saturates nothing; a block's products, at most 32 * 241 *
- * 127 (the grid's 113 + 128) in size, stay far below 2^31 with step32_16's 2^19. */
+ * 128 (the grid's 113 + 128) in size, stay far below 2^31. */
 
 /* The 32 nibbles of four words of sixteen rows (w[j] lane r: word j of row r), in Q4_1's
  * order (q4_1_block16): codes[l] lane r holds row r's elements 4l..4l+3, the low nibbles of
@@ -331,11 +327,10 @@ static inline __attribute__((always_inline)) TARGET void block32_16(const int ty
         fifth_bits16(qh, codes);
 }
 
-/* One token's block step for sixteen rows of a 32-element type, from isum, the products of
- * the rows' codes and the token's (activation block a): for Q4_1 and Q5_1 (Q8_1
- * activations) the step by the row's d times the token's, and the offset chain's
- * fmaf(m, s); for the others (Q8_0 activations, codes plus 128) isum holds 2^19 more, and
- * 128 times (the block's sum + 4096) comes off it exactly first (q8_0_offset16). */
+/* One token's block step for sixteen rows of a 32-element type, from isum, the exact
+ * integer of the rows' codes and the token's (activation block a): the step by the row's d
+ * times the token's, and for Q4_1 and Q5_1 (Q8_1 activations) the offset chain's
+ * fmaf(m, s). */
 static inline __attribute__((always_inline)) TARGET void step32_16(const int with_m, const void *a, v16i isum,
                                                                   v16f d_rows, v16f m_rows, v16f *sum, v16f *off) {
     if (with_m) {
@@ -343,17 +338,20 @@ static inline __attribute__((always_inline)) TARGET void step32_16(const int wit
         *sum = block_step16(*sum, isum, d_rows, f16_lanes(b->d));
         *off = V16(fmadd_ps)(m_rows, f16_lanes(b->s), *off);
     } else {
-        const block_q8_0 *b = a;
-        *sum = block_step16(*sum, V16(sub_epi32)(isum, q8_0_offset16(b->qs)), d_rows, f16_lanes(b->d));
+        *sum = block_step16(*sum, isum, d_rows, f16_lanes(((const block_q8_0 *)a)->d));
     }
 }
 
 /* T tokens (1 to 4) from token t through block i of sixteen rows of a 32-element type,
  * sum[u] and off[u] token t + u's chains (off Q4_1's and Q5_1's alone). Each register of
  * codes is loaded once for the T: token by token, a load for every vpdpbusd, 9 tokens took
- * 1.3x as long, 64 tokens 1.4x. A token's products go into two chains of alternate words. */
+ * 1.3x as long, 64 tokens 1.4x. A token's products go into two chains of alternate words;
+ * with Q8_0 activations (codes plus 128) the first starts from the block's offset, which
+ * makes the sum exact (quants/blocks.h, sq_q8_0_offsets_at; summing the activation codes
+ * here instead, once per block, token and sixteen rows, made 8 to 512 tokens of Q8_0-like
+ * rows take 1.2-1.27x as long). */
 static inline __attribute__((always_inline)) TARGET void tokens32_16(const int type, const int T, const void *xq,
-                                                                    int64_t stride, int t, int64_t i,
+                                                                    int64_t stride, int64_t nb, int t, int64_t i,
                                                                     const v16i codes[8], v16f d_rows, v16f m_rows,
                                                                     v16f sum[], v16f off[]) {
     const int with_m = type == SQ_Q4_1 || type == SQ_Q5_1;  /* Q8_1 activations, an offset chain */
@@ -363,7 +361,7 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
     v16i part[4][2];
     for (int u = 0; u < T; u++) {
         a[u] = (const uint8_t *)token_row(xq, stride, t + u) + i * a_bytes;
-        part[u][0] = with_m ? V16(setzero_si512)() : V16(set1_epi32)(1 << 19);
+        part[u][0] = with_m ? V16(setzero_si512)() : q8_0_offset16(token_row(xq, stride, t + u), nb, i);
         part[u][1] = V16(setzero_si512)();
     }
     for (int l = 0; l < 8; l++)
@@ -444,13 +442,13 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
             for (int t = 0; t < nt;) {
                 const int T = nt - t >= 4 ? 4 : nt - t;
                 if (T == 4)
-                    tokens32_16(type, 4, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 4, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else if (T == 3)
-                    tokens32_16(type, 3, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 3, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else if (T == 2)
-                    tokens32_16(type, 2, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 2, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else
-                    tokens32_16(type, 1, xq, stride, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 1, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 t += T;
             }
         }
@@ -1103,8 +1101,9 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(
             amx_group(codes, 32, (const int8_t *)a, stride, nt, rows, dot);
             for (int t = 0; t < nt; t++) {
                 const v16i isum = V16(loadu_si512)(dot[t]);
-                step32_16(with_m, (const uint8_t *)token_row(xq, stride, t0 + t) + i * a_bytes,
-                          with_m ? isum : V16(add_epi32)(isum, V16(set1_epi32)(1 << 19)), d_rows, m_rows, &sum[t],
+                const void *row = token_row(xq, stride, t0 + t);
+                step32_16(with_m, (const uint8_t *)row + i * a_bytes,
+                          with_m ? isum : V16(add_epi32)(isum, q8_0_offset16(row, nb, i)), d_rows, m_rows, &sum[t],
                           &off[t]);
             }
         }
