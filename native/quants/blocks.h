@@ -51,6 +51,13 @@ static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
 
+/* A row of Q8_K activations as the mat-vecs take it (sq_quantize_activations) holds, after
+ * its nb blocks, from this byte on, each block's eight sums of 32 codes (bsums 2g and 2g +
+ * 1 added), as int16. The 512-bit kernels of the types with a min or an offset per group of
+ * 32 (Q4_K, Q5_K, IQ4_XS) take two groups' with one vpdpwssd, where two bsums took one
+ * per group. */
+static inline int64_t sq_q8_K_sums32_at(int64_t nb) { return nb * (int64_t)sizeof(block_q8_K); }
+
 /* Weight types of 32 elements. */
 
 /* Q4_0: f16 scale d, 32 4-bit codes (element j in the low nibble of qs[j], j + 16 in its high). */

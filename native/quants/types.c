@@ -63,7 +63,11 @@ int64_t sq_activation_row_bytes(int vec_type, int64_t n) {
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !sq_quantizer(vec_type))
         return -1;
-    return vec_type == SQ_Q8_0 ? sq_q8_0_offsets_at(nb) + 4 * nb : nb * t->bytes;
+    if (vec_type == SQ_Q8_0)
+        return sq_q8_0_offsets_at(nb) + 4 * nb;
+    if (vec_type == SQ_Q8_K)
+        return sq_q8_K_sums32_at(nb) + 16 * nb;
+    return nb * t->bytes;
 }
 
 int sq_quantize_activations(int vec_type, const float *x, void *dst, int64_t n) {
@@ -80,6 +84,16 @@ int sq_quantize_activations(int vec_type, const float *x, void *dst, int64_t n) 
             const int32_t offset = -128 * sum;
             memcpy(offsets + 4 * i, &offset, 4);
         }
+    }
+    if (vec_type == SQ_Q8_K) {
+        const int64_t nb = n / QK_K;
+        const block_q8_K *b = dst;
+        uint8_t *sums = (uint8_t *)dst + sq_q8_K_sums32_at(nb);
+        for (int64_t i = 0; i < nb; i++)
+            for (int g = 0; g < QK_K / 32; g++) {
+                const int16_t sum = (int16_t)(b[i].bsums[2 * g] + b[i].bsums[2 * g + 1]);  /* |.| <= 32 * 127 */
+                memcpy(sums + 16 * i + 2 * g, &sum, 2);
+            }
     }
     return 0;
 }

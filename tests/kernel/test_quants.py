@@ -891,10 +891,11 @@ def quantized_rows(vtype: T, n: int, tokens: int, rng: np.random.Generator) -> n
 
 
 @pytest.mark.parametrize("vtype", ACT_TYPES, ids=lambda t: t.name)
-def test_activation_rows_are_the_blocks_and_q8_0s_offsets(vtype):
-    """sq_quantize_activations writes sq_quantize_row's blocks, and for Q8_0 each block's
-    offset after them (-128 times its codes' sum, an int32, from the first multiple of 4),
-    nothing past sq_activation_row_bytes; both say -1 where sq_quantize_row fails."""
+def test_activation_rows_are_the_blocks_and_their_sums(vtype):
+    """sq_quantize_activations writes sq_quantize_row's blocks, and after them for Q8_0 each
+    block's offset (-128 times its codes' sum, an int32, from the first multiple of 4), for
+    Q8_K each block's eight sums of 32 codes (int16); nothing past sq_activation_row_bytes;
+    both say -1 where sq_quantize_row fails."""
     rng = np.random.default_rng(77)
     elems, size = ACT_GEOMETRY[vtype]
     for n in (256, 512, 32 * 9, 2048):
@@ -904,7 +905,7 @@ def test_activation_rows_are_the_blocks_and_q8_0s_offsets(vtype):
         nb = n // elems
         blocks = c_quantize(vtype, x)[1][:nb * size]
         at = (nb * size + 3) // 4 * 4
-        want = len(blocks) if vtype != T.Q8_0 else at + 4 * nb
+        want = {T.Q8_0: at + 4 * nb, T.Q8_K: len(blocks) + 16 * nb}.get(vtype, len(blocks))
         assert lib.sq_activation_row_bytes(int(vtype), n) == want, f"n={n}"
         buf = np.full((want + GUARD + 7) // 8, np.nan).view(np.uint8)[:want + GUARD]
         buf[:] = 0xAB
@@ -915,6 +916,10 @@ def test_activation_rows_are_the_blocks_and_q8_0s_offsets(vtype):
             _, q = q8_0_fields(blocks)
             got = buf[at:want].copy().view("<i4")
             assert (got == -128 * q.astype(np.int32).sum(axis=1)).all(), f"n={n}"
+        if vtype == T.Q8_K:
+            _, q, _ = q8_k_fields(blocks)
+            got = buf[len(blocks):want].copy().view("<i2").reshape(nb, 8)
+            assert (got == q.astype(np.int32).reshape(nb, 8, 32).sum(axis=2)).all(), f"n={n}"
     assert lib.sq_activation_row_bytes(int(vtype), 3 if elems > 1 else -1) == -1
     assert lib.sq_activation_row_bytes(int(T.Q4_0), 256) == -1  # not an activation format
 

@@ -122,6 +122,12 @@ static inline TARGET v16i byte_twice16(v16i x, int b) {
                                                                           8 + b, -1, 12 + b, -1, 12 + b, -1))));
 }
 
+/* Bytes b and b + 1 of each 32-bit word, as the two int16 of the word (unsigned). */
+static inline TARGET v16i byte_pair16(v16i x, int b) {
+    return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b + 1, -1, 4 + b, -1, 5 + b, -1, 8 + b,
+                                                                          -1, 9 + b, -1, 12 + b, -1, 13 + b, -1))));
+}
+
 /* The f16 at h in every lane, as a float. */
 static inline TARGET v16f f16_lanes(uint16_t h) {
     return V16(set1_ps)(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
@@ -147,11 +153,11 @@ static inline __attribute__((always_inline)) TARGET v16i scaled_pair16(v16i g0, 
 
 /* The headers (d, dmin, and the twelve bytes of 6-bit scales and mins) of block i of a
  * packed group of sixteen Q4_K rows, the scales and mins unpacked as k_scales_mins does one
- * row's: scale[g] lane r holds row r's scale of group g; min2[g] holds row r's min of
- * group g in both 16-bit halves, so that vpdpwssd by it multiplies the sum of two bsums;
- * d and dmin each row's. */
+ * row's: scale[g] lane r holds row r's scale of group g; mins[q] row r's mins of groups 2q
+ * and 2q + 1 as two int16, so that vpdpwssd by it multiplies those groups' sums of 32 codes
+ * (sums32_16); d and dmin each row's. */
 static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const uint8_t *group, int64_t i,
-                                                                       v16i scale[8], v16i min2[8], v16f *d,
+                                                                       v16i scale[8], v16i mins[4], v16f *d,
                                                                        v16f *dmin) {
     v16i w[4];  /* w[j] lane r: header word j of row r (w[1..3]: the run's first 64 bytes hold d and dmin) */
     const uint8_t *run = group + i * 16 * (int64_t)sizeof(block_q4_K);
@@ -166,9 +172,9 @@ static inline __attribute__((always_inline)) TARGET void q4_K_headers16(const ui
     for (int g = 0; g < 4; g++) {
         scale[g] = byte_of_words(sc_low, g);
         scale[g + 4] = byte_of_words(sc_high, g);
-        min2[g] = byte_twice16(mn_low, g);
-        min2[g + 4] = byte_twice16(mn_high, g);
     }
+    for (int q = 0; q < 4; q++)
+        mins[q] = byte_pair16(q < 2 ? mn_low : mn_high, 2 * (q % 2));
     *d = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)run)));
     *dmin = V16(cvtph_ps)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32))));
 }
@@ -619,12 +625,6 @@ static inline __attribute__((always_inline)) TARGET v16i shift_bits(v16i x, int 
     return n > 0 ? V16(slli_epi32)(x, n) : n < 0 ? V16(srli_epi32)(x, -n) : x;
 }
 
-/* Bytes b and b + 1 of each 32-bit word, as the two int16 of the word (unsigned). */
-static inline TARGET v16i byte_pair16(v16i x, int b) {
-    return V16(shuffle_epi8)(x, V16(broadcast_i32x4)(AS128I(_mm_setr_epi8(b, -1, b + 1, -1, 4 + b, -1, 5 + b, -1, 8 + b,
-                                                                          -1, 9 + b, -1, 12 + b, -1, 13 + b, -1))));
-}
-
 /* Where a packed Q5_K run's words lie, in 64-byte units from the run's start (the d and
  * dmin, sixteen halves each, take the first): the scales, the fifth bits, the codes. */
 enum { Q5_K_SCALES_AT = 1, Q5_K_QH_AT = 4, Q5_K_QS_AT = 12 };
@@ -633,9 +633,9 @@ enum { Q5_K_SCALES_AT = 1, Q5_K_QH_AT = 4, Q5_K_QS_AT = 12 };
  * reads Q4_K's (a Q5_K run's first 256 bytes are a Q4_K run's: d, dmin, the packed scales
  * and mins), and qh[j] lane r the qh bytes 4j..4j+3 of row r: the fifth bits of all its
  * codes. */
-static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uint8_t *run, v16i scale[8], v16i min2[8],
+static inline __attribute__((always_inline)) TARGET void q5_K_header16(const uint8_t *run, v16i scale[8], v16i mins[4],
                                                                       v16i qh[8], v16f *d, v16f *dmin) {
-    q4_K_headers16(run, 0, scale, min2, d, dmin);
+    q4_K_headers16(run, 0, scale, mins, d, dmin);
     for (int j = 0; j < 8; j++)
         qh[j] = V16(loadu_si512)(run + 64 * (Q5_K_QH_AT + j));
 }
@@ -663,11 +663,12 @@ static inline __attribute__((always_inline)) TARGET void q5_K_codes16(const uint
 enum { IQ4_XS_SCALES_AT = 1, IQ4_XS_QS_AT = 2 };
 
 /* IQ4_XS: the header of a block's run in a packed group of sixteen rows: scale[g]
- * lane r row r's scale of group g (s - 32, in -32..31); off[g] -128 times it in both int16
- * (|.| <= 4096), so that vpdpwssd by the group's two bsums takes off the 128 that
- * iq4_xs_codes16 adds to every grid value; d each row's. */
+ * lane r row r's scale of group g (s - 32, in -32..31); off[q] -128 times the scales of
+ * groups 2q and 2q + 1 as two int16 (|.| <= 4096), so that vpdpwssd by those groups' sums
+ * of 32 codes (sums32_16) takes off the 128 that iq4_xs_codes16 adds to every grid value;
+ * d each row's. */
 static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const uint8_t *run, v16i scale[8],
-                                                                        v16i off[8], v16f *d) {
+                                                                        v16i off[4], v16f *d) {
     v16i w[2];  /* w[0] lane r: row r's scales_h (high half); w[1] its scales_l */
     w[0] = V16(slli_epi32)(V16(cvtepu16_epi32)(AS256I(_mm256_loadu_si256((const __m256i *)(run + 32)))), 16);
     w[1] = V16(loadu_si512)(run + 64 * IQ4_XS_SCALES_AT);
@@ -677,8 +678,11 @@ static inline __attribute__((always_inline)) TARGET void iq4_xs_header16(const u
         const v16i s = V16(or_si512)(V16(and_si512)(V16(srli_epi32)(w[1], 4 * g), V16(set1_epi32)(0x0f)),
                                      V16(and_si512)(V16(srli_epi32)(w[0], 12 + 2 * g), V16(set1_epi32)(0x30)));
         scale[g] = V16(sub_epi32)(s, V16(set1_epi32)(32));
-        const v16i o = V16(mullo_epi32)(scale[g], V16(set1_epi32)(-128));
-        off[g] = V16(or_si512)(V16(and_si512)(o, V16(set1_epi32)(0xffff)), V16(slli_epi32)(o, 16));
+    }
+    for (int q = 0; q < 4; q++) {
+        const v16i o0 = V16(mullo_epi32)(scale[2 * q], V16(set1_epi32)(-128));
+        const v16i o1 = V16(mullo_epi32)(scale[2 * q + 1], V16(set1_epi32)(-128));
+        off[q] = V16(or_si512)(V16(and_si512)(o0, V16(set1_epi32)(0xffff)), V16(slli_epi32)(o1, 16));
     }
 }
 
@@ -865,7 +869,8 @@ static inline __attribute__((always_inline)) TARGET v16i span16_scaled(const int
 }
 
 /* Block i's share of a token's integer sums from its bsums: the sum over p of the two
- * int16 of pairs[p] times bsums 2p and 2p + 1 (vpdpwssd; two chains). */
+ * int16 of pairs[p] times bsums 2p and 2p + 1 (vpdpwssd; two chains). Q3_K's and Q2_K's,
+ * whose groups are sixteen codes. */
 static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pairs[8], const int16_t *bsums) {
     v16i even = V16(setzero_si512)(), odd = V16(setzero_si512)();
     for (int p = 0; p < 8; p += 2) {
@@ -875,10 +880,30 @@ static inline __attribute__((always_inline)) TARGET v16i bsums16(const v16i pair
     return V16(add_epi32)(even, odd);
 }
 
+/* The same for the types of groups of 32 (Q4_K, Q5_K, IQ4_XS): the sum over q of the two
+ * int16 of pairs[q] times groups 2q and 2q + 1's sums of 32 codes, which the token's
+ * activation row holds after its blocks (sums: block i's eight, quants/blocks.h). */
+static inline __attribute__((always_inline)) TARGET v16i sums32_16(const v16i pairs[4], const int16_t *sums) {
+    const v16i even = dpwssd_pair(V16(setzero_si512)(), pairs[0], sums);
+    const v16i odd = dpwssd_pair(V16(setzero_si512)(), pairs[1], sums + 2);
+    return V16(add_epi32)(dpwssd_pair(even, pairs[2], sums + 4), dpwssd_pair(odd, pairs[3], sums + 6));
+}
+
+/* What block i's pairs (super_header16) take from token t's activations (nb blocks a
+ * row): through its sums of 32 codes where the type's groups are 32 codes, else its bsums. */
+static inline __attribute__((always_inline)) TARGET v16i pairs_share16(const int type, const v16i pairs[8],
+                                                                      const void *xq, int64_t stride, int t,
+                                                                      int64_t nb, int64_t i) {
+    if (type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_IQ4_XS)
+        return sums32_16(pairs, (const int16_t *)((const uint8_t *)token_row(xq, stride, t) + sq_q8_K_sums32_at(nb) +
+                                                  16 * i));
+    return bsums16(pairs, token_block(xq, stride, t, i)->bsums);
+}
+
 /* A block run's header, for a type of 256-element blocks (Q4_K, Q5_K, IQ4_XS, Q3_K, Q2_K), by
- * its <type>_header16: the integer scales (and Q3_K's flips), the pairs that meet the bsums,
- * the bits Q5_K's and Q3_K's codes take from elsewhere, d and dmin (zero where the type
- * has none). */
+ * its <type>_header16: the integer scales (and Q3_K's flips), the pairs that meet the
+ * activations' sums (pairs_share16), the bits Q5_K's and Q3_K's codes take from elsewhere,
+ * d and dmin (zero where the type has none). */
 static inline __attribute__((always_inline)) TARGET void super_header16(const int type, const uint8_t *run,
                                                                        v16i scale[16], v16i flip[16], v16i pairs[8],
                                                                        v16i bits[8], v16f *d_rows, v16f *dmin_rows) {
@@ -914,14 +939,15 @@ static inline __attribute__((always_inline)) TARGET void super_codes16(const int
 }
 
 /* The block steps of block i for tokens t0 .. t0 + nt - 1 of a super-block type (rows16_super
- * and its AMX form): each token's isum into its sum, and where the type has mins their
- * bsums' share (pairs) into off, both by the row's d (dmin) times the token's; with
- * fetch_next, each token's next activation block is asked of memory first. */
-static inline __attribute__((always_inline)) TARGET void super_steps16(int mins, const void *xq, int64_t stride,
-                                                                      int t0, int nt, int64_t i, int fetch_next,
-                                                                      const v16i isum[], const v16i pairs[8],
-                                                                      v16f d_rows, v16f dmin_rows, v16f sum[],
-                                                                      v16f off[]) {
+ * and its AMX form; nb blocks a row): each token's isum into its sum, and where the type has
+ * mins their share (pairs_share16) into off, both by the row's d (dmin) times the token's;
+ * with fetch_next, each token's next activation block is asked of memory first. */
+static inline __attribute__((always_inline)) TARGET void super_steps16(const int type, const void *xq, int64_t stride,
+                                                                      int t0, int nt, int64_t nb, int64_t i,
+                                                                      int fetch_next, const v16i isum[],
+                                                                      const v16i pairs[8], v16f d_rows,
+                                                                      v16f dmin_rows, v16f sum[], v16f off[]) {
+    const int mins = type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K;
     for (int t = 0; t < nt; t++) {
         const block_q8_K *a = token_block(xq, stride, t0 + t, i);
         if (fetch_next)
@@ -929,7 +955,7 @@ static inline __attribute__((always_inline)) TARGET void super_steps16(int mins,
         const v16f a_d = V16(set1_ps)(a->d);
         sum[t] = block_step16(sum[t], isum[t], d_rows, a_d);
         if (mins)
-            off[t] = block_step16(off[t], bsums16(pairs, a->bsums), dmin_rows, a_d);
+            off[t] = block_step16(off[t], pairs_share16(type, pairs, xq, stride, t0 + t, nb, i), dmin_rows, a_d);
     }
 }
 
@@ -943,13 +969,14 @@ static inline __attribute__((always_inline)) TARGET void super_store16(int mins,
 /* A packed group of sixteen rows of a type of 256-element blocks with Q8_K activations
  * (Q4_K, Q5_K, IQ4_XS, Q3_K, Q2_K) times n_tokens activation rows, each output the scalar
  * definition's bits for its row and token (quants/types.h): per block a header of sixteen
- * rows (<type>_header16: the integer scales, the pairs that meet the bsums, d and dmin),
- * then four spans of 64 codes (<type>_codes16), sixteen registers that stay while the
+ * rows (<type>_header16: the integer scales, the pairs that meet the activations' sums, d
+ * and dmin), then four spans of 64 codes (<type>_codes16), sixteen registers that stay while the
  * tile's tokens go by, each token's isum waiting for the block's last span. vpdpbusd forms
  * a group's products in eight instructions, where the AVX2 kernels take sixteen for half
  * the rows. The codes go to vpdpbusd as unsigned bytes; where that takes an offset (IQ4_XS's
  * grid values plus 128, Q3_K's codes with their scales folded in), the pairs take it back
- * off exactly through the bsums at the block's start; Q4_K's, Q5_K's and Q2_K's pairs are
+ * off exactly through the activations' sums at the block's start (pairs_share16: two groups
+ * of 32 a vpdpwssd, or two halves of Q3_K's one); Q4_K's, Q5_K's and Q2_K's pairs are
  * their mins, whose sum takes the second chain's block step at the block's end. A group's
  * products meet its scale by vpmulld per token and group of 32 (Q4_K, Q5_K, IQ4_XS), or are
  * scaled in the codes (Q3_K, Q2_K: their groups of 16 would take twice as many). y = sum,
@@ -985,11 +1012,11 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
             v16f d_rows, dmin_rows;
             super_header16(type, run, scale, flip, pairs, bits, &d_rows, &dmin_rows);
-            /* a token's isum: the offsets' share from the bsums, or, where the pairs are
+            /* a token's isum: the offsets' share (pairs_share16), or, where the pairs are
              * mins, nothing until the first span's products (decode's spans add to zeros) */
             for (int t = 0; t < nt; t++)
                 if (!mins || TILE <= 2)
-                    isum[t] = mins ? V16(setzero_si512)() : bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
+                    isum[t] = mins ? V16(setzero_si512)() : pairs_share16(type, pairs, xq, stride, t0 + t, nb, i);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
                 if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
@@ -1012,7 +1039,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                         isum[t] = q4_K_span16(aq, code, scale[2 * c], scale[2 * c + 1], so_far);
                 }
             }
-            super_steps16(mins, xq, stride, t0, nt, i, TILE == 64 && type == SQ_Q4_K && i + 1 < nb, isum, pairs,
+            super_steps16(type, xq, stride, t0, nt, nb, i, TILE == 64 && type == SQ_Q4_K && i + 1 < nb, isum, pairs,
                           d_rows, dmin_rows, sum, off);
         }
         super_store16(mins, nt, sum, off, y + t0 * ldy, ldy);
@@ -1115,7 +1142,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(
 
 /* rows16_super through the tiles: a span's two groups of 32 codes (each times its scale
  * by vpmulld, as q4_K_span16 does), or for Q3_K and Q2_K, whose codes carry their scales,
- * the span's 64 at once (as span16_scaled); the header, the offsets through the bsums and
+ * the span's 64 at once (as span16_scaled); the header, the offsets (pairs_share16) and
  * the block steps as rows16_super's. n_tokens a multiple of rows. */
 static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(const int type, const uint8_t *group,
                                                                              const void *xq, int64_t stride,
@@ -1137,11 +1164,11 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
             v16i scale[16], flip[16], pairs[8], bits[8], low[8];  /* bits: Q5_K's qh, Q3_K's hmask */
             v16f d_rows, dmin_rows;
             super_header16(type, run, scale, flip, pairs, bits, &d_rows, &dmin_rows);
-            /* a token's isum: the offsets' share from the bsums, or where the pairs are mins,
+            /* a token's isum: the offsets' share (pairs_share16), or where the pairs are mins,
              * the first span's products */
             if (!mins)
                 for (int t = 0; t < nt; t++)
-                    isum[t] = bsums16(pairs, token_block(xq, stride, t0 + t, i)->bsums);
+                    isum[t] = pairs_share16(type, pairs, xq, stride, t0 + t, nb, i);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 if (t0 == 0)
@@ -1165,7 +1192,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
                     isum[t] = c == 0 && mins ? span : V16(add_epi32)(isum[t], span);
                 }
             }
-            super_steps16(mins, xq, stride, t0, nt, i, 0, isum, pairs, d_rows, dmin_rows, sum, off);
+            super_steps16(type, xq, stride, t0, nt, nb, i, 0, isum, pairs, d_rows, dmin_rows, sum, off);
         }
         super_store16(mins, nt, sum, off, y + t0 * ldy, ldy);
     }
