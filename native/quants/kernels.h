@@ -162,8 +162,8 @@ void sq_steps_dot16_f16_avx512vnni(const void *rows, int64_t row_bytes, const vo
 void sq_steps_dot16_bf16_avx512vnni(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                                     int64_t nb, const void *stop, float *y, int64_t ldy);
 /* A group of sixteen rows of a quantized type packed side by side (quants/rows16.c) times
- * n_tokens activation rows as sq_quantize_activations writes them (Q8_0's with their
- * offsets), from one token on, each output with the one-token vec_dot's
+ * n_tokens activation rows as sq_quantize_activations writes them (with their sums of
+ * codes), from one token on, each output with the one-token vec_dot's
  * bits: a packed matrix's every product, decode's included, but for a Q6_K prefill's
  * (sq_packed_batch16_q6_K_avx512vnni, its tokens in tiles of 64). Every quantized type has
  * one, sq_packed_dot16_<name>_avx512vnni (quants/x86/avx512vnni.c). Call only when the CPU
