@@ -153,6 +153,15 @@ def test_products_of_a_packed_matrix_refuse_bad_arguments():
         rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), r0, r1, ffi.from_buffer(xq), xq.shape[1],
                                    tokens, cols, ffi.from_buffer("float[]", y), 16)
         assert rc == -1 and (y == 7.0).all(), (qtype, r0, r1, tokens, cols)
+    # activation rows closer together than a row's bytes (its sums included) would overlap
+    for qtype in (T.Q4_1, T.Q8_0, T.Q4_K):
+        cols = 256
+        pack = packed(qtype, matrix(qtype, 16, cols, rng), cols)
+        xq = quantized_rows(VEC_DOT_TYPE[qtype], cols, 2, rng)
+        for stride, want in ((xq.shape[1] - 1, -1), (xq.shape[1], 0)):
+            rc = lib.sq_vec_dot_rows16(int(qtype), ffi.from_buffer(pack), 0, 16, ffi.from_buffer(xq), stride, 2, cols,
+                                       ffi.from_buffer("float[]", y), 16)
+            assert rc == want, (qtype, stride)
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
