@@ -95,7 +95,8 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
  * registers of codes stay in registers while every token of the tile goes by, adding its
  * products to the token's block integer (isum, in memory between groups: token by token,
  * with the codes reloaded for each, 2048-wide rows took a tenth longer; 11008-wide ones,
- * whose activations come from L3, no longer); then each token's block steps.
+ * whose activations come from L3, no longer); then each token's block steps, the mins
+ * meeting the bsums (packed: the activation row's sums of 32 codes, q4_K_mins8).
  * y[t * ldy + r] for r < 8. */
 static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
     const void *rows, int64_t row_bytes, const int packed, int half, const void *xq, int64_t stride, int n_tokens,
@@ -130,9 +131,14 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
                 const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                 if (i + 1 < nb)
                     prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
-                __m256i imin = q4_K_min8(a, 0, mins[0]);
-                for (int c = 1; c < 4; c++)
-                    imin = _mm256_add_epi32(imin, q4_K_min8(a, c, mins[c]));
+                __m256i imin;
+                if (packed) {
+                    imin = q4_K_mins8(token_sums32(xq, stride, t0 + t, nb, i), mins);
+                } else {
+                    imin = q4_K_min8(a, 0, mins[0]);
+                    for (int c = 1; c < 4; c++)
+                        imin = _mm256_add_epi32(imin, q4_K_min8(a, c, mins[c]));
+                }
                 const __m256 a_d = _mm256_set1_ps(a->d);
                 sumf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d_rows, a_d), sumf[t]);
                 summ[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin_rows, a_d), summ[t]);
@@ -213,9 +219,7 @@ static inline __attribute__((always_inline)) TARGET void packed_dotn16_q4_K(cons
             }
             for (int t = 0; t < n; t++) {
                 const block_q8_K *a = token_block(xq, stride, t, i);
-                __m256i imin = q4_K_min8(a, 0, mins[0]);
-                for (int c = 1; c < 4; c++)
-                    imin = _mm256_add_epi32(imin, q4_K_min8(a, c, mins[c]));
+                const __m256i imin = q4_K_mins8(token_sums32(xq, stride, t, nb, i), mins);
                 const __m256 a_d = _mm256_set1_ps(a->d);
                 sumf[half][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d_rows, a_d), sumf[half][t]);
                 summ[half][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin_rows, a_d), summ[half][t]);

@@ -895,8 +895,7 @@ static inline __attribute__((always_inline)) TARGET v16i pairs_share16(const int
                                                                       const void *xq, int64_t stride, int t,
                                                                       int64_t nb, int64_t i) {
     if (type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_IQ4_XS)
-        return sums32_16(pairs, (const int16_t *)((const uint8_t *)token_row(xq, stride, t) + sq_q8_K_sums32_at(nb) +
-                                                  16 * i));
+        return sums32_16(pairs, token_sums32(xq, stride, t, nb, i));
     return bsums16(pairs, token_block(xq, stride, t, i)->bsums);
 }
 

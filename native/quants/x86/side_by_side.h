@@ -247,6 +247,19 @@ static inline TARGET __m256i q4_K_min8(const block_q8_K *a, int c, __m256i mins_
     return _mm256_madd_epi16(mins_c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)bs_lo | (uint32_t)bs_hi << 16)));
 }
 
+/* The four spans' min terms for eight rows added, each from the pair of sums of 32 codes
+ * that the activation row holds for it (block_sums, token_sums32), rather than from four
+ * bsums: the packed kernels' activations have them. */
+static inline TARGET __m256i q4_K_mins8(const int16_t *block_sums, const __m256i mins[4]) {
+    __m256i imin = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        int32_t pair;
+        memcpy(&pair, block_sums + 2 * c, 4);
+        imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mins[c], _mm256_set1_epi32(pair)));
+    }
+    return imin;
+}
+
 /* Chunk k (elements 32k .. 32k + 31) of block i of eight Q6_K rows side by side: q[j]
  * holds the 6-bit codes 32k + 4j .. +3 of every row, one row per 32-bit lane. */
 static inline TARGET void q6_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, int k, __m256i q[8]) {

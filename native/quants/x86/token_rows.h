@@ -18,6 +18,12 @@ static inline const block_q8_K *token_block(const void *xq, int64_t stride, int 
     return (const block_q8_K *)token_row(xq, stride, t) + i;
 }
 
+/* Block i's eight sums of 32 codes in token t's Q8_K activation row of nb blocks, as
+ * sq_quantize_activations writes them after the blocks (quants/blocks.h). */
+static inline const int16_t *token_sums32(const void *xq, int64_t stride, int t, int64_t nb, int64_t i) {
+    return (const int16_t *)((const uint8_t *)token_row(xq, stride, t) + sq_q8_K_sums32_at(nb)) + 8 * i;
+}
+
 /* An activation block asked for ahead of use. A batch of long rows outgrows L2, and the
  * hardware does not follow one block from each of the 32 to a hundred token rows at a time.
  * Always inlined: see prefetch_ahead (x86/vec_dots.h). */
