@@ -53,9 +53,9 @@ static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
 
 /* A row of Q8_K activations as the mat-vecs take it (sq_quantize_activations) holds, after
  * its nb blocks, from this byte on, each block's eight sums of 32 codes (bsums 2g and 2g +
- * 1 added), as int16. The 512-bit kernels of the types with a min or an offset per group of
- * 32 (Q4_K, Q5_K, IQ4_XS) take two groups' with one vpdpwssd, where two bsums took one
- * per group. */
+ * 1 added), as int16. The packed kernels of the types with a min or an offset per group of
+ * 32 (Q4_K, Q5_K, IQ4_XS) take two groups' with one multiply (vpdpwssd, vpmaddwd), where
+ * two bsums took one per group. */
 static inline int64_t sq_q8_K_sums32_at(int64_t nb) { return nb * (int64_t)sizeof(block_q8_K); }
 
 /* Weight types of 32 elements. */
