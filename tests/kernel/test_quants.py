@@ -878,8 +878,8 @@ def c_vec_dot_batch(qtype: int, raw: np.ndarray, xq_rows: np.ndarray, n: int) ->
 
 
 def c_activations(vtype: int, x: np.ndarray) -> np.ndarray:
-    """One activation row as the mat-vecs take it (sq_quantize_activations): the blocks and,
-    for Q8_0, their offsets after them."""
+    """One activation row as the mat-vecs take it (sq_quantize_activations): the blocks, and
+    after them Q8_0's offsets or Q8_K's sums of 32 codes."""
     size = lib.sq_activation_row_bytes(int(vtype), len(x))
     row = np.full((size + 7) // 8, np.nan).view(np.uint8)[:size]  # 8-byte aligned, as c_quantize's
     assert lib.sq_quantize_activations(int(vtype), ffi.from_buffer("float[]", x), ffi.from_buffer(row), len(x)) == 0
