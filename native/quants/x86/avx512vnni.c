@@ -395,7 +395,7 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
  * as fast as in the prompt's (one thread, in cache). Two, three and four tokens each have a
  * loop compiled for their count, whose chains stay in registers rather than in the span's
  * arrays: SmolLM2's Q4_1 rows in cache ran x1.32-1.50 as fast at 2 tokens, x1.14-1.27 at
- * 4, its 30 MB Q8_0 output matrix x1.26-1.28 (one thread, call by call). */
+ * 4, its 30 MB Q8_0 output matrix x1.25-1.29 (one thread, call by call). */
 enum { PROMPT_SPAN = 128, FEW_SPAN = 16 };
 
 /* How decode (one token) asks memory for the rows to come, by the CPU's maker. On the Xeon,
