@@ -561,6 +561,12 @@ ROWS8_BLOCK32(q8_0, Q8_0)
 TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { AHEAD = 4 };  /* tokens: each token's activation block is asked for this far ahead */
+    /* The next rows' share is asked for in slices, one by each of the first SLICES tokens:
+     * all at once at the block's start (27 lines), the requests filled the core's miss
+     * buffers and the thread waited on them. On Zen 4 at the avx2 setting, the 3B shape's
+     * 8 and 16-token checks took x0.98 of the time (one process, alternating); its
+     * prefill x1.0. */
+    enum { SLICES = 8 };
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;  /* prefetched as these are read */
     const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
     __m256i codes[8][8];   /* [chunk k: elements 32k..][word j: elements 32k + 4j..+3], 8 rows */
@@ -569,7 +575,6 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
     for (int t = 0; t < n_tokens; t++)
         _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
     for (int64_t i = 0; i < nb; i++) {
-        prefetch_next_rows(next, i, share, stop);
         float dr[8];
         int32_t sc_words[16][8], pair_words[8][8];
         for (int r = 0; r < 8; r++) {
@@ -591,6 +596,8 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
             const block_q8_K *a = token_block(xq, stride, t, i);
             if (t + AHEAD < n_tokens)
                 prefetch_block_q8_K(token_block(xq, stride, t + AHEAD, i));
+            if (t < SLICES)
+                prefetch_slice(next, i, share, t, n_tokens < SLICES ? n_tokens : SLICES, stop);
             __m256i acc = _mm256_setzero_si256(), off = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) {
                 const int8_t *aq = a->qs + 32 * k;

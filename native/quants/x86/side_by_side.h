@@ -114,6 +114,15 @@ static inline __attribute__((always_inline)) TARGET void prefetch_next_rows(cons
             _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
 }
 
+/* Slice k of n of prefetch_next_rows's share for block i (the lines from k/n of the way). */
+static inline __attribute__((always_inline)) TARGET void prefetch_slice(const uint8_t *next, int64_t i, int64_t share,
+                                                                       int k, int n, const void *stop) {
+    const int64_t from = i * share + (share * k / n + 63) / 64 * 64, to = i * share + (share * (k + 1) / n + 63) / 64 * 64;
+    for (int64_t b = from; b < to; b += 64)
+        if ((uintptr_t)(next + b) < (uintptr_t)stop)
+            _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
+}
+
 /* The scales, mins and d of block i of eight Q4_K rows side by side (see
  * sq_batch_dot8_q4_K_avx2): scale[g] each row's scale of group g as two int16; mins[c]
  * each row's (min 2c, min 2c+1); d_rows and dmin_rows each row's d and dmin. */
