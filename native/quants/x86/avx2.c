@@ -111,7 +111,7 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
         __m256 sumf[TILE], summ[TILE];
         __m256i isum[TILE];
         for (int t = 0; t < nt; t++)
-            sumf[t] = summ[t] = _mm256_setzero_ps();
+            sumf[t] = summ[t] = opaque_zero8();
         for (int64_t i = 0; i < nb; i++) {
             if (packed) {
                 q4_K_packed_side_by_side(q4_K_run(rows, i), half, codes, scale, mins, &d_rows, &dmin_rows);
@@ -921,7 +921,7 @@ static inline __attribute__((always_inline)) TARGET void rows8_super(const int t
         __m256 sum[TILE], off[TILE];
         __m256i isum[TILE];
         for (int t = 0; t < nt; t++)
-            sum[t] = off[t] = _mm256_setzero_ps();
+            sum[t] = off[t] = opaque_zero8();
         for (int64_t i = 0; i < nb; i++) {
             const uint8_t *block = rows + i * bytes;
             super8_block b;

@@ -283,7 +283,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot8_q4_1(const v
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         for (int t = 0; t < nt; t++)
-            sums[t] = offs[t] = _mm256_setzero_ps();
+            sums[t] = offs[t] = opaque_zero8();
         for (int64_t i = 0; i < nb; i++) {
             if (t0 == 0)
                 prefetch_next_rows(next, i, share, stop);
@@ -330,7 +330,7 @@ TARGET void sq_steps_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
         __m256 sumf[TILE], summ[TILE];
         for (int t = 0; t < nt; t++)
-            sumf[t] = summ[t] = _mm256_setzero_ps();
+            sumf[t] = summ[t] = opaque_zero8();
         for (int64_t i = 0; i < nb; i++) {
             if (t0 == 0)
                 prefetch_next_rows(next, i, share, stop);

@@ -91,6 +91,15 @@ static inline __attribute__((always_inline)) TARGET void prefetch_ahead(const vo
             _mm_prefetch((const char *)(ahead + (uintptr_t)k), _MM_HINT_T0);
 }
 
+/* Zero, but not known to the compiler as such: a loop that starts a variable number of
+ * chains from it stays a few vector stores, where a known zero made it a memset (rep stos,
+ * which takes tens of cycles to start on AMD's CPUs) per block of rows. */
+static inline TARGET __m256 opaque_zero8(void) {
+    __m256 z = _mm256_setzero_ps();
+    __asm__("" : "+x"(z));
+    return z;
+}
+
 /* 16 bytes of nibbles -> 32 codes 0..15: low nibbles in bytes 0..15, high in 16..31
  * (the element order of Q4_0/Q4_1 blocks). The bytes are loaded into both halves and
  * the high half shifted by 4, with no shuffle after the load. */
