@@ -575,23 +575,10 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
     for (int t = 0; t < n_tokens; t++)
         _mm256_storeu_ps(y + t * ldy, _mm256_setzero_ps());
     for (int64_t i = 0; i < nb; i++) {
-        float dr[8];
-        int32_t sc_words[16][8], pair_words[8][8];
-        for (int r = 0; r < 8; r++) {
-            const block_q6_K *x = (const block_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
-            for (int g = 0; g < 16; g++)
-                sc_words[g][r] = (int32_t)((uint16_t)x->scales[g] | (uint32_t)(uint16_t)x->scales[g] << 16);
-            for (int p = 0; p < 8; p++)
-                pair_words[p][r] = (int32_t)((uint16_t)x->scales[2 * p] | (uint32_t)(uint16_t)x->scales[2 * p + 1] << 16);
-            dr[r] = h2f(x->d);
-        }
-        for (int g = 0; g < 16; g++)
-            scale[g] = _mm256_loadu_si256((const __m256i *)sc_words[g]);
-        for (int p = 0; p < 8; p++)
-            bs_scale[p] = _mm256_loadu_si256((const __m256i *)pair_words[p]);
+        __m256 d_rows;
+        q6_K_scales_side_by_side(rows, row_bytes, i, scale, bs_scale, &d_rows);
         for (int k = 0; k < 8; k++)
             q6_K_side_by_side(rows, row_bytes, i, k, codes[k]);
-        const __m256 d_rows = _mm256_loadu_ps(dr);
         for (int t = 0; t < n_tokens; t++) {
             const block_q8_K *a = token_block(xq, stride, t, i);
             if (t + AHEAD < n_tokens)

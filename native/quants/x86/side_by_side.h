@@ -269,6 +269,28 @@ static inline TARGET __m256i q4_K_mins8(const int16_t *block_sums, const __m256i
     return imin;
 }
 
+/* The scales and d of block i of eight Q6_K rows side by side: pairs[p] each row's scales
+ * of groups 2p and 2p + 1 as two int16 (sign-extended), scale[g] its scale of group g as
+ * two int16, d_rows each row's d. */
+static inline TARGET void q6_K_scales_side_by_side(const void *rows, int64_t row_bytes, int64_t i, __m256i scale[16],
+                                                   __m256i pairs[8], __m256 *d_rows) {
+    uint16_t d[8];
+    for (int r = 0; r < 8; r++) {
+        const block_q6_K *x = (const block_q6_K *)((const uint8_t *)rows + r * row_bytes) + i;
+        pairs[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));  /* word g: scale g */
+        memcpy(&d[r], &x->d, 2);
+    }
+    sq_transpose8_epi32(pairs);
+    const __m256i even = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8,
+                                          9, 8, 9, 12, 13, 12, 13);
+    const __m256i odd = _mm256_add_epi8(even, _mm256_set1_epi8(2));
+    for (int p = 0; p < 8; p++) {
+        scale[2 * p] = _mm256_shuffle_epi8(pairs[p], even);
+        scale[2 * p + 1] = _mm256_shuffle_epi8(pairs[p], odd);
+    }
+    *d_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+}
+
 /* Chunk k (elements 32k .. 32k + 31) of block i of eight Q6_K rows side by side: q[j]
  * holds the 6-bit codes 32k + 4j .. +3 of every row, one row per 32-bit lane. */
 static inline TARGET void q6_K_side_by_side(const void *rows, int64_t row_bytes, int64_t i, int k, __m256i q[8]) {
