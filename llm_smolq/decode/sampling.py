@@ -40,12 +40,32 @@ class Sampler:
             logits[ids] = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
         if p.temperature <= 0:
             return int(np.argmax(logits))
+        if p.top_k <= 0 and p.top_p >= 1.0:
+            return self._uncut(logits)
         order, probs = self._top(logits)
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
             order = order[keep]
         probs = _softmax(logits[order] / p.temperature)
-        return int(order[self.rng.choice(len(order), p=probs)])
+        return int(order[self._pick(probs)])
+
+    def _uncut(self, logits: np.ndarray) -> int:
+        """A draw with no top-k or top-p cut: every token, but those min-p drops, in token
+        order. The order a draw walks changes which token a seed gives, not how often each
+        comes, and sorting SmolLM2's 49,152 logits took 5 ms a token, longer than its
+        forward pass."""
+        p = self.params
+        if p.min_p > 0.0:  # p_i >= min_p * p_max, both over the same sum
+            ids = np.flatnonzero(np.exp(logits - logits.max()) >= p.min_p)
+            return int(ids[self._pick(_softmax(logits[ids] / p.temperature))])
+        return self._pick(_softmax(logits / p.temperature))
+
+    def _pick(self, probs: np.ndarray) -> int:
+        """An index drawn with these probabilities: the draw rng.choice(len(probs), p=probs)
+        makes, without its checks of probs (a third of a millisecond over a vocabulary)."""
+        cdf = np.cumsum(probs)
+        cdf /= cdf[-1]
+        return int(np.searchsorted(cdf, self.rng.random(), side="right"))
 
     def _top(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """What top-k and top-p keep: the tokens in descending order of logit (ties in

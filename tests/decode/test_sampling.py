@@ -164,6 +164,42 @@ def test_top_p_sorts_as_far_as_its_cut_reaches(top_p):
     assert np.allclose(probs, p[:keep], rtol=1e-12, atol=0)
 
 
+def test_a_draw_without_top_k_or_top_p_sorts_nothing(monkeypatch):
+    """With neither cut (min-p alone, or nothing) there is no order to keep: the draw walks
+    the vocabulary in token order and never sorts it (a full sort took longer than a step).
+    The distribution is the reference's (the chi-square tests above, at top_p 1)."""
+    z = np.random.default_rng(7).normal(0, 2, 49_152).astype(np.float32)
+    expected = {}
+    for min_p in (0.0, 0.05):
+        sampler = Sampler(SamplingParams(temperature=0.8, top_p=1.0, min_p=min_p, seed=3))
+        expected[min_p] = [sampler(z, []) for _ in range(5)]
+
+    def no_sorting(*args, **kwargs):
+        raise AssertionError("the uncut draw sorted the logits")
+
+    monkeypatch.setattr(np, "argsort", no_sorting)
+    monkeypatch.setattr(np, "partition", no_sorting)
+    for min_p, draws in expected.items():
+        sampler = Sampler(SamplingParams(temperature=0.8, top_p=1.0, min_p=min_p, seed=3))
+        assert [sampler(z, []) for _ in range(5)] == draws
+    # min-p's survivors: within ln(0.05) of the top logit
+    kept_ids = {Sampler(SamplingParams(temperature=5.0, top_p=1.0, min_p=0.05, seed=s))(z, []) for s in range(200)}
+    assert min(z[sorted(kept_ids)]) >= z.max() + np.log(0.05) - 1e-6
+
+
+def test_a_cut_draws_what_rng_choice_draws():
+    """The sorted paths pick as numpy's Generator.choice picks (the same seeded answers as
+    before it was replaced), without its checks of the probabilities."""
+    logits = np.array(NUCLEUS, np.float32)  # in descending order already
+    z = logits.astype(np.float64)
+    keep = int(np.searchsorted(np.cumsum(softmax(z)), 0.9)) + 1
+    assert keep == 5
+    ours, rng = Sampler(SamplingParams(temperature=1.3, top_p=0.9, seed=9)), np.random.default_rng(9)
+    draws = [ours(logits, []) for _ in range(500)]
+    assert draws == [int(rng.choice(keep, p=softmax(z[:keep] / 1.3))) for _ in range(500)]
+    assert set(draws) == set(range(keep))
+
+
 # -- temperature -----------------------------------------------------------------------------
 
 # 12 tokens spread over 3 nats: every token is drawn often enough at both temperatures.

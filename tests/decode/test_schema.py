@@ -108,7 +108,7 @@ class Owner(BaseModel):
 @pytest.fixture(scope="module")
 def tiny_engine(reference_dir):
     # The F32 cache: these seeds were chosen on its logits (the random model writes a
-    # quote or backslash in few of its strings, and under seed 0 with this cache).
+    # quote or backslash in few of its strings: 6 answers in 104 seeds, 55 the first).
     return llm_smolq.load(reference_dir / TINY, n_ctx=2048, kv_dtype="f32")
 
 
@@ -172,7 +172,7 @@ def test_strings_come_out_escaped(tiny_engine):
     characters; the grammar makes the model write them as JSON escapes."""
     schema = {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 3, "maxItems": 3}
     decoded = []
-    for seed in range(4):
+    for seed in (55, 0, 1, 2):
         text, done = constrained_answer(tiny_engine, schema, seed)
         assert done.finish_reason == "stop"
         decoded += assert_valid(text, schema)  # json.loads refuses raw control characters
