@@ -187,6 +187,14 @@ def test_a_draw_without_top_k_or_top_p_sorts_nothing(monkeypatch):
     assert min(z[sorted(kept_ids)]) >= z.max() + np.log(0.05) - 1e-6
 
 
+def test_nothing_to_draw_is_refused_on_every_path():
+    """All logits -inf (nothing a constraint allows, say): a clear error, never a token id."""
+    z = np.full(10, -np.inf, np.float32)
+    for top_p in (1.0, 0.9):
+        with np.errstate(invalid="ignore"), pytest.raises(ValueError, match="no token can be drawn"):
+            Sampler(SamplingParams(temperature=0.8, top_p=top_p, seed=1))(z, [])
+
+
 def test_a_cut_draws_what_rng_choice_draws():
     """The sorted paths pick as numpy's Generator.choice picks (the same seeded answers as
     before it was replaced), without its checks of the probabilities."""
