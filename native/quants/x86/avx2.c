@@ -102,6 +102,7 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
     const void *rows, int64_t row_bytes, const int packed, int half, const void *xq, int64_t stride, int n_tokens,
     int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 64 };  /* tokens per pass over a block's codes (32: 5% slower on 2048-wide rows) */
+    enum { RUN_EIGHTH = 16 * (int)sizeof(block_q4_K) / 8 };  /* of a packed block's run, asked for per group */
     __m256i codes[4][2][8], scale[8], mins[4];
     __m256 d_rows, dmin_rows;
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;  /* prefetched as these are read */
@@ -127,7 +128,7 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
                  * setting, the 3B shape's 8 to 16-token checks took x0.85-0.89 of the time
                  * (one process, alternating); its prefill x1.0. */
                 if (packed && t0 == 0 && half == 0)
-                    prefetch_ahead(q4_K_run(rows, i) + 2 * g * (int)sizeof(block_q4_K), 2 * (int)sizeof(block_q4_K), stop);
+                    prefetch_ahead(q4_K_run(rows, i) + g * RUN_EIGHTH, RUN_EIGHTH, stop);
                 for (int t = 0; t < nt; t++) {
                     const __m256i s = q4_K_group8(token_block(xq, stride, t0 + t, i)->qs + 32 * g, codes[g / 2][g % 2], scale[g]);
                     isum[t] = g ? _mm256_add_epi32(isum[t], s) : s;

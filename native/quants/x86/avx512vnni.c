@@ -918,12 +918,18 @@ static inline __attribute__((always_inline)) TARGET v16i sums32_16(const v16i pa
     return V16(add_epi32)(dpwssd_pair(even, pairs[2], sums + 4), dpwssd_pair(odd, pairs[3], sums + 6));
 }
 
+/* Of the types of 256-element blocks: whose scales are per group of 32 codes (Q3_K's and
+ * Q2_K's per 16), and whose pairs are mins, taken off by a second chain (Q4_K, Q5_K, Q2_K;
+ * IQ4_XS's and Q3_K's are offsets, taken off a block's own sum). */
+static inline int super_groups32(const int type) { return type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_IQ4_XS; }
+static inline int super_mins(const int type) { return type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K; }
+
 /* What block i's pairs (super_header16) take from token t's activations (nb blocks a
  * row): through its sums of 32 codes where the type's groups are 32 codes, else its bsums. */
 static inline __attribute__((always_inline)) TARGET v16i pairs_share16(const int type, const v16i pairs[8],
                                                                       const void *xq, int64_t stride, int t,
                                                                       int64_t nb, int64_t i) {
-    if (type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_IQ4_XS)
+    if (super_groups32(type))
         return sums32_16(pairs, token_sums32(xq, stride, t, nb, i));
     return bsums16(pairs, token_block(xq, stride, t, i)->bsums);
 }
@@ -975,7 +981,7 @@ static inline __attribute__((always_inline)) TARGET void super_steps16(const int
                                                                       int fetch_next, const v16i isum[],
                                                                       const v16i pairs[8], v16f d_rows,
                                                                       v16f dmin_rows, v16f sum[], v16f off[]) {
-    const int mins = type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K;
+    const int mins = super_mins(type);
     for (int t = 0; t < nt; t++) {
         const block_q8_K *a = token_block(xq, stride, t0 + t, i);
         if (fetch_next)
@@ -1027,7 +1033,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
                                                                      int64_t ldy, const int TILE) {
     enum { MAX_TILE = 64 };
     const int ahead = TILE == 1 ? decode_fetch_here().ahead_K : PACKED_AHEAD_K;
-    const int mins = type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K;
+    const int mins = super_mins(type);
     const int64_t bytes = sq_block_size(type);
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
@@ -1049,7 +1055,7 @@ static inline __attribute__((always_inline)) TARGET void rows16_super(const int 
             for (int c = 0; c < 4; c++) {  /* unrolled: each span's shifts are its own */
                 if (t0 == 0)  /* one stream: ahead of a quarter of the run per span */
                     prefetch_run(run + c * 4 * bytes, 4 * (int)bytes, ahead, stop, 1);
-                if (TILE <= 2 && (type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_IQ4_XS)) {  /* TILE tokens exactly */
+                if (TILE <= 2 && super_groups32(type)) {  /* TILE tokens exactly */
                     const int8_t *aq[2];
                     for (int t = 0; t < TILE; t++)
                         aq[t] = token_block(xq, stride, t0 + t, i)->qs + 64 * c;
@@ -1177,7 +1183,7 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_super_amx(co
                                                                              int n_tokens, int64_t nb,
                                                                              const void *stop, float *y,
                                                                              int64_t ldy, int rows) {
-    const int mins = type == SQ_Q4_K || type == SQ_Q5_K || type == SQ_Q2_K;
+    const int mins = super_mins(type);
     const int scaled = type == SQ_Q3_K || type == SQ_Q2_K;
     const int64_t bytes = sq_block_size(type);
     amx_begin(rows, scaled ? 64 : 32);

@@ -105,22 +105,22 @@ static inline __attribute__((always_inline)) TARGET __m256i lane_totals(const __
     return _mm256_add_epi32(_mm256_permute2x128_si256(q[0], q[1], 0x20), _mm256_permute2x128_si256(q[0], q[1], 0x31));
 }
 
-/* Block i's share (`share` bytes) of the eight rows that follow the ones being worked on,
- * asked for ahead of use up to stop: the hardware prefetchers do not follow eight rows
- * read a block of each at a time. Into L1, as prefetch_ahead's requests. */
-static inline __attribute__((always_inline)) TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int64_t share, const void *stop) {
-    for (int64_t b = i * share; b < (i + 1) * share; b += 64)
-        if ((uintptr_t)(next + b) < (uintptr_t)stop)
-            _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
-}
-
-/* Slice k of n of prefetch_next_rows's share for block i (the lines from k/n of the way). */
+/* Slice k of n of block i's share (`share` bytes) of the eight rows that follow the ones
+ * being worked on (the lines from k/n of the way), asked for ahead of use up to stop: the
+ * hardware prefetchers do not follow eight rows read a block of each at a time. Into L1, as
+ * prefetch_ahead's requests. */
 static inline __attribute__((always_inline)) TARGET void prefetch_slice(const uint8_t *next, int64_t i, int64_t share,
                                                                        int k, int n, const void *stop) {
     const int64_t from = i * share + (share * k / n + 63) / 64 * 64, to = i * share + (share * (k + 1) / n + 63) / 64 * 64;
     for (int64_t b = from; b < to; b += 64)
         if ((uintptr_t)(next + b) < (uintptr_t)stop)
             _mm_prefetch((const char *)(next + b), _MM_HINT_T0);
+}
+
+/* The whole of block i's share at once. */
+static inline __attribute__((always_inline)) TARGET void prefetch_next_rows(const uint8_t *next, int64_t i, int64_t share,
+                                                                           const void *stop) {
+    prefetch_slice(next, i, share, 0, 1, stop);
 }
 
 /* The scales, mins and d of block i of eight Q4_K rows side by side (see
