@@ -12,14 +12,16 @@ teacher-forced on that build's greedy continuation, and of the two builds agains
 files. With --smollm2, the six real SmolLM2 conversations: teacher-forced on each build's
 greedy answer, the KL divergence of our distribution from llama.cpp's over its top 10 ids,
 and the same between its builds; and how many of our greedy answers are each build's.
-Everything on the F32 KV cache, the path whose order is llama.cpp's outside the products.
+Those on the F32 KV cache, the path whose order is llama.cpp's outside the products.
 
 Six short conversations give about a hundred steps, too few for a mean KL: a few steps
 decide it. With --text, a real text teacher-forced through SmolLM2 gives as many positions
-as it has tokens (--positions), compared over the whole vocabulary, against llama.cpp builds
-run live, each in a process of its own: --llama-cpp names the folders that hold each
-build's llama_cpp package ("installed": the one installed here), for example one built for
-this CPU and one built for AVX2 alone (docs/development.md says how):
+as it has tokens (--positions), compared over the whole vocabulary, ours with the default F16
+cache and with the F32 one, against llama.cpp builds run live, each in a process of its own;
+then ours less the first two builds' KL, position by position (is ours further from llama.cpp
+than its builds are from each other?). --llama-cpp names the folders that hold each build's
+llama_cpp package ("installed": the one installed here), for example one built for this CPU
+and one built for AVX2 alone (docs/development.md says how):
 
     python -m llm_smolq.dev.fidelity .models/reference --types Q4_1 \
         --smollm2 .models/SmolLM2-135M-Instruct.Q4_1.gguf --text /usr/share/common-licenses/GPL-3 \
@@ -165,6 +167,14 @@ def full_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     return (np.exp(lp) * (lp - lq)).sum(axis=1)
 
 
+def mean_error(values: np.ndarray, blocks: int = 16) -> float:
+    """The standard error of values' mean, from the means of `blocks` runs of consecutive
+    positions: neighbouring positions of one text are alike, so the spread of single values
+    would understate it."""
+    means = np.array([piece.mean() for piece in np.array_split(values, min(blocks, len(values)))])
+    return float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else float("nan")
+
+
 # A llama.cpp build's logits at every position of the ids, run where PYTHONPATH finds it.
 _LLAMA_CPP_WORKER = """
 import json, sys, numpy as np, llama_cpp
@@ -190,25 +200,40 @@ def _llama_cpp_logits(site: str, model: Path, ids_path: Path, out: Path) -> np.n
 
 def live_text(model: Path, text: Path, sites: list[str], positions: int) -> dict:
     """Our logits and each llama.cpp build's at every position of the text's first tokens,
-    and the full-vocabulary KL between every two of them."""
-    engine = llm_smolq.load(model, n_ctx=positions + 8, kv_dtype="f32")
-    ids = engine.tokenize(text.read_text())[:positions]
-    logits = {"ours": np.concatenate([np.array(engine.eval(ids[s:s + 512], all_logits=True), np.float32)
-                                      for s in range(0, len(ids), 512)])}
+    and the full-vocabulary KL between every two of them. Ours twice: with the F16 KV cache,
+    the default, whose keys and values are rounded to halves as llama.cpp's default cache
+    rounds them, and with the F32 cache, whose attention is llama.cpp's order in floats."""
+    logits = {}
+    for kv in ("f16", "f32"):
+        engine = llm_smolq.load(model, n_ctx=positions + 8, kv_dtype=kv)
+        ids = engine.tokenize(text.read_text())[:positions]
+        logits[f"ours {kv.upper()} cache"] = np.concatenate(
+            [np.array(engine.eval(ids[s:s + 512], all_logits=True), np.float32) for s in range(0, len(ids), 512)])
+        del engine
     with tempfile.TemporaryDirectory() as tmp:
         ids_path = Path(tmp) / "ids.json"
         ids_path.write_text(json.dumps(ids))
         for i, site in enumerate(sites):
             logits[f"llama.cpp {site}"] = _llama_cpp_logits(site, model, ids_path, Path(tmp) / f"{i}.npy")
     names = list(logits)
-    pairs = {}
+    pairs, kls = {}, {}
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            kl = full_kl(logits[b], logits[a])  # KL(llama.cpp || ours), KL(build || build)
-            pairs[f"{b} || {a}"] = {"kl_mean": float(kl.mean()), "kl_median": float(np.median(kl)),
-                                    "kl_p99": float(np.quantile(kl, 0.99)),
+            kl = kls[b, a] = full_kl(logits[b], logits[a])  # KL(llama.cpp || ours), KL(build || build)
+            pairs[f"{b} || {a}"] = {"kl_mean": float(kl.mean()), "kl_mean_se": mean_error(kl),
+                                    "kl_median": float(np.median(kl)), "kl_p99": float(np.quantile(kl, 0.99)),
                                     "top1_same": float((logits[a].argmax(1) == logits[b].argmax(1)).mean())}
-    return {"positions": len(ids), "pairs": pairs}
+    # Ours against a build, less the two builds against each other, position by position:
+    # whether ours is further from llama.cpp than its builds are from each other.
+    builds = [name for name in names if name.startswith("llama.cpp")]
+    beyond = {}
+    if len(builds) >= 2:
+        between = kls[builds[1], builds[0]]
+        for ours in (name for name in names if name.startswith("ours")):
+            for build in builds[:2]:
+                d = kls[build, ours] - between
+                beyond[f"{build} || {ours}"] = {"mean": float(d.mean()), "se": mean_error(d)}
+    return {"positions": len(ids), "pairs": pairs, "beyond_builds": beyond}
 
 
 def format_report(report: dict) -> str:
@@ -233,10 +258,16 @@ def format_report(report: dict) -> str:
     if "text" in report:
         t = report["text"]
         lines.append(f"SmolLM2, {t['positions']} positions of real text, teacher-forced: KL over the whole "
-                     "vocabulary, mean / median / 99th percentile; top-1 the same")
+                     "vocabulary, mean (+- its standard error) / median / 99th percentile; top-1 the same")
         for pair, r in t["pairs"].items():
-            lines.append(f"  KL({pair}): {r['kl_mean']:.2e} / {r['kl_median']:.2e} / {r['kl_p99']:.2e}; "
-                         f"{r['top1_same']:.2%}")
+            same = "  (the same logits: are these two builds of one kind?)" if r["kl_p99"] == 0 else ""
+            lines.append(f"  KL({pair}): {r['kl_mean']:.2e} (+-{r['kl_mean_se']:.1e}) / {r['kl_median']:.2e} / "
+                         f"{r['kl_p99']:.2e}; "
+                         f"{r['top1_same']:.2%}{same}")
+        if t.get("beyond_builds"):
+            lines.append("  each of those less the two builds' KL, position by position (mean +- its standard error):")
+            for pair, r in t["beyond_builds"].items():
+                lines.append(f"    KL({pair}) - KL(builds): {r['mean']:+.2e} (+-{r['se']:.1e})")
     return "\n".join(lines)
 
 
