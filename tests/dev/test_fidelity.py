@@ -66,3 +66,13 @@ def test_mean_error_is_the_spread_of_block_means():
     values = np.repeat(np.arange(16, dtype=np.float64), 4)
     assert fidelity.mean_error(values) == pytest.approx(np.arange(16).std(ddof=1) / 4)
     assert fidelity.mean_error(np.full(64, 2.5)) == 0.0
+
+
+def test_the_report_says_when_two_builds_gave_the_same_logits():
+    pair = {"kl_mean_se": 0.0, "kl_median": 0.0, "kl_p99": 0.0, "top1_same": 1.0}
+    text = {"positions": 8, "beyond_builds": {},
+            "pairs": {"llama.cpp b || llama.cpp a": {**pair, "kl_mean": 0.0},
+                      "llama.cpp b || ours F16 cache": {**pair, "kl_mean": 4e-3}}}
+    lines = fidelity.format_report({"files": {}, "text": text}).splitlines()
+    flagged = [line for line in lines if "the same logits" in line]
+    assert len(flagged) == 1 and "llama.cpp b || llama.cpp a" in flagged[0]
