@@ -296,18 +296,18 @@ SQ_AVX2 static ALWAYS_INLINE void score_keys(const float *q, size_t hdp, const u
 
 /* The block's lanes for G rows, KP keys at a time and the last few one by one; lanes of
  * keys past nk are 0. The first pf_bytes bytes from pf_a and (unless NULL) pf_b are
- * prefetched a slice per step: see block_step. */
+ * prefetched a slice per step, into L1 or (into_l1 0) L2 only: see block_step. */
 SQ_AVX2 static ALWAYS_INLINE void score_block(const float *q, size_t hdp, const uint8_t *k, size_t rb, size_t nk,
                                            size_t head_dim, float *lanes, const uint8_t *pf_a, const uint8_t *pf_b,
-                                           size_t pf_bytes, const int KV, const int G, const int HOLD) {
+                                           size_t pf_bytes, int into_l1, const int KV, const int G, const int HOLD) {
     const int KP = AT_ONCE(G);
     for (size_t j = 0; j < KEY_BLOCK; j += KP) {
         const size_t end = (j + KP) * pf_bytes / KEY_BLOCK;
         for (size_t at = j * pf_bytes / KEY_BLOCK & ~(size_t)63; at < end && at < pf_bytes; at += 64)
-            if (HOLD) {
+            if (into_l1) {
                 __builtin_prefetch(pf_a + at);
                 if (pf_b) __builtin_prefetch(pf_b + at);
-            } else { /* up to ROWS rows: into L2 only (block_step says why) */
+            } else {
                 __builtin_prefetch(pf_a + at, 0, 2);
                 if (pf_b) __builtin_prefetch(pf_b + at, 0, 2);
             }
@@ -339,15 +339,16 @@ SQ_AVX2 static void reduce_lanes(const float *lanes, size_t g, float *s) {
 }
 
 /* scores_plain's scores for n rows (head_dim a multiple of 8), ROWS rows at a time; the
- * queries held in registers where more than ROWS rows share the block (a prefill's). */
+ * queries held in registers where more than ROWS rows share the block (a check's, a
+ * prefill's); the prefetches into L1 or L2 as into_l1 says. */
 SQ_AVX2 static void scores_avx2(const float *q, size_t n, size_t hdp, const uint8_t *k, int kv_type, size_t rb,
                              size_t nk, size_t head_dim, float *lanes, float *s, const uint8_t *pf_a,
-                             const uint8_t *pf_b, size_t pf_bytes) {
+                             const uint8_t *pf_b, size_t pf_bytes, int into_l1) {
     const int hold = n > ROWS;
     for (size_t r0 = 0; r0 < n; r0 += ROWS) {
         const size_t g = n - r0 < ROWS ? n - r0 : ROWS, pf = r0 ? 0 : pf_bytes;  /* the first pass prefetches */
         const float *qr = q + r0 * hdp;
-#define SCORE_AS(G, KV, HOLD) score_block(qr, hdp, k, rb, nk, head_dim, lanes, pf_a, pf_b, pf, KV, G, HOLD)
+#define SCORE_AS(G, KV, HOLD) score_block(qr, hdp, k, rb, nk, head_dim, lanes, pf_a, pf_b, pf, into_l1, KV, G, HOLD)
 #define SCORE(G)                                                                   \
     (kv_type == SQ_F16 ? (hold ? SCORE_AS(G, SQ_F16, 1) : SCORE_AS(G, SQ_F16, 0)) \
                        : (hold ? SCORE_AS(G, SQ_Q8_0, 1) : SCORE_AS(G, SQ_Q8_0, 0)))
@@ -500,17 +501,18 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
     const int wide = x16 && !in_place, src = wide ? SQ_FLASH_WIDE : job->kv_type;
     /* This block's values (read next) and the next block's keys asked of memory while
      * the keys are scored (or widened): left to the hardware prefetchers, decode waits on
-     * memory for half its time. Up to ROWS rows (a decode step, where up to four query
-     * heads share a KV head) ask for them into L2 only (prefetcht1): a request for L1
-     * holds one of the core's few line fill buffers until its line arrives, and with them
-     * all taken the prefetches themselves stall; SmolLM2's decode at depth 8,000 went 8%
-     * faster with an F16 cache, 20% with Q8_0. More rows (a prefill) keep prefetcht0. */
+     * memory for half its time. Rows that read them in place (a decode step's, a draft
+     * check's) ask for them into L2 only (prefetcht1): a request for L1 holds one of the
+     * core's few line fill buffers until its line arrives, and with them all taken the
+     * prefetches themselves stall; SmolLM2's decode at depth 8,000 went 8% faster with an
+     * F16 cache, 20% with Q8_0, its checks of 2-8 tokens 1-2% (Zen 4, one process,
+     * alternating). A prefill's rows, which widen them once for all, keep prefetcht0. */
     const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
     if (x16) {
         if (wide) widen_key_pairs(k, job->kv_type, rb, hd, nk, sc->k);
         sq_flash_scores_x16(q, n, hdp, sc->k, k, src, rb, hd, s, vh + b0 * rb, next_keys, nk * rb);
     } else if (fast) {
-        scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb);
+        scores_avx2(q, n, hdp, k, job->kv_type, rb, nk, hd, sc->lanes, s, vh + b0 * rb, next_keys, nk * rb, !in_place);
     }
     else
 #endif

@@ -165,9 +165,9 @@ SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const f
         const float *qr = q + r0 * hdp;
         /* A slice of the prefetches per group of rows: asked all at once, they fill the
          * line fill buffers and the thread waits on them. A draft check's rows, which read
-         * the cache in place, ask for L2 only, as decode's do (flash_attention.c,
-         * block_step): SmolLM2's 8-token checks took x0.984-0.993 of the time (Zen 4, one
-         * process, alternating; 16 tokens x0.998); a prefill's keep L1. */
+         * the cache in place, ask for L2 only (flash_attention.c, block_step, says why):
+         * SmolLM2's 8-token checks took x0.984-0.993 of the time (Zen 4, one process,
+         * alternating; 16 tokens x0.998); a prefill's keep L1. */
         const size_t from = r0 * pf_bytes / n & ~(size_t)63, to = (r0 + g) * pf_bytes / n;
         if (src == SQ_FLASH_WIDE) {
             for (size_t at = from; at < to; at += 64) {
