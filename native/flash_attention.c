@@ -505,7 +505,7 @@ static void block_step(const flash_job *job, scratch *sc, const uint8_t *k, cons
      * check's) ask for them into L2 only (prefetcht1): a request for L1 holds one of the
      * core's few line fill buffers until its line arrives, and with them all taken the
      * prefetches themselves stall; SmolLM2's decode at depth 8,000 went 8% faster with an
-     * F16 cache, 20% with Q8_0, its checks of 2-8 tokens 1-2% (Zen 4, one process,
+     * F16 cache, 20% with Q8_0, its checks of 4 and 8 tokens 1-2% (Zen 4, one process,
      * alternating). A prefill's rows, which widen them once for all, keep prefetcht0. */
     const uint8_t *next_keys = b0 + 2 * nk <= end ? k + nk * rb : NULL;
     if (x16) {
