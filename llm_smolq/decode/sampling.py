@@ -70,13 +70,14 @@ class Sampler:
         return int(np.searchsorted(cdf, self.rng.random(), side="right"))
 
     def _top(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """What top-k and top-p keep: the tokens in descending order of logit (ties in
-        token order), with their probabilities at temperature 1 among what top-k left. Only
-        as much of that order is sorted as the cuts reach: sorting all of SmolLM2's 49,152
-        logits took 4 ms a token, longer than its forward pass."""
+        """What top-k and top-p keep (one of them cuts: __call__ draws uncut otherwise): the
+        tokens in descending order of logit (ties in token order), with their probabilities
+        at temperature 1 among what top-k left. Only as much of that order is sorted as the
+        cuts reach: sorting all of SmolLM2's 49,152 logits took 4 ms a token, longer than its
+        forward pass."""
         p = self.params
-        if p.top_k > 0 or p.top_p >= 1.0:
-            order = _head(logits, p.top_k if p.top_k > 0 else len(logits))
+        if p.top_k > 0:
+            order = _head(logits, p.top_k)
             probs = _softmax(logits[order])
             if p.top_p < 1.0:
                 keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
