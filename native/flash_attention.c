@@ -303,14 +303,7 @@ SQ_AVX2 static ALWAYS_INLINE void score_block(const float *q, size_t hdp, const 
     const int KP = AT_ONCE(G);
     for (size_t j = 0; j < KEY_BLOCK; j += KP) {
         const size_t end = (j + KP) * pf_bytes / KEY_BLOCK;
-        for (size_t at = j * pf_bytes / KEY_BLOCK & ~(size_t)63; at < end && at < pf_bytes; at += 64)
-            if (into_l1) {
-                __builtin_prefetch(pf_a + at);
-                if (pf_b) __builtin_prefetch(pf_b + at);
-            } else {
-                __builtin_prefetch(pf_a + at, 0, 2);
-                if (pf_b) __builtin_prefetch(pf_b + at, 0, 2);
-            }
+        sq_flash_prefetch(pf_a, pf_b, j * pf_bytes / KEY_BLOCK, end < pf_bytes ? end : pf_bytes, into_l1);
         if (j + KP <= nk) {
             score_keys(q, hdp, k, rb, head_dim, j, lanes, KV, G, KP, HOLD);
             continue;

@@ -18,6 +18,20 @@ enum { SQ_FLASH_KEY_BLOCK = 32 };
     default: CALL(4); break;          \
     }
 
+/* The lines of bytes [from, to) of a and (unless NULL) b asked of memory: into L1, or (into_l1
+ * 0) L2 only, as flash_attention.c's block_step says for whom. The scores passes ask a slice
+ * at a time. */
+static inline void sq_flash_prefetch(const uint8_t *a, const uint8_t *b, size_t from, size_t to, int into_l1) {
+    for (size_t at = from & ~(size_t)63; at < to; at += 64)
+        if (into_l1) {
+            __builtin_prefetch(a + at);
+            if (b) __builtin_prefetch(b + at);
+        } else {
+            __builtin_prefetch(a + at, 0, 2);
+            if (b) __builtin_prefetch(b + at, 0, 2);
+        }
+}
+
 /* Where the 512-bit kernels read a block's keys and values: floats widened into scratch
  * (SQ_FLASH_WIDE), or the rows of an SQ_F16 or SQ_Q8_0 cache, widened as they are read. */
 enum { SQ_FLASH_WIDE = -1 };

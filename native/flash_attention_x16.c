@@ -168,18 +168,7 @@ SQ_AVX512 void sq_flash_scores_x16(const float *q, size_t n, size_t hdp, const f
          * the cache in place, ask for L2 only (flash_attention.c, block_step, says why):
          * SmolLM2's 8-token checks took x0.984-0.993 of the time (Zen 4, one process,
          * alternating; 16 tokens x0.998); a prefill's keep L1. */
-        const size_t from = r0 * pf_bytes / n & ~(size_t)63, to = (r0 + g) * pf_bytes / n;
-        if (src == SQ_FLASH_WIDE) {
-            for (size_t at = from; at < to; at += 64) {
-                __builtin_prefetch(pf_a + at);
-                if (pf_b) __builtin_prefetch(pf_b + at);
-            }
-        } else {
-            for (size_t at = from; at < to; at += 64) {
-                __builtin_prefetch(pf_a + at, 0, 2);
-                if (pf_b) __builtin_prefetch(pf_b + at, 0, 2);
-            }
-        }
+        sq_flash_prefetch(pf_a, pf_b, r0 * pf_bytes / n, (r0 + g) * pf_bytes / n, src == SQ_FLASH_WIDE);
 #define SCORE_FROM(G, SRC) score_rows(qr, hdp, kw, k, rb, steps, s + r0 * KEY_BLOCK, G, SRC)
 #define SCORE(G) FOR_SOURCE(src, G, SCORE_FROM)
         SQ_FOR_GROUP_OF_ROWS(g, SCORE)
