@@ -92,7 +92,8 @@ TARGET void sq_batch_dot_q4_K_avx2(const void *row, const void *xq, int64_t stri
  * as the token goes by: for a prompt of several tiles, whose activations come from L2 or
  * L3, the next block's lines for the whole tile asked for at once, as the block ended,
  * left 3B Q4_K products of 512 tokens 9-12% slower (one thread); for one tile, where
- * they come from L1 or L2, 1-3% faster. */
+ * they come from L1 or L2, 1-3% faster. Into L2: the tile's blocks, the codes and the
+ * sums fill most of L1 (into L1, 1-6% slower). */
 static inline __attribute__((always_inline)) TARGET void q4_K_group_tokens(const void *xq, int64_t stride, int t0,
                                                                            int nt, int64_t i, int g,
                                                                            const __m256i code[8], __m256i scale,
@@ -100,7 +101,7 @@ static inline __attribute__((always_inline)) TARGET void q4_K_group_tokens(const
     for (int t = 0; t < nt; t++) {
         const block_q8_K *a = token_block(xq, stride, t0 + t, i);
         if (fetch)
-            _mm_prefetch((const char *)(a + 1) + (g < 5 ? 64 * g : (int)sizeof(block_q8_K) - 1), _MM_HINT_T0);
+            _mm_prefetch((const char *)(a + 1) + (g < 5 ? 64 * g : (int)sizeof(block_q8_K) - 1), _MM_HINT_T1);
         const __m256i s = q4_K_group8(a->qs + 32 * g, code, scale);
         isum[t] = g ? _mm256_add_epi32(isum[t], s) : s;
     }
@@ -608,7 +609,8 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
              * were loaded again for every token, two loads to a multiply, and the loads set
              * the pace (3B Q6_K products of 16 to 512 tokens x1.10-1.22 as fast, one thread).
              * The next tile's activation blocks (this block's next tokens, or the next
-             * block's first tile) are asked for a line per token as the chunks go by. */
+             * block's first tile) are asked for a line per token as the chunks go by, into
+             * L2, as batch_dot8_q4_K's are. */
             const int64_t next_t0 = t0 + TILE < n_tokens ? t0 + TILE : 0, next_i = next_t0 ? i : i + 1;
             const int next_nt = next_i == nb ? 0 : n_tokens - next_t0 < TILE ? (int)(n_tokens - next_t0) : TILE;
             for (int k = 0; k < 8; k++) {
@@ -618,7 +620,7 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
                     const block_q8_K *a = token_block(xq, stride, t0 + t, i);
                     if (k < 6 && t < next_nt)
                         _mm_prefetch((const char *)token_block(xq, stride, (int)next_t0 + t, next_i) +
-                                         (k < 5 ? 64 * k : (int)sizeof(block_q8_K) - 1), _MM_HINT_T0);
+                                         (k < 5 ? 64 * k : (int)sizeof(block_q8_K) - 1), _MM_HINT_T1);
                     const int8_t *aq = a->qs + 32 * k;
                     __m256i s16[4];  /* words 2u, 2u + 1: group 2k + u / 2 */
                     for (int u = 0; u < 4; u++) {
