@@ -583,11 +583,11 @@ ROWS8_BLOCK32(q8_0, Q8_0)
 TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 64 };   /* tokens whose activation blocks (18 KiB) stay in L1 over a block's eight chunks */
-    /* The next rows' share is asked for in slices, one by each of the first SLICES tokens:
-     * all at once at the block's start (27 lines), the requests filled the core's miss
-     * buffers and the thread waited on them. On Zen 4 at the avx2 setting, the 3B shape's
-     * 8 and 16-token checks took x0.98 of the time (one process, alternating); its
-     * prefill x1.0. */
+    /* The next rows' share is asked for in slices, one by each of the first SLICES tokens'
+     * block steps: all at once at the block's start (27 lines), the requests filled the
+     * core's miss buffers and the thread waited on them. On Zen 4 at the avx2 setting, the
+     * 3B shape's 8 and 16-token checks took x0.98 of the time (one process, alternating);
+     * its prefill x1.0. */
     enum { SLICES = 8 };
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;  /* prefetched as these are read */
     const int64_t share = 8 * row_bytes / (nb > 0 ? nb : 1);
