@@ -75,13 +75,12 @@ typedef struct {
 } kernels;
 
 #ifdef SQ_X86
-/* avx2's packed Q4_K kernels in the form of the others: a prompt's tokens eight rows at a
- * time (the second eight find the group's bytes in cache), a few all sixteen at once. */
-static void packed_batch8x2_q4_K(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
-                                 int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+/* avx2's packed Q4_K kernels in the form of the others: a prompt's tokens through each
+ * block eight rows at a time, a few tokens all sixteen at once. */
+static void packed_batch16_q4_K(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
+                                int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     (void)row_bytes;
-    for (int half = 0; half < 2; half++)
-        sq_packed_batch8_q4_K_avx2(group, half, xq, stride, n_tokens, nb, stop, y + 8 * half, ldy);
+    sq_packed_batch16_q4_K_avx2(group, xq, stride, n_tokens, nb, stop, y, ldy);
 }
 
 static void packed_dotn16_q4_K(const void *group, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
@@ -148,7 +147,7 @@ static const kernels kernel_table[SIMD_LEVELS][SQ_TYPE_SLOTS] = {
         X86_FILE_LAYOUT
         /* Read packed at this setting, Q4_K alone: its eight-row kernels take fewer
          * multiplies per row than the one-row vec_dot; the other types' as many. */
-        [SQ_Q4_K].packed = {.few = packed_dotn16_q4_K, .prompt = packed_batch8x2_q4_K},
+        [SQ_Q4_K].packed = {.few = packed_dotn16_q4_K, .prompt = packed_batch16_q4_K},
         [SQ_Q4_K].rest_in_cache = 1,
     },
     /* Every quantized type's packed groups of sixteen rows in 512-bit registers: a packed

@@ -213,13 +213,13 @@ void sq_steps_dot8_iq4_nl_avx2(const void *rows, int64_t row_bytes, const void *
                                int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot8_q8_0_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
-/* Rows 8 half .. 8 half + 7 (half 0 or 1) of a group of sixteen Q4_K rows packed side by
- * side (quants/rows16.c), as sq_batch_dot8_q4_K_avx2 takes them, but the activation rows
- * as sq_quantize_activations writes them (the mins meet their sums of 32 codes): y[t * ldy
- * + r] for r < 8. Half 0 asks for the group's bytes ahead, up to stop; half 1 finds them in
- * cache. */
-void sq_packed_batch8_q4_K_avx2(const void *group, int half, const void *xq, int64_t stride, int n_tokens, int64_t nb,
-                                const void *stop, float *y, int64_t ldy);
+/* A group of sixteen Q4_K rows packed side by side (quants/rows16.c), eight at a time as
+ * sq_batch_dot8_q4_K_avx2 takes them, block by block, but the activation rows as
+ * sq_quantize_activations writes them (the mins meet their sums of 32 codes): y[t * ldy +
+ * r] for r < 16. The first eight ask for the group's bytes ahead, up to stop; the second
+ * find them in cache. */
+void sq_packed_batch16_q4_K_avx2(const void *group, const void *xq, int64_t stride, int n_tokens, int64_t nb,
+                                 const void *stop, float *y, int64_t ldy);
 /* The whole group (both halves) for n >= 1 tokens, each token's sums kept in registers: a
  * decode step's and a lookup draft's check, the activation rows again with their sums.
  * y[t * ldy + r] for r < 16; the group's bytes asked for ahead up to stop. */
