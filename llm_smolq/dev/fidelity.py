@@ -203,10 +203,11 @@ def live_text(model: Path, text: Path, sites: list[str], positions: int) -> dict
     and the full-vocabulary KL between every two of them. Ours twice: with the F16 KV cache,
     the default, whose keys and values are rounded to halves as llama.cpp's default cache
     rounds them, and with the F32 cache, whose attention is llama.cpp's order in floats."""
-    logits = {}
+    logits, ids = {}, None
     for kv in ("f16", "f32"):
         engine = llm_smolq.load(model, n_ctx=positions + 8, kv_dtype=kv)
-        ids = engine.tokenize(text.read_text())[:positions]
+        if ids is None:
+            ids = engine.tokenize(text.read_text())[:positions]
         logits[f"ours {kv.upper()} cache"] = np.concatenate(
             [np.array(engine.eval(ids[s:s + 512], all_logits=True), np.float32) for s in range(0, len(ids), 512)])
         del engine

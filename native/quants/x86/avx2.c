@@ -101,7 +101,7 @@ static inline __attribute__((always_inline)) TARGET void q4_K_group_tokens(const
     for (int t = 0; t < nt; t++) {
         const block_q8_K *a = token_block(xq, stride, t0 + t, i);
         if (fetch)
-            _mm_prefetch((const char *)(a + 1) + (g < 5 ? 64 * g : (int)sizeof(block_q8_K) - 1), _MM_HINT_T1);
+            prefetch_q8_K_line(a + 1, g);
         const __m256i s = q4_K_group8(a->qs + 32 * g, code, scale);
         isum[t] = g ? _mm256_add_epi32(isum[t], s) : s;
     }
@@ -156,7 +156,7 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
                      * (one process, alternating); its prefill x1.0. */
                     if (packed && t0 == 0 && h == 0)
                         prefetch_ahead(q4_K_run(rows, i) + g * RUN_EIGHTH, RUN_EIGHTH, stop);
-                    if (spread && h == 0 && g < 6 && i + 1 < nb)
+                    if (spread && h == 0 && g < Q8_K_LINES && i + 1 < nb)
                         q4_K_group_tokens(xq, stride, t0, nt, i, g, codes[g / 2][g % 2], scale[g], 1, isum);
                     else
                         q4_K_group_tokens(xq, stride, t0, nt, i, g, codes[g / 2][g % 2], scale[g], 0, isum);
@@ -626,9 +626,8 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
                 const __m256i sc0 = scale[2 * k], sc1 = scale[2 * k + 1];
                 for (int t = 0; t < nt; t++) {
                     const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                    if (k < 6 && t < next_nt)
-                        _mm_prefetch((const char *)token_block(xq, stride, (int)next_t0 + t, next_i) +
-                                         (k < 5 ? 64 * k : (int)sizeof(block_q8_K) - 1), _MM_HINT_T1);
+                    if (k < Q8_K_LINES && t < next_nt)
+                        prefetch_q8_K_line(token_block(xq, stride, (int)next_t0 + t, next_i), k);
                     const int8_t *aq = a->qs + 32 * k;
                     __m256i s16[4];  /* words 2u, 2u + 1: group 2k + u / 2 */
                     for (int u = 0; u < 4; u++) {

@@ -32,4 +32,12 @@ static inline __attribute__((always_inline)) void prefetch_block_q8_K(const bloc
         _mm_prefetch((const char *)a + b, _MM_HINT_T0);
 }
 
+/* Line l (0 .. Q8_K_LINES - 1) of an activation block into L2, by its own bytes: the starts
+ * of its first five lines, then its last byte, so that the six a 292-byte block can straddle
+ * are all asked for. The prompt kernels ask a line at a time as their groups go by. */
+enum { Q8_K_LINES = 6 };
+static inline __attribute__((always_inline)) void prefetch_q8_K_line(const block_q8_K *a, int l) {
+    _mm_prefetch((const char *)a + (l < Q8_K_LINES - 1 ? 64 * l : (int)sizeof(block_q8_K) - 1), _MM_HINT_T1);
+}
+
 #endif
