@@ -117,7 +117,8 @@ static inline __attribute__((always_inline)) TARGET void q4_K_group_tokens(const
  * with the codes reloaded for each, 2048-wide rows took a tenth longer; 11008-wide ones,
  * whose activations come from L3, no longer); then each token's block steps, the mins
  * meeting the bsums (packed: the activation row's sums of 32 codes, q4_K_mins8).
- * y[t * ldy + r] for r < 8. */
+ * y[t * ldy + r] for r < 8, or, for a packed group's sixteen rows (eight, then eight, for
+ * each block), r < 16. */
 static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
     const void *rows, int64_t row_bytes, const int packed, const void *xq, int64_t stride, int n_tokens, int64_t nb,
     const void *stop, float *y, int64_t ldy) {
