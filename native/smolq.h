@@ -68,8 +68,10 @@ int sq_vec_dot_type(int type);
 int sq_quantize_row(int vec_type, const float *x, void *dst, int64_t n);
 
 /* A row of activations as the mat-vecs below take it: sq_quantize_row's blocks, and after
- * them for Q8_0 each block's offset, for Q8_K its sums of 32 codes (quants/blocks.h,
- * sq_q8_0_offsets_at, sq_q8_K_sums32_at), which the packed kernels read (sq_vec_dot_rows16).
+ * them for Q8_0 each block's offset and its d as a float, for Q8_1 each block's d and s as
+ * floats, for Q8_K its sums of 32 codes (quants/blocks.h: sq_q8_0_offsets_at,
+ * sq_q8_0_scales_at, sq_q8_1_scales_at, sq_q8_K_sums32_at), which the packed kernels read
+ * (sq_vec_dot_rows16).
  * sq_activation_row_bytes: its size in bytes, or -1 where sq_quantize_row would fail;
  * sq_quantize_activations writes it (0, or -1). */
 int64_t sq_activation_row_bytes(int vec_type, int64_t n);

@@ -43,9 +43,16 @@ static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
  * rather than once per sixteen rows in the kernels. */
 static inline int64_t sq_q8_0_offsets_at(int64_t nb) { return (nb * (int64_t)sizeof(block_q8_0) + 3) / 4 * 4; }
 
+/* After the offsets, each block's d as a float (the f16 value, exactly). */
+static inline int64_t sq_q8_0_scales_at(int64_t nb) { return sq_q8_0_offsets_at(nb) + 4 * nb; }
+
 /* Q8_1: f16 scale d, f16 s = d * sum(qs) (from d before its rounding), 32 signed byte codes. */
 typedef struct { uint16_t d, s; int8_t qs[QK8_1]; } block_q8_1;
 static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
+
+/* A row of Q8_1 activations as the mat-vecs take it holds, after its nb blocks, from this
+ * byte on, each block's d and s as two floats (the f16 values, exactly). */
+static inline int64_t sq_q8_1_scales_at(int64_t nb) { return nb * (int64_t)sizeof(block_q8_1); }
 
 /* Q8_K: float scale d, 256 codes in -127..127, bsums[g] the sum of codes 16g..16g+15. */
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;

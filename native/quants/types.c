@@ -64,7 +64,9 @@ int64_t sq_activation_row_bytes(int vec_type, int64_t n) {
     if (nb < 0 || !sq_quantizer(vec_type))
         return -1;
     if (vec_type == SQ_Q8_0)
-        return sq_q8_0_offsets_at(nb) + 4 * nb;
+        return sq_q8_0_scales_at(nb) + 4 * nb;
+    if (vec_type == SQ_Q8_1)
+        return sq_q8_1_scales_at(nb) + 8 * nb;
     if (vec_type == SQ_Q8_K)
         return sq_q8_K_sums32_at(nb) + 16 * nb;
     return nb * t->bytes;
@@ -82,7 +84,17 @@ int sq_quantize_activations(int vec_type, const float *x, void *dst, int64_t n) 
             for (int j = 0; j < QK8_0; j++)
                 sum += b[i].qs[j];
             const int32_t offset = -128 * sum;
+            const float d = sq_fp16_to_fp32(b[i].d);
             memcpy(offsets + 4 * i, &offset, 4);
+            memcpy((uint8_t *)dst + sq_q8_0_scales_at(nb) + 4 * i, &d, 4);
+        }
+    }
+    if (vec_type == SQ_Q8_1) {
+        const int64_t nb = n / QK8_1;
+        const block_q8_1 *b = dst;
+        for (int64_t i = 0; i < nb; i++) {
+            const float ds[2] = {sq_fp16_to_fp32(b[i].d), sq_fp16_to_fp32(b[i].s)};
+            memcpy((uint8_t *)dst + sq_q8_1_scales_at(nb) + 8 * i, ds, 8);
         }
     }
     if (vec_type == SQ_Q8_K) {

@@ -893,9 +893,10 @@ def quantized_rows(vtype: T, n: int, tokens: int, rng: np.random.Generator) -> n
 @pytest.mark.parametrize("vtype", ACT_TYPES, ids=lambda t: t.name)
 def test_activation_rows_are_the_blocks_and_their_sums(vtype):
     """sq_quantize_activations writes sq_quantize_row's blocks, and after them for Q8_0 each
-    block's offset (-128 times its codes' sum, an int32, from the first multiple of 4), for
-    Q8_K each block's eight sums of 32 codes (int16); nothing past sq_activation_row_bytes;
-    both say -1 where sq_quantize_row fails."""
+    block's offset (-128 times its codes' sum, an int32, from the first multiple of 4) and
+    then its d as a float, for Q8_1 each block's d and s as floats, for Q8_K each block's
+    eight sums of 32 codes (int16); nothing past sq_activation_row_bytes; both say -1 where
+    sq_quantize_row fails."""
     rng = np.random.default_rng(77)
     elems, size = ACT_GEOMETRY[vtype]
     for n in (256, 512, 32 * 9, 2048):
@@ -905,7 +906,7 @@ def test_activation_rows_are_the_blocks_and_their_sums(vtype):
         nb = n // elems
         blocks = c_quantize(vtype, x)[1][:nb * size]
         at = (nb * size + 3) // 4 * 4
-        want = {T.Q8_0: at + 4 * nb, T.Q8_K: len(blocks) + 16 * nb}.get(vtype, len(blocks))
+        want = {T.Q8_0: at + 8 * nb, T.Q8_1: len(blocks) + 8 * nb, T.Q8_K: len(blocks) + 16 * nb}.get(vtype, len(blocks))
         assert lib.sq_activation_row_bytes(int(vtype), n) == want, f"n={n}"
         buf = np.full((want + GUARD + 7) // 8, np.nan).view(np.uint8)[:want + GUARD]
         buf[:] = 0xAB
@@ -913,9 +914,14 @@ def test_activation_rows_are_the_blocks_and_their_sums(vtype):
         assert buf[:nb * size].tobytes() == blocks.tobytes(), f"n={n}"
         assert (buf[want:] == 0xAB).all(), f"n={n}: written past the row"
         if vtype == T.Q8_0:
-            _, q = q8_0_fields(blocks)
-            got = buf[at:want].copy().view("<i4")
+            d, q = q8_0_fields(blocks)
+            got = buf[at:at + 4 * nb].copy().view("<i4")
             assert (got == -128 * q.astype(np.int32).sum(axis=1)).all(), f"n={n}"
+            assert buf[at + 4 * nb:want].copy().view("<f4").tobytes() == d.tobytes(), f"n={n}"
+        if vtype == T.Q8_1:
+            d, s, _ = q8_1_fields(blocks)
+            got = buf[len(blocks):want].copy().view("<f4").reshape(nb, 2)
+            assert got.tobytes() == np.stack([d, s], axis=1).tobytes(), f"n={n}"
         if vtype == T.Q8_K:
             _, q, _ = q8_k_fields(blocks)
             got = buf[len(blocks):want].copy().view("<i2").reshape(nb, 8)

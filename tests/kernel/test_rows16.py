@@ -84,8 +84,9 @@ def test_packing_refuses_what_it_cannot_pack():
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
 def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypatch):
     """sq_vec_dot_rows16 over whole groups and ranges that start or end inside one, for one
-    token (decode), two to four (each a loop of its own in the 32-element kernels), to past
-    the kernels' 16-token tile and into the tiled batch kernels' sizes, past the 128-token
+    token (decode), two to four (each a loop of its own in the 32-element kernels), five to
+    sixteen (passes of those, or one span), to past the kernels' 16-token tile and into the
+    tiled batch kernels' sizes, past the 128-token
     span whose chains the 32-element kernels keep from block to block, rows of 37 blocks:
     each output the scalar sq_vec_dot's bits for the row as the file had it; y written only
     where it should be."""
@@ -96,7 +97,7 @@ def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypa
     for cols, rows in ((8 * elems, 48), (37 * elems, 32)):
         plain = matrix(qtype, rows, cols, rng)
         pack = packed(qtype, plain, cols)
-        for tokens in (1, 2, 3, 4, 5, 9, 17, 70) + ((131,) if cols > 8 * elems else ()):
+        for tokens in (1, 2, 3, 4, 5, 8, 9, 16, 17, 70) + ((131,) if cols > 8 * elems else ()):
             xq = quantized_rows(vtype, cols, tokens, rng)
             want = scalar_steps(qtype, plain, xq, cols)
             for set_path in simd_paths(monkeypatch):

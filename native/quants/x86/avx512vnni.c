@@ -345,18 +345,34 @@ static inline __attribute__((always_inline)) TARGET void block32_16(const int ty
 }
 
 /* One token's block step for sixteen rows of a 32-element type, from isum, the exact
- * integer of the rows' codes and the token's (activation block a): the step by the row's d
- * times the token's, and for Q4_1 and Q5_1 (Q8_1 activations) the offset chain's
- * fmaf(m, s). */
-static inline __attribute__((always_inline)) TARGET void step32_16(const int with_m, const void *a, v16i isum,
+ * integer of the rows' codes and block i of the token's activation row (row, nb blocks):
+ * the step by the row's d times the token's, and for Q4_1 and Q5_1 (Q8_1 activations) the
+ * offset chain's fmaf(m, s). With `widened`, the token's d and s are the floats after the
+ * row's blocks (quants/blocks.h), broadcast straight from memory, where widening an f16
+ * takes four instructions: decode and a few tokens' loops (SmolLM2's Q4_1 rows in cache
+ * x0.97-1.04 as fast at one token, x1.05-1.11 at four). A prompt's span widens the f16 in
+ * the block it has just read: the floats' lines, one more per token, made SmolLM2's
+ * prefill 1-2% slower. */
+static inline __attribute__((always_inline)) TARGET void step32_16(const int with_m, const int widened,
+                                                                  const void *row, int64_t nb, int64_t i, v16i isum,
                                                                   v16f d_rows, v16f m_rows, v16f *sum, v16f *off) {
-    if (with_m) {
-        const block_q8_1 *b = a;
-        *sum = block_step16(*sum, isum, d_rows, f16_lanes(b->d));
-        *off = V16(fmadd_ps)(m_rows, f16_lanes(b->s), *off);
+    v16f d, s = V16(setzero_ps)();  /* the token's */
+    if (widened) {
+        const float *ds = (const float *)((const uint8_t *)row + (with_m ? sq_q8_1_scales_at(nb) + 8 * i
+                                                                         : sq_q8_0_scales_at(nb) + 4 * i));
+        d = V16(set1_ps)(ds[0]);
+        if (with_m)
+            s = V16(set1_ps)(ds[1]);
+    } else if (with_m) {
+        const block_q8_1 *b = (const block_q8_1 *)row + i;
+        d = f16_lanes(b->d);
+        s = f16_lanes(b->s);
     } else {
-        *sum = block_step16(*sum, isum, d_rows, f16_lanes(((const block_q8_0 *)a)->d));
+        d = f16_lanes(((const block_q8_0 *)row + i)->d);
     }
+    *sum = block_step16(*sum, isum, d_rows, d);
+    if (with_m)
+        *off = V16(fmadd_ps)(m_rows, s, *off);
 }
 
 /* T tokens (1 to 4) from token t through block i of sixteen rows of a 32-element type,
@@ -367,8 +383,9 @@ static inline __attribute__((always_inline)) TARGET void step32_16(const int wit
  * makes the sum exact (quants/blocks.h, sq_q8_0_offsets_at; summing the activation codes
  * here instead, once per block, token and sixteen rows, made 8 to 512 tokens of Q8_0-like
  * rows take 1.2-1.27x as long). */
-static inline __attribute__((always_inline)) TARGET void tokens32_16(const int type, const int T, const void *xq,
-                                                                    int64_t stride, int64_t nb, int t, int64_t i,
+static inline __attribute__((always_inline)) TARGET void tokens32_16(const int type, const int T, const int widened,
+                                                                    const void *xq, int64_t stride, int64_t nb,
+                                                                    int t, int64_t i,
                                                                     const v16i codes[8], v16f d_rows, v16f m_rows,
                                                                     v16f sum[], v16f off[]) {
     const int with_m = type == SQ_Q4_1 || type == SQ_Q5_1;  /* Q8_1 activations, an offset chain */
@@ -385,18 +402,19 @@ static inline __attribute__((always_inline)) TARGET void tokens32_16(const int t
         for (int u = 0; u < T; u++)
             part[u][l & 1] = dpbusd_word(part[u][l & 1], codes[l], (const int8_t *)a[u] + qs_at + 4 * l);
     for (int u = 0; u < T; u++)
-        step32_16(with_m, a[u], V16(add_epi32)(part[u][0], part[u][1]), d_rows, m_rows, &sum[u], &off[u]);
+        step32_16(with_m, widened, token_row(xq, stride, t + u), nb, i, V16(add_epi32)(part[u][0], part[u][1]),
+                  d_rows, m_rows, &sum[u], &off[u]);
 }
 
 /* The tokens the 32-element kernels take through a block at a time: a prompt's 128 (each
  * block decoded once a span of them: every 16 tokens, as it was, SmolLM2's 512-token
- * prefill took 1.075x as long, timed in one process pass by pass); a few tokens' (a draft's
- * check) 16: the same loop, but compiled for the smaller span 2 and 3 tokens ran 1.03-1.14x
- * as fast as in the prompt's (one thread, in cache). Two, three and four tokens each have a
- * loop compiled for their count, whose chains stay in registers rather than in the span's
- * arrays: SmolLM2's Q4_1 rows in cache ran x1.32-1.50 as fast at 2 tokens, x1.14-1.27 at
- * 4, its 30 MB Q8_0 output matrix x1.25-1.29 (one thread, call by call). */
-enum { PROMPT_SPAN = 128, FEW_SPAN = 16 };
+ * prefill took 1.075x as long, timed in one process pass by pass). Two, three and four
+ * tokens each have a loop compiled for their count, whose chains stay in registers rather
+ * than in the span's arrays: SmolLM2's Q4_1 rows in cache ran x1.32-1.50 as fast at 2
+ * tokens, x1.14-1.27 at 4, its 30 MB Q8_0 output matrix x1.25-1.29 (one thread, call by
+ * call). A few more (a draft's check, up to FEW_TOKENS) go through those loops in passes
+ * (rows16_block32_passes) or, for some types, one span of them all. */
+enum { PROMPT_SPAN = 128, FEW_TOKENS = 16 };
 
 /* How decode (one token) asks memory for the rows to come, by the CPU's maker. On the Xeon,
  * the 32-element kernels PREFETCH_AHEAD ahead and their near requests for L1 too (SmolLM2's
@@ -462,13 +480,13 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
             for (int t = 0; t < nt;) {
                 const int T = nt - t >= 4 ? 4 : nt - t;
                 if (T == 4)
-                    tokens32_16(type, 4, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 4, SPAN <= 4, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else if (T == 3)
-                    tokens32_16(type, 3, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 3, SPAN <= 4, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else if (T == 2)
-                    tokens32_16(type, 2, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 2, SPAN <= 4, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 else
-                    tokens32_16(type, 1, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
+                    tokens32_16(type, 1, SPAN <= 4, xq, stride, nb, t0 + t, i, codes, d_rows, m_rows, sum + t, off + t);
                 t += T;
             }
         }
@@ -478,8 +496,39 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
     }
 }
 
+/* Five to FEW_TOKENS tokens through a group in passes of two to four, as even as they go
+ * (9 tokens: 3 + 3 + 3), each pass's chains in registers: the first pass asks memory for
+ * the rows, the others find them in L1 (a group of SmolLM2's rows is 10-15 KB). For the
+ * types whose blocks are four-bit codes alone (four_bit_codes), which decode in a few
+ * instructions: in one span of them all, each token's chains waiting in memory from block
+ * to block, SmolLM2's Q4_1 rows in cache ran x0.78-0.92 as fast at 5-16 tokens, Q4_0's and
+ * IQ4_NL's x0.90-0.99 (one thread, call by call). Q5_0's and Q5_1's blocks (their fifth
+ * bits) and Q8_0's (eight registers of codes) take more to decode, and decoded once a pass
+ * ran up to 1.35x as long at 5 and 9 tokens: they keep the span. */
+static inline int four_bit_codes(const int type) { return type == SQ_Q4_0 || type == SQ_Q4_1 || type == SQ_IQ4_NL; }
+
+static inline __attribute__((always_inline)) TARGET void rows16_block32_passes(const int type, const uint8_t *group,
+                                                                              const void *xq, int64_t stride,
+                                                                              int n_tokens, int64_t nb,
+                                                                              const void *stop, float *y,
+                                                                              int64_t ldy) {
+    const int passes = (n_tokens + 3) / 4;
+    for (int p = 0, t = 0; p < passes; p++) {
+        const int T = (n_tokens - t) / (passes - p);  /* 2 to 4 */
+        const void *x = token_row(xq, stride, t), *until = p == 0 ? stop : group;
+        float *out = y + t * ldy;
+        if (T == 4)
+            rows16_block32(type, group, x, stride, 4, nb, until, out, ldy, 4);
+        else if (T == 3)
+            rows16_block32(type, group, x, stride, 3, nb, until, out, ldy, 3);
+        else
+            rows16_block32(type, group, x, stride, 2, nb, until, out, ldy, 2);
+        t += T;
+    }
+}
+
 /* Each type's kernel: decode's one token alone, two to four tokens each in a loop of its
- * own, more in the few tokens' span or the prompt's. */
+ * own, a few more in passes of those, a prompt's in its span. */
 #define ROWS16_BLOCK32(name, NAME)                                                                              \
     TARGET void sq_packed_dot16_##name##_avx512vnni(const void *group, int64_t row_bytes, const void *xq,      \
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,\
@@ -493,8 +542,10 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
             rows16_block32(SQ_##NAME, group, xq, stride, 3, nb, stop, y, ldy, 3);                              \
         else if (n_tokens == 4)                                                                                 \
             rows16_block32(SQ_##NAME, group, xq, stride, 4, nb, stop, y, ldy, 4);                              \
-        else if (n_tokens <= FEW_SPAN)                                                                          \
-            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_SPAN);                \
+        else if (n_tokens <= FEW_TOKENS && four_bit_codes(SQ_##NAME))                                           \
+            rows16_block32_passes(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy);                   \
+        else if (n_tokens <= FEW_TOKENS)                                                                        \
+            rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, FEW_TOKENS);              \
         else                                                                                                    \
             rows16_block32(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy, PROMPT_SPAN);             \
     }
@@ -1163,9 +1214,8 @@ static inline __attribute__((always_inline)) AMX_TARGET void rows16_block32_amx(
             for (int t = 0; t < nt; t++) {
                 const v16i isum = V16(loadu_si512)(dot[t]);
                 const void *row = token_row(xq, stride, t0 + t);
-                step32_16(with_m, (const uint8_t *)row + i * a_bytes,
-                          with_m ? isum : V16(add_epi32)(isum, q8_0_offset16(row, nb, i)), d_rows, m_rows, &sum[t],
-                          &off[t]);
+                step32_16(with_m, 0, row, nb, i, with_m ? isum : V16(add_epi32)(isum, q8_0_offset16(row, nb, i)),
+                          d_rows, m_rows, &sum[t], &off[t]);
             }
         }
         for (int t = 0; t < nt; t++)
