@@ -2,13 +2,22 @@
 way BENCHMARKS.md compares with it (a development tool; never part of the tests' run):
 
     python -m llm_smolq.dev.ik_llama build GIT_DIR OUT_DIR [--avx2] # export the tree, cmake, build (~25 min on 2 cores)
-    python -m llm_smolq.dev.ik_llama bench OUT_DIR MODEL.gguf [--threads 2] [--prompt 512]
+    python -m llm_smolq.dev.ik_llama bench OUT_DIR MODEL.gguf [--threads 2] [--prompt 512] [--decode N] [--rounds 3]
 
 GIT_DIR is a git directory (a clone's .git, or a bare mirror) whose history may lack the large
 web-UI blobs: the tree of HEAD is written out file by file, skipping what a CPU benchmark
 does not build (the server's web pages, the web UI, docs and media), so a missing blob there
-does not stop it. `bench` runs `llama-bench -p PROMPT -n 32 -r 3` with `-rtr 0` and `-rtr 1`
-(run-time repacking off and on) and prints both; the better one counts.
+does not stop it.
+
+`bench` compares the two engines' prefill of PROMPT tokens in rounds, by turns, so that a
+machine whose speed drifts by the minute moves both alike: in each round our prefill as
+llama-bench times its own (`bench --warm` in a fresh process: a warm-up pass, then the mean
+of 5), then `llama-bench -p PROMPT -n 0 -r 1` with `-rtr 0` and `-rtr 1` (run-time
+repacking off and on), the better of the two counting. It prints each round and the medians,
+the ratio being the median of the rounds' own ratios (min-max). With `--decode N`, decode
+too: N of our steps after the prefill against llama-bench's `-gp PROMPT,N` (N steps after
+a prompt of PROMPT tokens, the steps alone timed). Our kernels are the ones SMOLQ_SIMD
+picks, as in the bench.
 
 `--avx2` builds for AVX2 alone, whatever the CPU has: set beside `SMOLQ_SIMD=avx2`, an
 AVX-512 machine compares the two engines' AVX2 code (a stand-in for, not a figure of, an
@@ -18,9 +27,12 @@ AVX2-only CPU, whose cores split 256-bit work differently).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 SKIPPED = re.compile(r"^(docs/|media/|examples/server/public|.*webui)")
@@ -66,14 +78,62 @@ def build(out: Path, avx2_only: bool = False) -> Path:
     return out / "build" / "bin" / "llama-bench"
 
 
-def bench(out: Path, model: Path, threads: int, prompt: int) -> None:
+def ik_tok_s(tool: Path, model: Path, threads: int, prompt: int, decode: int, rtr: int) -> float:
+    """llama-bench's tokens per second for one run (a warm-up, then one timed): of a prompt
+    of `prompt` tokens (decode 0), or of `decode` steps after it (`-gp`, which times the
+    steps alone, as ours are timed after our prefill)."""
+    test = ["-p", str(prompt), "-n", "0"] if not decode else ["-p", "0", "-n", "0", "-gp", f"{prompt},{decode}"]
+    done = subprocess.run([str(tool), "-m", str(model), "-t", str(threads), *test, "-r", "1", "-rtr", str(rtr), "-o",
+                           "json"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"llama-bench failed:\n{done.stderr.strip()[-2000:]}")
+    return float(json.loads(done.stdout)[0]["avg_ts"])
+
+
+def ours(model: Path, threads: int, prompt: int, decode: int) -> dict:
+    """Our warm prefill (and decode) in a fresh process, as `bench --warm` measures them."""
+    done = subprocess.run([sys.executable, "-m", "llm_smolq.dev.bench", str(model), "--child", "llm-smolq", "--threads",
+                           str(threads), "--prefill", str(prompt), "--decode", str(max(decode, 1)), "--warm"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"llm-smolq run failed:\n{done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """The median of values, with their min-max."""
+    f = f"{{:,.{digits}f}}"
+    return f"{f.format(statistics.median(values))} ({f.format(min(values))}-{f.format(max(values))})"
+
+
+def bench(out: Path, model: Path, threads: int, prompt: int, decode: int, rounds: int) -> None:
     tool = out / "build" / "bin" / "llama-bench"
     if not tool.is_file():
         raise SystemExit(f"no {tool}: run `python -m llm_smolq.dev.ik_llama build GIT_DIR {out}` first")
-    for rtr in (0, 1):
-        print(f"-rtr {rtr}:", flush=True)
-        subprocess.run([str(tool), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", "32", "-r", "3",
-                        "-rtr", str(rtr)], check=True)
+    if not model.is_file():
+        raise SystemExit(f"no model file {model}")
+    from llm_smolq._kernel import ffi, lib
+
+    print(f"{model}: {threads} threads, our {ffi.string(lib.sq_simd_name()).decode()} kernels against {tool}, "
+          f"{rounds} rounds by turns", flush=True)
+    kinds = [("prefill", prompt, 0)] + ([("decode", prompt, decode)] if decode else [])
+    seen = {kind: {"ours": [], "ik": [], "ratio": []} for kind, _, _ in kinds}
+    for r in range(1, rounds + 1):
+        mine = ours(model, threads, prompt, decode)
+        for kind, p, n in kinds:
+            ik = [ik_tok_s(tool, model, threads, p, n, rtr) for rtr in (0, 1)]
+            me = mine["warm_prefill_tok_s" if kind == "prefill" else "decode_tok_s"]
+            got = seen[kind]
+            got["ours"].append(me)
+            got["ik"].append(max(ik))
+            got["ratio"].append(me / max(ik))
+            print(f"  round {r} {kind}: llm-smolq {me:,.1f} tok/s; ik_llama.cpp -rtr 0 {ik[0]:,.1f}, -rtr 1 {ik[1]:,.1f}; "
+                  f"x{me / max(ik):.2f}", flush=True)
+    for kind, p, n in kinds:
+        got = seen[kind]
+        what = f"prefill {p} tokens" if kind == "prefill" else f"decode {n} tokens after {p}"
+        print(f"{what}: llm-smolq {spread(got['ours'])} tok/s, ik_llama.cpp {spread(got['ik'])} (its better -rtr), "
+              f"x{spread(got['ratio'], 2)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,11 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("git_dir", type=Path)
     b.add_argument("out_dir", type=Path)
     b.add_argument("--avx2", action="store_true", help="build for AVX2 alone (no AVX-512), whatever this CPU has")
-    r = commands.add_parser("bench", help="llama-bench with run-time repacking off and on")
+    r = commands.add_parser("bench", help="our prefill against llama-bench's (-rtr 0 and 1), by turns")
     r.add_argument("out_dir", type=Path)
     r.add_argument("model", type=Path)
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--prompt", type=int, default=512)
+    r.add_argument("--decode", type=int, default=0, metavar="N", help="also compare N decode steps")
+    r.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     if args.command == "build":
         args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -95,7 +157,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{written} files written; {len(missing)} missing from the repository: {', '.join(missing) or '-'}")
         print(f"built {build(args.out_dir, args.avx2)}")
     else:
-        bench(args.out_dir, args.model, args.threads, args.prompt)
+        if args.rounds < 1 or args.prompt < 1 or args.decode < 0 or args.threads < 1:
+            parser.error("--rounds, --prompt and --threads must be at least 1, --decode at least 0")
+        bench(args.out_dir, args.model, args.threads, args.prompt, args.decode, args.rounds)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""The ik_llama.cpp helper exports a repository's tree as its build needs it and configures the
-build for this CPU or for AVX2 alone (the build itself, 7-25 minutes, is never run by the
-tests)."""
+"""The ik_llama.cpp helper exports a repository's tree as its build needs it, configures the
+build for this CPU or for AVX2 alone, and compares the engines' prefill by turns (the build
+and the engines themselves, minutes each, are never run by the tests: subprocess stands in)."""
 
+import json
 import subprocess
+
+import pytest
 
 from llm_smolq.dev import ik_llama
 from llm_smolq.dev.ik_llama import export_tree
@@ -46,3 +49,73 @@ def test_build_configures_for_this_cpu_or_for_avx2_alone(tmp_path, monkeypatch):
     assert "-DGGML_NATIVE=OFF" in avx2 and "-DGGML_AVX2=ON" in avx2 and "-DGGML_AVX512=OFF" in avx2
     assert "-DGGML_IQK_FA_ALL_QUANTS=OFF" in native and "-DGGML_IQK_FA_ALL_QUANTS=OFF" in avx2
     assert calls[1][:2] == calls[3][:2] == ["cmake", "--build"]
+
+
+def test_bench_alternates_the_engines_and_takes_the_better_repacking(tmp_path, monkeypatch, capsys):
+    """Each round runs our warm prefill, then llama-bench with -rtr 0 and -rtr 1; a round's
+    ratio is ours over the better of the two, and the summary gives the medians (min-max)."""
+    tool = tmp_path / "build" / "bin" / "llama-bench"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("")
+    model = tmp_path / "m.gguf"
+    model.write_text("")
+    ours = iter([{"warm_prefill_tok_s": 120.0, "decode_tok_s": 10.0}, {"warm_prefill_tok_s": 90.0, "decode_tok_s": 9.0},
+                 {"warm_prefill_tok_s": 100.0, "decode_tok_s": 8.0}])
+    ik = iter([50.0, 60.0, 80.0, 40.0, 100.0, 50.0])  # -rtr 0, -rtr 1 by round
+    order = []
+
+    def run(args, **kw):
+        if args[0] == str(tool):
+            order.append(("ik", args[args.index("-rtr") + 1]))
+            assert args[args.index("-p") + 1] == "256" and args[args.index("-n") + 1] == "0"
+            return subprocess.CompletedProcess(args, 0, json.dumps([{"avg_ts": next(ik)}]), "")
+        order.append(("ours", None))
+        assert "--warm" in args and args[args.index("--prefill") + 1] == "256"
+        return subprocess.CompletedProcess(args, 0, "log line\n" + json.dumps(next(ours)) + "\n", "")
+
+    monkeypatch.setattr(ik_llama.subprocess, "run", run)
+    ik_llama.main(["bench", str(tmp_path), str(model), "--prompt", "256", "--rounds", "3"])
+    assert order == [("ours", None), ("ik", "0"), ("ik", "1")] * 3
+    out = capsys.readouterr().out
+    assert "round 1 prefill: llm-smolq 120.0 tok/s; ik_llama.cpp -rtr 0 50.0, -rtr 1 60.0; x2.00" in out
+    assert "round 2 prefill: llm-smolq 90.0 tok/s; ik_llama.cpp -rtr 0 80.0, -rtr 1 40.0; x1.12" in out
+    # ratios 2.0, 1.125, 1.0: the median of the rounds' own ratios, not of the medians' ratio
+    assert ("prefill 256 tokens: llm-smolq 100.0 (90.0-120.0) tok/s, ik_llama.cpp 80.0 (60.0-100.0) (its better -rtr), "
+            "x1.12 (1.00-2.00)") in out
+
+
+def test_bench_says_what_is_missing(tmp_path):
+    with pytest.raises(SystemExit, match="run `python -m llm_smolq.dev.ik_llama build"):
+        ik_llama.main(["bench", str(tmp_path), str(tmp_path / "m.gguf")])
+    tool = tmp_path / "build" / "bin" / "llama-bench"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("")
+    with pytest.raises(SystemExit, match="no model file"):
+        ik_llama.main(["bench", str(tmp_path), str(tmp_path / "m.gguf")])
+
+
+def test_bench_times_decode_after_the_prompt_on_both_sides(tmp_path, monkeypatch, capsys):
+    """With --decode N, our N steps after the prefill meet llama-bench's -gp PROMPT,N, which
+    times N steps after a prompt of PROMPT tokens."""
+    tool = tmp_path / "build" / "bin" / "llama-bench"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("")
+    model = tmp_path / "m.gguf"
+    model.write_text("")
+    calls = []
+
+    def run(args, **kw):
+        calls.append(args)
+        if args[0] == str(tool):
+            return subprocess.CompletedProcess(args, 0, json.dumps([{"avg_ts": 20.0 if "-gp" in args else 50.0}]), "")
+        return subprocess.CompletedProcess(args, 0, json.dumps({"warm_prefill_tok_s": 100.0, "decode_tok_s": 25.0}), "")
+
+    monkeypatch.setattr(ik_llama.subprocess, "run", run)
+    ik_llama.main(["bench", str(tmp_path), str(model), "--decode", "32", "--rounds", "1"])
+    ours, *ik = calls
+    assert ours[ours.index("--prefill") + 1] == "512" and ours[ours.index("--decode") + 1] == "32"
+    decode = [c for c in ik if "-gp" in c]
+    assert len(decode) == 2 and all(c[c.index("-gp") + 1] == "512,32" and c[c.index("-n") + 1] == "0" for c in decode)
+    out = capsys.readouterr().out
+    assert "decode 32 tokens after 512: llm-smolq 25.0 (25.0-25.0) tok/s, ik_llama.cpp 20.0 (20.0-20.0)" in out
+    assert "x1.25 (1.25-1.25)" in out and "x2.00 (2.00-2.00)" in out
