@@ -136,7 +136,8 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
         batch: int | None = None, kv_cache: str | None = None, bandwidth: bool = False, warm: bool = False) -> dict:
     """One cold run: load, prefill n_prefill random ids (in calls of `batch` ids, else
     one), decode n_decode more one by one; with warm (ours alone), the prefill again as
-    llama-bench times it (warm_prefill_tok_s)."""
+    llama-bench times it (warm_prefill_tok_s), and the decode again after the last of its
+    passes, as llama-bench times steps after its warm-up run."""
     started = time.perf_counter()
     evaluate, vocab, eng = _load(engine, path, threads, n_prefill + n_decode + 8, kv_cache)
     load_s = time.perf_counter() - started
@@ -163,7 +164,11 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
         decode_gb_s = weight_bytes_per_token(path) * result["decode_tok_s"] / 1e9
         result["decode_pct_of_read"] = 100 * decode_gb_s / result["file_read_gb_s"]
     if warm and eng is not None:
-        result["warm_prefill_tok_s"] = warm_prefill_tok_s(eng, ids[:n_prefill], step)
+        result["warm_prefill_tok_s"] = warm_prefill_tok_s(eng, ids[:n_prefill], step)  # leaves the prompt cached
+        t = time.perf_counter()
+        for token in ids[n_prefill:]:
+            eng.eval([token])
+        result["warm_decode_tok_s"] = n_decode / (time.perf_counter() - t)
     if schema and eng is not None:
         ms = constraint_ms_per_token(eng)
         result["schema_ms_per_token"] = ms
@@ -233,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schema", action="store_true", help="also time a JSON-schema constraint per token")
     parser.add_argument("--warm", action="store_true",
                         help="also time our prefill as llama-bench does (a warm-up pass, then the mean of 5), "
-                             "to set beside ik_llama.cpp's llama-bench")
+                             "and the decode again after it, to set beside ik_llama.cpp's llama-bench")
     parser.add_argument("--follow-up", type=int, metavar="TOKENS",
                         help="instead: time to first token of a TOKENS-long conversation's follow-up in a new "
                              "process, with the prompt cache and cold")
@@ -400,7 +405,7 @@ def format_report(r: dict) -> str:
         f"machine read bandwidth: {r['machine_read_gb_s']:.1f} GB/s",
     ]
     fmt = {"prefill_tok_s": "prefill tok/s", "warm_prefill_tok_s": "warm prefill tok/s (llama-bench's way)",
-           "decode_tok_s": "decode tok/s", "load_s": "load s",
+           "decode_tok_s": "decode tok/s", "warm_decode_tok_s": "warm decode tok/s", "load_s": "load s",
            "peak_rss_mb": "peak RSS MB", "schema_ms_per_token": "schema constraint ms/token",
            "schema_pct_of_decode": "constraint % of a decode step",
            "file_read_gb_s": "its threads read the file at GB/s", "decode_pct_of_read": "decode % of that"}

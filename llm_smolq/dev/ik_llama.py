@@ -15,8 +15,8 @@ llama-bench times its own (`bench --warm` in a fresh process: a warm-up pass, th
 of 5), then `llama-bench -p PROMPT -n 0 -r 1` with `-rtr 0` and `-rtr 1` (run-time
 repacking off and on), the better of the two counting. It prints each round and the medians,
 the ratio being the median of the rounds' own ratios (min-max). With `--decode N`, decode
-too: N of our steps after the prefill against llama-bench's `-gp PROMPT,N` (N steps after
-a prompt of PROMPT tokens, the steps alone timed). Our kernels are the ones SMOLQ_SIMD
+too: N of our steps after the warm prefill's last pass against llama-bench's `-gp PROMPT,N`
+(N steps after a prompt of PROMPT tokens, past its warm-up run, the steps alone timed). Our kernels are the ones SMOLQ_SIMD
 picks, as in the bench.
 
 `--avx2` builds for AVX2 alone, whatever the CPU has: set beside `SMOLQ_SIMD=avx2`, an
@@ -122,7 +122,7 @@ def bench(out: Path, model: Path, threads: int, prompt: int, decode: int, rounds
         mine = ours(model, threads, prompt, decode)
         for kind, p, n in kinds:
             ik = [ik_tok_s(tool, model, threads, p, n, rtr) for rtr in (0, 1)]
-            me = mine["warm_prefill_tok_s" if kind == "prefill" else "decode_tok_s"]
+            me = mine["warm_prefill_tok_s" if kind == "prefill" else "warm_decode_tok_s"]
             got = seen[kind]
             got["ours"].append(me)
             got["ik"].append(max(ik))

@@ -31,9 +31,37 @@ def test_bench_warm_times_the_prefill_again_as_llama_bench_does(reference_dir):
     cmd = [sys.executable, "-m", "llm_smolq.dev.bench", str(model), "--threads", "2", "--prefill", "24",
            "--decode", "2", "--repeat", "1", "--warm"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert "warm prefill tok/s (llama-bench's way)" in out
+    assert "warm prefill tok/s (llama-bench's way)" in out and "warm decode tok/s" in out
     report = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True).stdout)
     assert report["engines"]["llm-smolq"]["warm_prefill_tok_s"]["median"] > 0
+    assert report["engines"]["llm-smolq"]["warm_decode_tok_s"]["median"] > 0
+
+
+def test_warm_decode_steps_follow_the_last_warm_prefill(monkeypatch):
+    """With warm, the decode is timed again after the warm prefill's last pass: the same
+    steps from a cache that holds the prompt, as llama-bench's -gp times its steps."""
+    import llm_smolq.dev.bench as bench
+
+    class Engine:
+        def __init__(self):
+            self.cached, self.steps = [], []
+
+        def reset(self):
+            self.cached = []
+
+        def eval(self, ids):
+            if len(ids) == 1:
+                self.steps.append((len(self.cached), ids[0]))
+            self.cached += ids
+
+    eng = Engine()
+    monkeypatch.setattr(bench, "_load", lambda *a: (eng.eval, 1000, eng))
+    monkeypatch.setattr(bench, "_peak_rss_mb", lambda: None)
+    result = bench.run("llm-smolq", "m.gguf", 2, n_prefill=6, n_decode=3, warm=True)
+    ids = bench._token_ids(1000, 9)
+    cold, warm = eng.steps[:3], eng.steps[3:]
+    assert cold == warm == [(6, ids[6]), (7, ids[7]), (8, ids[8])]
+    assert result["warm_decode_tok_s"] > 0 and result["warm_prefill_tok_s"] > 0
 
 
 def test_warm_prefill_is_the_mean_of_passes_from_an_empty_cache(monkeypatch):

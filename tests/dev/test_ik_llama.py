@@ -59,8 +59,7 @@ def test_bench_alternates_the_engines_and_takes_the_better_repacking(tmp_path, m
     tool.write_text("")
     model = tmp_path / "m.gguf"
     model.write_text("")
-    ours = iter([{"warm_prefill_tok_s": 120.0, "decode_tok_s": 10.0}, {"warm_prefill_tok_s": 90.0, "decode_tok_s": 9.0},
-                 {"warm_prefill_tok_s": 100.0, "decode_tok_s": 8.0}])
+    ours = iter([{"warm_prefill_tok_s": 120.0}, {"warm_prefill_tok_s": 90.0}, {"warm_prefill_tok_s": 100.0}])
     ik = iter([50.0, 60.0, 80.0, 40.0, 100.0, 50.0])  # -rtr 0, -rtr 1 by round
     order = []
 
@@ -95,8 +94,8 @@ def test_bench_says_what_is_missing(tmp_path):
 
 
 def test_bench_times_decode_after_the_prompt_on_both_sides(tmp_path, monkeypatch, capsys):
-    """With --decode N, our N steps after the prefill meet llama-bench's -gp PROMPT,N, which
-    times N steps after a prompt of PROMPT tokens."""
+    """With --decode N, our N warm steps after the prefill (not the cold run's) meet
+    llama-bench's -gp PROMPT,N, which times N steps after a prompt of PROMPT tokens."""
     tool = tmp_path / "build" / "bin" / "llama-bench"
     tool.parent.mkdir(parents=True)
     tool.write_text("")
@@ -108,7 +107,8 @@ def test_bench_times_decode_after_the_prompt_on_both_sides(tmp_path, monkeypatch
         calls.append(args)
         if args[0] == str(tool):
             return subprocess.CompletedProcess(args, 0, json.dumps([{"avg_ts": 20.0 if "-gp" in args else 50.0}]), "")
-        return subprocess.CompletedProcess(args, 0, json.dumps({"warm_prefill_tok_s": 100.0, "decode_tok_s": 25.0}), "")
+        return subprocess.CompletedProcess(args, 0, json.dumps({"warm_prefill_tok_s": 100.0, "decode_tok_s": 5.0,
+                                                                "warm_decode_tok_s": 25.0}), "")
 
     monkeypatch.setattr(ik_llama.subprocess, "run", run)
     ik_llama.main(["bench", str(tmp_path), str(model), "--decode", "32", "--rounds", "1"])
