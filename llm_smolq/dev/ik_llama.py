@@ -11,13 +11,14 @@ does not stop it.
 
 `bench` compares the two engines' prefill of PROMPT tokens in rounds, by turns, so that a
 machine whose speed drifts by the minute moves both alike: in each round our prefill as
-llama-bench times its own (`bench --warm` in a fresh process: a warm-up pass, then the mean
-of 5), then `llama-bench -p PROMPT -n 0 -r 1` with `-rtr 0` and `-rtr 1` (run-time
-repacking off and on), the better of the two counting. It prints each round and the medians,
-the ratio being the median of the rounds' own ratios (min-max). With `--decode N`, decode
-too: N of our steps after the warm prefill's last pass against llama-bench's `-gp PROMPT,N`
-(N steps after a prompt of PROMPT tokens, past its warm-up run, the steps alone timed). Our kernels are the ones SMOLQ_SIMD
-picks, as in the bench.
+llama-bench times its own (`bench --warm` in a fresh process: a warm-up pass, then the mean of
+5), then `llama-bench -p PROMPT -n 0 -r 1` with `-rtr 0` and `-rtr 1` (run-time repacking off
+and on), the better of the two counting. It prints each round and the medians, the ratio being
+the median of the rounds' own ratios (min-max). With `--decode N`, decode too: N of our steps
+after the warm prefill's last pass against llama-bench's `-gp PROMPT,N` (N steps after a
+prompt of PROMPT tokens, past its warm-up run, the steps alone timed). Our kernels are the
+ones SMOLQ_SIMD picks, as in the bench; a line says which, with the CPU, the date and the
+commit, as the bench's Markdown does.
 
 `--avx2` builds for AVX2 alone, whatever the CPU has: set beside `SMOLQ_SIMD=avx2`, an
 AVX-512 machine compares the two engines' AVX2 code (a stand-in for, not a figure of, an
@@ -112,10 +113,10 @@ def bench(out: Path, model: Path, threads: int, prompt: int, decode: int, rounds
         raise SystemExit(f"no {tool}: run `python -m llm_smolq.dev.ik_llama build GIT_DIR {out}` first")
     if not model.is_file():
         raise SystemExit(f"no model file {model}")
-    from llm_smolq._kernel import ffi, lib
+    from llm_smolq.dev.bench_markdown import machine_line
 
-    print(f"{model}: {threads} threads, our {ffi.string(lib.sq_simd_name()).decode()} kernels against {tool}, "
-          f"{rounds} rounds by turns", flush=True)
+    print(f"{model} against {tool}, {rounds} rounds by turns", flush=True)
+    print(machine_line(threads), flush=True)
     kinds = [("prefill", prompt, 0)] + ([("decode", prompt, decode)] if decode else [])
     seen = {kind: {"ours": [], "ik": [], "ratio": []} for kind, _, _ in kinds}
     for r in range(1, rounds + 1):

@@ -8,6 +8,8 @@ import subprocess
 import pytest
 
 from llm_smolq.dev import ik_llama
+
+real_run = subprocess.run
 from llm_smolq.dev.ik_llama import export_tree
 
 
@@ -64,6 +66,8 @@ def test_bench_alternates_the_engines_and_takes_the_better_repacking(tmp_path, m
     order = []
 
     def run(args, **kw):
+        if args[0] == "git":  # the machine line's commit
+            return real_run(args, **kw)
         if args[0] == str(tool):
             order.append(("ik", args[args.index("-rtr") + 1]))
             assert args[args.index("-p") + 1] == "256" and args[args.index("-n") + 1] == "0"
@@ -76,6 +80,7 @@ def test_bench_alternates_the_engines_and_takes_the_better_repacking(tmp_path, m
     ik_llama.main(["bench", str(tmp_path), str(model), "--prompt", "256", "--rounds", "3"])
     assert order == [("ours", None), ("ik", "0"), ("ik", "1")] * 3
     out = capsys.readouterr().out
+    assert "Machine: " in out and " kernels; 2 threads; " in out  # the CPU, our kernels, the date and commit
     assert "round 1 prefill: llm-smolq 120.0 tok/s; ik_llama.cpp -rtr 0 50.0, -rtr 1 60.0; x2.00" in out
     assert "round 2 prefill: llm-smolq 90.0 tok/s; ik_llama.cpp -rtr 0 80.0, -rtr 1 40.0; x1.12" in out
     # ratios 2.0, 1.125, 1.0: the median of the rounds' own ratios, not of the medians' ratio
@@ -104,6 +109,8 @@ def test_bench_times_decode_after_the_prompt_on_both_sides(tmp_path, monkeypatch
     calls = []
 
     def run(args, **kw):
+        if args[0] == "git":  # the machine line's commit
+            return real_run(args, **kw)
         calls.append(args)
         if args[0] == str(tool):
             return subprocess.CompletedProcess(args, 0, json.dumps([{"avg_ts": 20.0 if "-gp" in args else 50.0}]), "")
