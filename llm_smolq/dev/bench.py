@@ -165,10 +165,11 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
         result["decode_pct_of_read"] = 100 * decode_gb_s / result["file_read_gb_s"]
     if warm and eng is not None:
         result["warm_prefill_tok_s"] = warm_prefill_tok_s(eng, ids[:n_prefill], step)  # leaves the prompt cached
-        t = time.perf_counter()
-        for token in ids[n_prefill:]:
-            eng.eval([token])
-        result["warm_decode_tok_s"] = n_decode / (time.perf_counter() - t)
+        if n_decode:
+            t = time.perf_counter()
+            for token in ids[n_prefill:]:
+                eng.eval([token])
+            result["warm_decode_tok_s"] = n_decode / (time.perf_counter() - t)
     if schema and eng is not None:
         ms = constraint_ms_per_token(eng)
         result["schema_ms_per_token"] = ms
