@@ -132,6 +132,14 @@ def warm_prefill_tok_s(eng, ids: list[int], step: int, passes: int = 5) -> float
     return statistics.mean(once() for _ in range(passes))
 
 
+def _steps_seconds(evaluate, tokens: list[int]) -> float:
+    """The seconds that one-token steps through `tokens`, one after another, take."""
+    t = time.perf_counter()
+    for token in tokens:
+        evaluate([token])
+    return time.perf_counter() - t
+
+
 def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, schema: bool = False,
         batch: int | None = None, kv_cache: str | None = None, bandwidth: bool = False, warm: bool = False) -> dict:
     """One cold run: load, prefill n_prefill random ids (in calls of `batch` ids, else
@@ -147,10 +155,7 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
     for start in range(0, n_prefill, step):
         evaluate(ids[start:min(start + step, n_prefill)])
     prefill_s = time.perf_counter() - t
-    t = time.perf_counter()
-    for token in ids[n_prefill:]:
-        evaluate([token])
-    decode_s = time.perf_counter() - t
+    decode_s = _steps_seconds(evaluate, ids[n_prefill:])
     result = {
         "load_s": load_s,
         "prefill_tok_s": n_prefill / prefill_s,
@@ -166,10 +171,7 @@ def run(engine: str, path: str, threads: int, n_prefill: int, n_decode: int, sch
     if warm and eng is not None:
         result["warm_prefill_tok_s"] = warm_prefill_tok_s(eng, ids[:n_prefill], step)  # leaves the prompt cached
         if n_decode:
-            t = time.perf_counter()
-            for token in ids[n_prefill:]:
-                eng.eval([token])
-            result["warm_decode_tok_s"] = n_decode / (time.perf_counter() - t)
+            result["warm_decode_tok_s"] = n_decode / _steps_seconds(eng.eval, ids[n_prefill:])
     if schema and eng is not None:
         ms = constraint_ms_per_token(eng)
         result["schema_ms_per_token"] = ms

@@ -650,7 +650,8 @@ TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const v
                     prefetch_slice(next, i, share, t0 + t, n_tokens < SLICES ? n_tokens : SLICES, stop);
                 __m256i off = _mm256_setzero_si256();
                 for (int p = 0; p < 8; p++) {
-                    const int32_t pair = (int32_t)((uint32_t)(uint16_t)a->bsums[2 * p] | (uint32_t)(uint16_t)a->bsums[2 * p + 1] << 16);
+                    int32_t pair;  /* bsums 2p and 2p + 1, as the two int16 of a word */
+                    memcpy(&pair, a->bsums + 2 * p, 4);
                     off = _mm256_add_epi32(off, _mm256_madd_epi16(bs_scale[p], _mm256_set1_epi32(pair)));
                 }
                 const __m256i block_isum = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));

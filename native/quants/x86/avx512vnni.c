@@ -507,6 +507,22 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32(const in
  * ran up to 1.35x as long at 5 and 9 tokens: they keep the span. */
 static inline int four_bit_codes(const int type) { return type == SQ_Q4_0 || type == SQ_Q4_1 || type == SQ_IQ4_NL; }
 
+/* One to four tokens, each count through a loop compiled for it (SPAN = the count). */
+static inline __attribute__((always_inline)) TARGET void rows16_block32_upto4(const int type, const uint8_t *group,
+                                                                             const void *xq, int64_t stride,
+                                                                             int n_tokens, int64_t nb,
+                                                                             const void *stop, float *y,
+                                                                             int64_t ldy) {
+    if (n_tokens == 4)
+        rows16_block32(type, group, xq, stride, 4, nb, stop, y, ldy, 4);
+    else if (n_tokens == 3)
+        rows16_block32(type, group, xq, stride, 3, nb, stop, y, ldy, 3);
+    else if (n_tokens == 2)
+        rows16_block32(type, group, xq, stride, 2, nb, stop, y, ldy, 2);
+    else
+        rows16_block32(type, group, xq, stride, 1, nb, stop, y, ldy, 1);
+}
+
 static inline __attribute__((always_inline)) TARGET void rows16_block32_passes(const int type, const uint8_t *group,
                                                                               const void *xq, int64_t stride,
                                                                               int n_tokens, int64_t nb,
@@ -515,14 +531,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32_passes(c
     const int passes = (n_tokens + 3) / 4;
     for (int p = 0, t = 0; p < passes; p++) {
         const int T = (n_tokens - t) / (passes - p);  /* 2 to 4 */
-        const void *x = token_row(xq, stride, t), *until = p == 0 ? stop : group;
-        float *out = y + t * ldy;
-        if (T == 4)
-            rows16_block32(type, group, x, stride, 4, nb, until, out, ldy, 4);
-        else if (T == 3)
-            rows16_block32(type, group, x, stride, 3, nb, until, out, ldy, 3);
-        else
-            rows16_block32(type, group, x, stride, 2, nb, until, out, ldy, 2);
+        rows16_block32_upto4(type, group, token_row(xq, stride, t), stride, T, nb, p == 0 ? stop : group,
+                             y + t * ldy, ldy);
         t += T;
     }
 }
@@ -534,14 +544,8 @@ static inline __attribute__((always_inline)) TARGET void rows16_block32_passes(c
                                                     int64_t stride, int n_tokens, int64_t nb, const void *stop,\
                                                     float *y, int64_t ldy) {                                   \
         (void)row_bytes;                                                                                        \
-        if (n_tokens == 1)                                                                                      \
-            rows16_block32(SQ_##NAME, group, xq, stride, 1, nb, stop, y, ldy, 1);                              \
-        else if (n_tokens == 2)                                                                                 \
-            rows16_block32(SQ_##NAME, group, xq, stride, 2, nb, stop, y, ldy, 2);                              \
-        else if (n_tokens == 3)                                                                                 \
-            rows16_block32(SQ_##NAME, group, xq, stride, 3, nb, stop, y, ldy, 3);                              \
-        else if (n_tokens == 4)                                                                                 \
-            rows16_block32(SQ_##NAME, group, xq, stride, 4, nb, stop, y, ldy, 4);                              \
+        if (n_tokens <= 4)                                                                                      \
+            rows16_block32_upto4(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy);                    \
         else if (n_tokens <= FEW_TOKENS && four_bit_codes(SQ_##NAME))                                           \
             rows16_block32_passes(SQ_##NAME, group, xq, stride, n_tokens, nb, stop, y, ldy);                   \
         else if (n_tokens <= FEW_TOKENS)                                                                        \
