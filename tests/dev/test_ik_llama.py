@@ -8,9 +8,9 @@ import subprocess
 import pytest
 
 from llm_smolq.dev import ik_llama
-
-real_run = subprocess.run
 from llm_smolq.dev.ik_llama import export_tree
+
+real_run = subprocess.run  # the machine line's git call still runs where subprocess.run is stood in for
 
 
 def git(repo, *args):

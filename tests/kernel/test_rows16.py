@@ -86,10 +86,9 @@ def test_products_of_a_packed_matrix_are_the_files(qtype, simd_restore, monkeypa
     """sq_vec_dot_rows16 over whole groups and ranges that start or end inside one, for one
     token (decode), two to four (each a loop of its own in the 32-element kernels), five to
     sixteen (passes of those, or one span), to past the kernels' 16-token tile and into the
-    tiled batch kernels' sizes, past the 128-token
-    span whose chains the 32-element kernels keep from block to block, rows of 37 blocks:
-    each output the scalar sq_vec_dot's bits for the row as the file had it; y written only
-    where it should be."""
+    tiled batch kernels' sizes, past the 128-token span whose chains the 32-element kernels
+    keep from block to block, rows of 37 blocks: each output the scalar sq_vec_dot's bits
+    for the row as the file had it; y written only where it should be."""
     rng = np.random.default_rng(60 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     elems = GGML_QUANT_SIZES[qtype][0]
