@@ -43,6 +43,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from llm_smolq.dev import bench_markdown
+from llm_smolq.dev.spread import spread, spread_text
 
 ENGINES = ("llm-smolq", "llama.cpp", "llama.cpp-fa")  # -fa: llama.cpp with flash attention
 _LLAMA_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml's type numbers
@@ -219,11 +220,7 @@ def read_bandwidth_gb_s(threads: int, size_mb: int = 256, passes: int = 8) -> fl
 
 
 def summarize(runs: list[dict]) -> dict:
-    out = {}
-    for key in runs[0]:
-        values = [r[key] for r in runs]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
-    return out
+    return {key: spread([r[key] for r in runs]) for key in runs[0]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -413,7 +410,7 @@ def format_report(r: dict) -> str:
            "schema_pct_of_decode": "constraint % of a decode step",
            "file_read_gb_s": "its threads read the file at GB/s", "decode_pct_of_read": "decode % of that"}
     for engine, stats in r["engines"].items():
-        parts = [f"{label} {stats[k]['median']:.2f} ({stats[k]['min']:.2f}-{stats[k]['max']:.2f})"
+        parts = [f"{label} {spread_text(stats[k])}"
                  for k, label in fmt.items() if k in stats]
         lines.append(f"  {engine:10s} " + ", ".join(parts) + f", decode bandwidth {stats['decode_gb_s']:.1f} GB/s")
     if "ratios" in r:
@@ -421,7 +418,7 @@ def format_report(r: dict) -> str:
             base, _, versus = key.partition(" vs ")
             return fmt[base] + (f" vs {versus}" if versus else "")
 
-        parts = [f"{label(k)} x{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for k, v in r["ratios"].items()]
+        parts = [f"{label(k)} x{spread_text(v)}" for k, v in r["ratios"].items()]
         anchor = "the faster llama.cpp of each round" if len(r["engines"]) > 2 else "llama.cpp"
         lines.append(f"  llm-smolq / {anchor}: " + ", ".join(parts))
     if "at_depth" in r:

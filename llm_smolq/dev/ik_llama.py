@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -101,12 +100,6 @@ def ours(model: Path, threads: int, prompt: int, decode: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def spread(values: list[float], digits: int = 1) -> str:
-    """The median of values, with their min-max."""
-    f = f"{{:,.{digits}f}}"
-    return f"{f.format(statistics.median(values))} ({f.format(min(values))}-{f.format(max(values))})"
-
-
 def bench(out: Path, model: Path, threads: int, prompt: int, decode: int, rounds: int) -> None:
     tool = out / "build" / "bin" / "llama-bench"
     if not tool.is_file():
@@ -114,6 +107,7 @@ def bench(out: Path, model: Path, threads: int, prompt: int, decode: int, rounds
     if not model.is_file():
         raise SystemExit(f"no model file {model}")
     from llm_smolq.dev.bench_markdown import machine_line
+    from llm_smolq.dev.spread import spread, spread_text
 
     print(f"{model} against {tool}, {rounds} rounds by turns", flush=True)
     print(machine_line(threads), flush=True)
@@ -133,8 +127,9 @@ def bench(out: Path, model: Path, threads: int, prompt: int, decode: int, rounds
     for kind, p, n in kinds:
         got = seen[kind]
         what = f"prefill {p} tokens" if kind == "prefill" else f"decode {n} tokens after {p}"
-        print(f"{what}: llm-smolq {spread(got['ours'])} tok/s, ik_llama.cpp {spread(got['ik'])} (its better -rtr), "
-              f"x{spread(got['ratio'], 2)}")
+        print(f"{what}: llm-smolq {spread_text(spread(got['ours']), ',.1f')} tok/s, "
+              f"ik_llama.cpp {spread_text(spread(got['ik']), ',.1f')} (its better -rtr), "
+              f"x{spread_text(spread(got['ratio']))}")
 
 
 def main(argv: list[str] | None = None) -> None:

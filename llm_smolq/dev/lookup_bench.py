@@ -21,8 +21,9 @@ engine's threads (Engine.int8_macs_per_second), the least time the products coul
 
 from __future__ import annotations
 
-import statistics
 import time
+
+from llm_smolq.dev.spread import spread, spread_text
 
 ANSWER_TOKENS = 400
 
@@ -117,9 +118,9 @@ def measure(path: str, threads: int, lookup: int, repeat: int) -> dict:
         ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(plain, looked) if a["tok_s"] > 0]
         report["prompts"][name] = {
             "answer_tokens": len(plain[0]["ids"]),
-            "plain_tok_s": _spread([r["tok_s"] for r in plain]),
-            "lookup_tok_s": _spread([r["tok_s"] for r in looked]),
-            "ratio": _spread(ratios),
+            "plain_tok_s": spread([r["tok_s"] for r in plain]),
+            "lookup_tok_s": spread([r["tok_s"] for r in looked]),
+            "ratio": spread(ratios),
             "drafted": looked[0]["drafted"],
             "accepted": looked[0]["accepted"],
             "same_output": all(r["ids"] == plain[0]["ids"] for r in plain + looked),
@@ -128,21 +129,12 @@ def measure(path: str, threads: int, lookup: int, repeat: int) -> dict:
     return report
 
 
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def format_report(r: dict) -> str:
     lines = [f"{r['model']}: {r['threads']} threads, greedy, lookup 0 vs {r['lookup']}, "
              f"median of {r['repeat']} alternating rounds (min-max)"]
     for name, p in r["prompts"].items():
-        def f(key: str) -> str:
-            v = p[key]
-            return f"{v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f})"
-
-        ratio = p["ratio"]
-        lines.append(f"  {name}: {p['answer_tokens']} tokens; plain {f('plain_tok_s')} tok/s, lookup "
-                     f"{f('lookup_tok_s')} tok/s, x{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}); "
+        lines.append(f"  {name}: {p['answer_tokens']} tokens; plain {spread_text(p['plain_tok_s'], '.1f')} tok/s, "
+                     f"lookup {spread_text(p['lookup_tok_s'], '.1f')} tok/s, x{spread_text(p['ratio'])}; "
                      f"drafted {p['drafted']}, kept {p['accepted']}; same output: {p['same_output']}")
     return "\n".join(lines)
 
