@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from llm_smolq.dev.spread import spread, spread_text
+
 ANSWER_TOKENS = 32
 QUESTION = "Summarise the entries above in one sentence."
 FOLLOW_UP = "Which entry mentions the largest weight?"
@@ -150,16 +152,16 @@ def measure(model: str, threads: int, n_tokens: int, repeat: int) -> dict:
 def format_report(r: dict) -> str:
     first, warm, cold = r["first_turn"], r["warm"], r["cold"]
 
-    def spread(values):
-        return f"{statistics.median(values):.3f} s ({min(values):.3f}-{max(values):.3f})"
+    def seconds(values):
+        return spread_text(spread(values), ".3f") + " s"
 
     return "\n".join([
         f"{r['model']}: a follow-up of {r['follow_up_tokens']} tokens (first prompt {first['first_prompt_tokens']}, "
         f"answer {first['answer_tokens']}), {r['threads']} threads, median of {r['repeat']} new processes (min-max)",
         f"  saving the first turn: {first['save_s']:.3f} s, {first['saved_bytes'] / 1e6:.1f} MB",
-        f"  cold re-prefill:   first token after {spread(cold['ttft_s'])}",
-        f"  with prompt cache: first token after {spread(warm['ttft_s'])}; "
-        f"{statistics.median(warm['read_tokens']):.0f} tokens read from disk in {spread(warm['read_s'])}, "
+        f"  cold re-prefill:   first token after {seconds(cold['ttft_s'])}",
+        f"  with prompt cache: first token after {seconds(warm['ttft_s'])}; "
+        f"{statistics.median(warm['read_tokens']):.0f} tokens read from disk in {seconds(warm['read_s'])}, "
         f"{statistics.median(warm['cached_tokens']):.0f} reused",
         f"  warm / cold: {r['ratio']:.3f}",
     ])

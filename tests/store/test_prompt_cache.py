@@ -16,6 +16,7 @@ import pytest
 import llm_smolq.plugin.loaded as loaded_models
 import llm_smolq
 from llm_smolq import paths
+from llm_smolq.dev import follow_up_bench
 from llm_smolq.store import prompt_cache
 from llm_smolq.engine.kv_types import KV_TYPES
 from llm_smolq.store.kv_blocks import FORMAT_VERSION, KVLayout, block_bytes, read_block, read_head
@@ -153,6 +154,9 @@ def test_the_follow_up_benchmark_runs_warm_and_cold_in_new_processes(tiny):
     assert cold["cached_tokens"] == [0] and cold["read_tokens"] == [0]
     assert first["saved_tokens"] >= first["first_prompt_tokens"] and first["saved_bytes"] > 0
     assert report["ratio"] == report["warm_ttft_s"] / report["cold_ttft_s"] > 0
+    text = follow_up_bench.format_report(report)  # the text report of the same figures
+    assert f"cold re-prefill:   first token after {cold['ttft_s'][0]:.3f} ({cold['ttft_s'][0]:.3f}-" in text
+    assert f"warm / cold: {report['ratio']:.3f}" in text
 
 
 def flip(offset):
