@@ -665,11 +665,11 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q6_K_span(co
 
 /* The same for any number of tokens, SPAN at a time: y[t * ldy + r] for r < 8. The
  * chains wait between blocks in an array of their own, contiguous, rather than in y: y's
- * rows are a matrix's width apart (8 KiB for the 3B shape's ffn_down), so that every
- * token's eight outputs fell in the same few sets of L1 and L2 and were read and written
- * from L3 once a block (perf: a sixth of the kernel's samples on that store). At the
- * avx2 setting the 3B shape's 512-token prefill took x0.91 of the time, its 8 and 16-token
- * checks x0.95 (Zen 4, one process, alternating). */
+ * rows are a matrix's width apart (8 KiB for the 3B shape's ffn_down), so every token's
+ * eight outputs fell in the same few sets of L1 and L2, and a sixth of the kernel's perf
+ * samples sat on the store of each block's step. At the avx2 setting the 3B shape's
+ * 512-token prefill took x0.91 of the time, its 8 and 16-token checks x0.95 (Zen 4, one
+ * process, alternating). */
 TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { SPAN = 512 };  /* the chains of 512 tokens: 16 KiB */
