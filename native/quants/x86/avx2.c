@@ -672,7 +672,10 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q6_K_span(co
  * process, alternating). */
 TARGET void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
                                   int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    enum { SPAN = 512 };  /* the chains of 512 tokens: 16 KiB */
+    /* The chains of 512 tokens: 16 KiB. The engine's passes are 256 tokens at most
+     * (engine.py's MAX_BATCH), so one span takes a whole pass; only a direct caller's
+     * longer batch puts the blocks side by side again for each span. */
+    enum { SPAN = 512 };
     __m256 chain[SPAN];
     for (int s0 = 0; s0 < n_tokens; s0 += SPAN) {
         const int ns = n_tokens - s0 < SPAN ? n_tokens - s0 : SPAN;
