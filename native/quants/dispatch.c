@@ -75,8 +75,8 @@ typedef struct {
 } kernels;
 
 #ifdef SQ_X86
-/* avx2's packed Q4_K kernels in the form of the others: a prompt's tokens through each
- * block eight rows at a time, a few tokens all sixteen at once. */
+/* avx2's packed Q4_K kernels in the form of the others: a prompt's tokens in tiles, block
+ * by block, and a few tokens with their sums in registers. */
 static void packed_batch16_q4_K(const void *group, int64_t row_bytes, const void *xq, int64_t stride,
                                 int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     (void)row_bytes;

@@ -213,11 +213,10 @@ void sq_steps_dot8_iq4_nl_avx2(const void *rows, int64_t row_bytes, const void *
                                int64_t nb, const void *stop, float *y, int64_t ldy);
 void sq_steps_dot8_q8_0_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
-/* A group of sixteen Q4_K rows packed side by side (quants/rows16.c), eight at a time as
- * sq_batch_dot8_q4_K_avx2 takes them, block by block, but the activation rows as
- * sq_quantize_activations writes them (the mins meet their sums of 32 codes): y[t * ldy +
- * r] for r < 16. The first eight ask for the group's bytes ahead, up to stop; the second
- * find them in cache. */
+/* A group of sixteen Q4_K rows packed side by side (quants/rows16.c) times n_tokens
+ * activation rows as sq_quantize_activations writes them (the mins meet their sums of 32
+ * codes), block by block, each activation word meeting all sixteen rows: y[t * ldy + r]
+ * for r < 16. The group's bytes are asked for ahead, up to stop. */
 void sq_packed_batch16_q4_K_avx2(const void *group, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                                  const void *stop, float *y, int64_t ldy);
 /* The whole group (both halves) for n >= 1 tokens, each token's sums kept in registers: a

@@ -116,18 +116,10 @@ static inline __attribute__((always_inline)) TARGET void q4_K_group_tokens(const
  * products to the token's block integer (isum, in memory between groups: token by token,
  * with the codes reloaded for each, 2048-wide rows took a tenth longer; 11008-wide ones,
  * whose activations come from L3, no longer); then each token's block steps, the mins
- * meeting the bsums (packed: the activation row's sums of 32 codes, q4_K_mins8).
- * y[t * ldy + r] for r < 8, or, for a packed group's sixteen rows (eight, then eight, for
- * each block), r < 16. */
-static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
-    const void *rows, int64_t row_bytes, const int packed, const void *xq, int64_t stride, int n_tokens, int64_t nb,
-    const void *stop, float *y, int64_t ldy) {
+ * meeting the bsums. y[t * ldy + r] for r < 8. */
+TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
     enum { TILE = 64 };  /* tokens per pass over a block's codes (32: 5% slower on 2048-wide rows) */
-    enum { RUN_EIGHTH = 16 * (int)sizeof(block_q4_K) / 8 };  /* of a packed block's run, asked for per group */
-    /* A packed group's sixteen rows go eight at a time through each block of a tile, so
-     * that the second eight find the tile's activations in L1 (two passes over the tokens,
-     * one per eight rows, read them twice from L2 or L3). */
-    const int halves = packed ? 2 : 1;
     __m256i codes[4][2][8], scale[8], mins[4];
     __m256 d_rows, dmin_rows;
     const uint8_t *next = (const uint8_t *)rows + 8 * row_bytes;  /* prefetched as these are read */
@@ -135,67 +127,110 @@ static inline __attribute__((always_inline)) TARGET void batch_dot8_q4_K(
     const int spread = n_tokens > TILE;  /* the next blocks' activations asked for as the groups go by */
     for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
         const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
-        __m256 sumf[2][TILE], summ[2][TILE];
+        __m256 sumf[TILE], summ[TILE];
         __m256i isum[TILE];
-        for (int h = 0; h < halves; h++)
-            for (int t = 0; t < nt; t++)
-                sumf[h][t] = summ[h][t] = opaque_zero8();
+        for (int t = 0; t < nt; t++)
+            sumf[t] = summ[t] = opaque_zero8();
         for (int64_t i = 0; i < nb; i++) {
-            for (int h = 0; h < halves; h++) {
-                if (packed) {
-                    q4_K_packed_side_by_side(q4_K_run(rows, i), h, codes, scale, mins, &d_rows, &dmin_rows);
-                } else {
-                    if (t0 == 0)
-                        prefetch_next_rows(next, i, share, stop);
-                    q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
-                }
-                for (int g = 0; g < 8; g++) {
-                    /* One stream, read once for both halves, an eighth of the run a group: the
-                     * whole run asked for at the block's start (36 lines at once) filled the
-                     * core's miss buffers and the thread waited on them. On Zen 4 at the avx2
-                     * setting, the 3B shape's 8 to 16-token checks took x0.85-0.89 of the time
-                     * (one process, alternating); its prefill x1.0. */
-                    if (packed && t0 == 0 && h == 0)
-                        prefetch_ahead(q4_K_run(rows, i) + g * RUN_EIGHTH, RUN_EIGHTH, stop);
-                    if (spread && h == 0 && g < Q8_K_LINES && i + 1 < nb)
-                        q4_K_group_tokens(xq, stride, t0, nt, i, g, codes[g / 2][g % 2], scale[g], 1, isum);
-                    else
-                        q4_K_group_tokens(xq, stride, t0, nt, i, g, codes[g / 2][g % 2], scale[g], 0, isum);
-                }
-                for (int t = 0; t < nt; t++) {
-                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
-                    if (!spread && h == halves - 1 && i + 1 < nb)
-                        prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
-                    __m256i imin;
-                    if (packed) {
-                        imin = q4_K_mins8(token_sums32(xq, stride, t0 + t, nb, i), mins);
-                    } else {
-                        imin = q4_K_min8(a, 0, mins[0]);
-                        for (int c = 1; c < 4; c++)
-                            imin = _mm256_add_epi32(imin, q4_K_min8(a, c, mins[c]));
-                    }
-                    const __m256 a_d = _mm256_set1_ps(a->d);
-                    sumf[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d_rows, a_d), sumf[h][t]);
-                    summ[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin_rows, a_d), summ[h][t]);
-                }
+            if (t0 == 0)
+                prefetch_next_rows(next, i, share, stop);
+            q4_K_side_by_side(rows, row_bytes, i, codes, scale, mins, &d_rows, &dmin_rows);
+            for (int g = 0; g < 8; g++) {
+                if (spread && g < Q8_K_LINES && i + 1 < nb)
+                    q4_K_group_tokens(xq, stride, t0, nt, i, g, codes[g / 2][g % 2], scale[g], 1, isum);
+                else
+                    q4_K_group_tokens(xq, stride, t0, nt, i, g, codes[g / 2][g % 2], scale[g], 0, isum);
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (!spread && i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
+                __m256i imin = q4_K_min8(a, 0, mins[0]);
+                for (int c = 1; c < 4; c++)
+                    imin = _mm256_add_epi32(imin, q4_K_min8(a, c, mins[c]));
+                const __m256 a_d = _mm256_set1_ps(a->d);
+                sumf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d_rows, a_d), sumf[t]);
+                summ[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin_rows, a_d), summ[t]);
             }
         }
-        for (int h = 0; h < halves; h++)
-            for (int t = 0; t < nt; t++)
-                _mm256_storeu_ps(y + (t0 + t) * ldy + 8 * h, _mm256_sub_ps(sumf[h][t], summ[h][t]));
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_sub_ps(sumf[t], summ[t]));
     }
 }
 
-TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                  int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    batch_dot8_q4_K(rows, row_bytes, 0, xq, stride, n_tokens, nb, stop, y, ldy);
-}
-
-/* The same for the sixteen rows of a group packed side by side (quants/rows16.c), read
- * without a transpose, eight at a time: y[t * ldy + r] for r < 16. */
+/* A group of sixteen Q4_K rows packed side by side (quants/rows16.c) times n_tokens
+ * activation rows, each output with the definition's bits for its row and token: per block
+ * and group, the tile's tokens go by the group's first sixteen codes of all sixteen rows,
+ * their int16 sums parked (s16), then by its last sixteen, each token's sums finished and
+ * times the group's scale into its isum (the two passes' eight maddubs a pair fit an int16,
+ * as nibble_pairs8's); then each token's block steps, sixteen rows' mins meeting the sums of
+ * 32 codes of the token (one broadcast for both eights). Each activation word broadcast
+ * meets sixteen rows: eight rows a pass, with a group's eight registers of codes, took one
+ * broadcast per vpmaddubsw, and on Zen 4 the broadcasts take slots of the vector pipes.
+ * There, in one process alternating with that form, the 3B shape's 512-token prefill took
+ * x0.87 of the time, its 8- and 16-token checks x0.85 and x0.89. y[t * ldy + r], r < 16. */
 TARGET void sq_packed_batch16_q4_K_avx2(const void *group, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                                         const void *stop, float *y, int64_t ldy) {
-    batch_dot8_q4_K(group, 0, 1, xq, stride, n_tokens, nb, stop, y, ldy);
+    enum { TILE = 64 };
+    enum { RUN_EIGHTH = 16 * (int)sizeof(block_q4_K) / 8 };  /* of a block's run, asked for per group */
+    const int spread = n_tokens > TILE;  /* the next blocks' activations asked for as the groups go by */
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        __m256 sumf[TILE][2], summ[TILE][2];
+        __m256i isum[TILE][2], s16[TILE][2];
+        for (int t = 0; t < nt; t++)
+            for (int h = 0; h < 2; h++)
+                sumf[t][h] = summ[t][h] = opaque_zero8();
+        for (int64_t i = 0; i < nb; i++) {
+            const uint8_t *run = q4_K_run(group, i);
+            __m256i scale[2][8], mins[2][4];
+            __m256 d_rows[2], dmin_rows[2];
+            for (int h = 0; h < 2; h++)
+                q4_K_packed_headers(run, h, scale[h], mins[h], &d_rows[h], &dmin_rows[h]);
+            for (int g = 0; g < 8; g++) {
+                /* An eighth of the run a group: the whole run asked for at the block's start
+                 * (36 lines at once) filled the core's miss buffers and the thread waited on
+                 * them (asked for so, the 3B shape's 8 to 16-token checks took 1.12-1.18x as
+                 * long at the avx2 setting, with the eight-row form of this kernel). */
+                if (t0 == 0)
+                    prefetch_ahead(run + g * RUN_EIGHTH, RUN_EIGHTH, stop);
+                const int fetch = spread && g < Q8_K_LINES && i + 1 < nb;
+                __m256i code[8];
+                q4_K_packed_words16(run, g, 0, code);
+                for (int t = 0; t < nt; t++) {
+                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                    if (fetch)
+                        prefetch_q8_K_line(a + 1, g);
+                    words4_16(a->qs + 32 * g, code, s16[t]);
+                }
+                q4_K_packed_words16(run, g, 1, code);
+                for (int t = 0; t < nt; t++) {
+                    const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                    __m256i s[2];
+                    words4_16(a->qs + 32 * g + 16, code, s);
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i v = _mm256_madd_epi16(_mm256_add_epi16(s[h], s16[t][h]), scale[h][g]);
+                        isum[t][h] = g ? _mm256_add_epi32(isum[t][h], v) : v;
+                    }
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_K *a = token_block(xq, stride, t0 + t, i);
+                if (!spread && i + 1 < nb)
+                    prefetch_block_q8_K(a + 1);  /* this token's next block: wanted a tile from now */
+                const int16_t *sums = token_sums32(xq, stride, t0 + t, nb, i);
+                const __m256 a_d = _mm256_set1_ps(a->d);
+                for (int h = 0; h < 2; h++) {
+                    const __m256i imin = q4_K_mins8(sums, mins[h]);
+                    sumf[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][h]), _mm256_mul_ps(d_rows[h], a_d), sumf[t][h]);
+                    summ[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin_rows[h], a_d), summ[t][h]);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            for (int h = 0; h < 2; h++)
+                _mm256_storeu_ps(y + (t0 + t) * ldy + 8 * h, _mm256_sub_ps(sumf[t][h], summ[t][h]));
+    }
 }
 
 /* ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 /* quants/x86/side_by_side.h: the steps x86/avx2.c's batched products share (part of that
  * file, after vec_dots.h): prefetches, several tokens' integer lanes reduced to one
- * integer per token, and eight weight rows' blocks put side by side, a row per 32-bit
- * lane, so that an activation word broadcast to every lane multiplies all the rows.
+ * integer per token, and eight weight rows' blocks put side by side (or a packed group's
+ * sixteen read as they lie), a row per 32-bit lane, so that an activation word broadcast
+ * to every lane multiplies all the rows.
  * Either way each float lane ends up with one (row, token) pair, whose block steps it
  * takes in block order: the definition of quants/types.h.
  */
@@ -209,19 +210,35 @@ static inline __attribute__((always_inline)) TARGET void q4_K_packed_headers(con
     *dmin_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 32 + 16 * half)));
 }
 
-/* q4_K_side_by_side's outputs for rows 8 half .. 8 half + 7 of a packed group's block. */
-static inline __attribute__((always_inline)) TARGET void q4_K_packed_side_by_side(
-    const uint8_t *run, int half, __m256i codes[4][2][8], __m256i scale[8], __m256i mins[4], __m256 *d_rows,
-    __m256 *dmin_rows) {
+/* Words 4 half .. 4 half + 3 of group g of a packed Q4_K block's run (q4_K_run) for all
+ * sixteen rows: code[j] rows 0..7's elements 16 half + 4j .. +3 of the group, one row per
+ * 32-bit lane, code[4 + j] rows 8..15's. */
+static inline __attribute__((always_inline)) TARGET void q4_K_packed_words16(const uint8_t *run, int g, int half,
+                                                                             __m256i code[8]) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    q4_K_packed_headers(run, half, scale, mins, d_rows, dmin_rows);
-    const uint8_t *code_words = run + 64 * 4 + 32 * half;  /* after the d, dmin and three words of scales */
-    for (int c = 0; c < 4; c++)
-        for (int j = 0; j < 8; j++) {  /* bytes 32c + 4j .. +3 of the codes */
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(code_words + 64 * (8 * c + j)));
-            codes[c][0][j] = _mm256_and_si256(q, m4);
-            codes[c][1][j] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    const uint8_t *words = run + 64 * 4 + 64 * (8 * (g / 2) + 4 * half);  /* after d, dmin and the scales */
+    for (int j = 0; j < 4; j++)
+        for (int r8 = 0; r8 < 2; r8++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(words + 64 * j + 32 * r8));
+            code[4 * r8 + j] = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
         }
+}
+
+/* Four activation words (aq: 16 codes) against sixteen rows' codes (q4_K_packed_words16):
+ * each eight rows' products in two int16 per lane, in s[0] (rows 0..7) and s[1]. Each
+ * broadcast word meets both eights of rows. */
+static inline __attribute__((always_inline)) TARGET void words4_16(const int8_t *aq, const __m256i code[8],
+                                                                   __m256i s[2]) {
+    __m256i p[2][4];
+    for (int j = 0; j < 4; j++) {
+        int32_t w;
+        memcpy(&w, aq + 4 * j, 4);
+        const __m256i a = _mm256_set1_epi32(w);
+        p[0][j] = _mm256_maddubs_epi16(code[j], a);
+        p[1][j] = _mm256_maddubs_epi16(code[4 + j], a);
+    }
+    for (int h = 0; h < 2; h++)
+        s[h] = _mm256_add_epi16(_mm256_add_epi16(p[h][0], p[h][1]), _mm256_add_epi16(p[h][2], p[h][3]));
 }
 
 /* 32 activations against the nibbles of eight rows side by side: code[j] holds codes
