@@ -162,13 +162,13 @@ TARGET void sq_batch_dot8_q4_K_avx2(const void *rows, int64_t row_bytes, const v
  * activation rows, each output with the definition's bits for its row and token: per block
  * and group, the tile's tokens go by the group's first sixteen codes of all sixteen rows,
  * their int16 sums parked (s16), then by its last sixteen, each token's sums finished and
- * times the group's scale into its isum (the two passes' eight maddubs a pair fit an int16,
- * as nibble_pairs8's); then each token's block steps, sixteen rows' mins meeting the sums of
- * 32 codes of the token (one broadcast for both eights). Each activation word broadcast
+ * times the group's scale into its isum (the two passes' eight pair sums of vpmaddubsw fit
+ * an int16, as nibble_pairs8's do); then each token's block steps, the mins meeting the
+ * token's sums of 32 codes (q4_K_mins8). Each activation word broadcast
  * meets sixteen rows: eight rows a pass, with a group's eight registers of codes, took one
  * broadcast per vpmaddubsw, and on Zen 4 the broadcasts take slots of the vector pipes.
  * There, in one process alternating with that form, the 3B shape's 512-token prefill took
- * x0.87 of the time, its 8- and 16-token checks x0.85 and x0.89. y[t * ldy + r], r < 16. */
+ * x0.86 of the time, its 8- and 16-token checks x0.85 and x0.89. y[t * ldy + r], r < 16. */
 TARGET void sq_packed_batch16_q4_K_avx2(const void *group, const void *xq, int64_t stride, int n_tokens, int64_t nb,
                                         const void *stop, float *y, int64_t ldy) {
     enum { TILE = 64 };
