@@ -200,6 +200,10 @@ void sq_batch_dot_q6_K_avx2(const void *row, const void *xq, int64_t stride, int
  * The next eight rows' bytes are asked of memory up to stop. */
 void sq_batch_dot8_q6_K_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
                              int64_t nb, const void *stop, float *y, int64_t ldy);
+/* Sixteen Q4_1 rows at once, for a prompt's or a draft check's tokens (eight on): y[t *
+ * ldy + r], r < 16. The next sixteen rows' bytes are asked of memory up to stop. */
+void sq_steps_dot16_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,
+                              int64_t nb, const void *stop, float *y, int64_t ldy);
 /* Eight Q4_0, Q5_0, Q5_1, IQ4_NL or Q8_0 rows at once, from the file's layout, for any
  * number of tokens: y[t * ldy + r], r < 8. The next eight rows' bytes are asked of memory
  * up to stop. */

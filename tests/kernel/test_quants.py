@@ -1037,10 +1037,10 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
     """Rows times a batch: every output exactly the scalar sq_vec_dot's bits, for token
     counts below and past the batch kernels' thresholds (Q4_K's 4, the tiled 8) and tiles
     (8 tokens per row, 16 per eight rows, 64 in the tiled kernels, 128 in a prompt's eight
-    Q4_1 rows, 512 in the spans of AVX2's eight Q6_K rows), rows by sixteens, eights and
-    left over, rows longer than the kernels' chunks of blocks (32, or 4 for Q6_K) and
-    ending in a part of one, on every path (the VNNI and the AVX2 copy where the CPU has
-    both); y is written only where it should be."""
+    or sixteen Q4_1 rows, 512 in the spans of AVX2's eight Q6_K rows), rows by sixteens,
+    eights and left over, rows longer than the kernels' chunks of blocks (32, or 4 for
+    Q6_K) and ending in a part of one, on every path (the VNNI and the AVX2 copy where the
+    CPU has both); y is written only where it should be."""
     rng = np.random.default_rng(900 + int(qtype))
     vtype = VEC_DOT_TYPE[qtype]
     cases = [(max(sizes(qtype)), n_rows, tokens)
@@ -1048,7 +1048,7 @@ def test_vec_dot_batch_rows_is_vec_dot_token_by_token(qtype, simd_paths_of_cpu):
                                     (9, 35), (27, 70), (40, 22))]
     cases += [(32 * GGML_QUANT_SIZES[qtype][0] + 2 * max(sizes(qtype)), n_rows, 3) for n_rows in (8, 17)]
     cases += [(37 * GGML_QUANT_SIZES[qtype][0], 17, 5)]  # a chunk and a part of one
-    cases += [(37 * GGML_QUANT_SIZES[qtype][0], 9, 131)]  # past the 128-token tiles, chunks and parts of them
+    cases += [(37 * GGML_QUANT_SIZES[qtype][0], 17, 131)]  # past the 128-token tiles, chunks and parts of them
     cases += [(256, 9, 515)]  # past the 512-token spans whose chains AVX2's eight Q6_K rows keep apart from y
     if GGML_QUANT_SIZES[qtype][0] == 1:  # the float kernels' tokens widened 1,024 at a time: two, a part, a tail
         cases += [(2 * 1024 + 96 + 7, 16, 6)]

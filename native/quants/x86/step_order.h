@@ -312,6 +312,78 @@ TARGET void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const v
         steps_dot8_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 16);
 }
 
+/* Sixteen Q4_1 rows (row_bytes apart) times n_tokens activation rows (a prompt's or a
+ * draft check's, eight on), each output with the definition's bits for its row and token,
+ * as steps_dot8_q4_1 gives them for eight, but each broadcast activation word meets both
+ * eights of rows (words4_16): per block, the tile's tokens go by the first four words of
+ * codes of the sixteen rows (elements 0..15), their int16 sums parked (part), then by the
+ * last four, each token's sums finished (together within int16, as nibble_pairs8's) into
+ * int32 where they were parked; then each token's two block steps for both eights, its d
+ * and s converted once. Eight rows at a time took one broadcast per vpmaddubsw, and on Zen
+ * 4 the broadcasts take slots of the vector pipes; the steps in the codes' second pass
+ * pushed codes out of registers (4% slower). There, at the avx2 setting, in one process
+ * alternating with the eight-row kernel, SmolLM2's 512-token prefill took x0.87 of the
+ * time, its 8- and 16-token checks x0.96 and x0.92. y[t * ldy + r] for r < 16; the
+ * sixteen rows after these asked for ahead, up to stop. */
+static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(const void *rows, int64_t row_bytes,
+                                                                         const void *xq, int64_t stride,
+                                                                         int n_tokens, int64_t nb, const void *stop,
+                                                                         float *y, int64_t ldy, const int TILE) {
+    enum { MAX_TILE = 128 };
+    __m256 sums[MAX_TILE][2], offs[MAX_TILE][2];  /* a token's chains, for rows 0..7 and 8..15 */
+    __m256i part[MAX_TILE][2];  /* a token's int16 sums of the block's first sixteen codes, then its integers */
+    const uint8_t *next = (const uint8_t *)rows + 16 * row_bytes;
+    const int64_t share = 16 * (int64_t)sizeof(block_q4_1);  /* of the next rows, per block */
+    for (int t0 = 0; t0 < n_tokens; t0 += TILE) {
+        const int nt = n_tokens - t0 < TILE ? n_tokens - t0 : TILE;
+        for (int t = 0; t < nt; t++)
+            for (int h = 0; h < 2; h++)
+                sums[t][h] = offs[t][h] = opaque_zero8();
+        for (int64_t i = 0; i < nb; i++) {
+            if (t0 == 0)
+                prefetch_next_rows(next, i, share, stop);
+            __m256i codes[2][8], words[8];
+            __m256 d_rows[2], m_rows[2];
+            for (int h = 0; h < 2; h++)
+                q4_1_side_by_side((const uint8_t *)rows + 8 * h * row_bytes, row_bytes, i, codes[h], &d_rows[h],
+                                  &m_rows[h]);
+            for (int j = 0; j < 8; j++)  /* words 0..3 of both eights: the low nibbles */
+                words[j] = codes[j / 4][j % 4];
+            for (int t = 0; t < nt; t++)
+                words4_16(((const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i)->qs, words, part[t]);
+            for (int j = 0; j < 8; j++)  /* then the high nibbles, elements 16.. */
+                words[j] = codes[j / 4][4 + j % 4];
+            for (int t = 0; t < nt; t++) {
+                const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                __m256i s[2];
+                words4_16(a->qs + 16, words, s);
+                for (int h = 0; h < 2; h++)
+                    part[t][h] = _mm256_madd_epi16(_mm256_add_epi16(s[h], part[t][h]), _mm256_set1_epi16(1));
+            }
+            for (int t = 0; t < nt; t++) {
+                const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                const __m128 ds = h2f_pair(&a->d);  /* the token's d, s */
+                const __m256 d = _mm256_broadcastss_ps(ds), sm = _mm256_broadcastss_ps(_mm_movehdup_ps(ds));
+                for (int h = 0; h < 2; h++) {
+                    sums[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(part[t][h]), _mm256_mul_ps(d_rows[h], d), sums[t][h]);
+                    offs[t][h] = _mm256_fmadd_ps(m_rows[h], sm, offs[t][h]);
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            for (int h = 0; h < 2; h++)
+                _mm256_storeu_ps(y + (t0 + t) * ldy + 8 * h, _mm256_add_ps(sums[t][h], offs[t][h]));
+    }
+}
+
+TARGET void sq_steps_dot16_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
+                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
+    if (n_tokens > 16)
+        steps_dot16_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 128);
+    else
+        steps_dot16_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 16);
+}
+
 /* Eight Q4_K rows times n_tokens activation rows, each output with the definition's bits
  * for its row and token: per block one exact integer total for the codes and one for the
  * mins, each into its chain by one fma. The rows sit side by side as in
