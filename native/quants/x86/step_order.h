@@ -304,13 +304,17 @@ static inline __attribute__((always_inline)) TARGET void steps_dot8_q4_1(const v
     }
 }
 
-TARGET void sq_steps_dot8_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens > 16)
-        steps_dot8_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 128);
-    else
-        steps_dot8_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 16);
-}
+/* A Q4_1 kernel's entry: a prompt's tokens in tiles of 128, a few in a tile of 16 (see
+ * steps_dot8_q4_1). */
+#define Q4_1_TILES(entry, kernel)                                                                               \
+    TARGET void entry(const void *rows, int64_t row_bytes, const void *xq, int64_t stride, int n_tokens,       \
+                      int64_t nb, const void *stop, float *y, int64_t ldy) {                                   \
+        if (n_tokens > 16)                                                                                      \
+            kernel(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 128);                               \
+        else                                                                                                    \
+            kernel(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 16);                                \
+    }
+Q4_1_TILES(sq_steps_dot8_q4_1_avx2, steps_dot8_q4_1)
 
 /* Sixteen Q4_1 rows (row_bytes apart) times n_tokens activation rows (a prompt's or a
  * draft check's, eight on), each output with the definition's bits for its row and token,
@@ -376,13 +380,7 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(const 
     }
 }
 
-TARGET void sq_steps_dot16_q4_1_avx2(const void *rows, int64_t row_bytes, const void *xq, int64_t stride,
-                                     int n_tokens, int64_t nb, const void *stop, float *y, int64_t ldy) {
-    if (n_tokens > 16)
-        steps_dot16_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 128);
-    else
-        steps_dot16_q4_1(rows, row_bytes, xq, stride, n_tokens, nb, stop, y, ldy, 16);
-}
+Q4_1_TILES(sq_steps_dot16_q4_1_avx2, steps_dot16_q4_1)
 
 /* Eight Q4_K rows times n_tokens activation rows, each output with the definition's bits
  * for its row and token: per block one exact integer total for the codes and one for the
