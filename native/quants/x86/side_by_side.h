@@ -224,9 +224,10 @@ static inline __attribute__((always_inline)) TARGET void q4_K_packed_words16(con
         }
 }
 
-/* Four activation words (aq: 16 codes) against sixteen rows' codes (q4_K_packed_words16):
- * each eight rows' products in two int16 per lane, in s[0] (rows 0..7) and s[1]. Each
- * broadcast word meets both eights of rows. */
+/* Four activation words (aq: 16 codes) against sixteen rows' 4-bit codes, code[j] rows
+ * 0..7's four that meet word j and code[4 + j] rows 8..15's (as q4_K_packed_words16 gives
+ * them): each eight rows' products in two int16 per lane (|.| <= 4 * 2 * 15 * 128), in
+ * s[0] (rows 0..7) and s[1]. Each broadcast word meets both eights of rows. */
 static inline __attribute__((always_inline)) TARGET void words4_16(const int8_t *aq, const __m256i code[8],
                                                                    __m256i s[2]) {
     __m256i p[2][4];
