@@ -108,8 +108,8 @@ static void packed_dotn16_q4_K(const void *group, int64_t row_bytes, const void 
     SQ_QUANT_TYPES(VEC_DOT, avx2)                                                                      \
     SQ_FLOAT_TYPES(VEC_DOT, avx2)                                                                      \
     [SQ_Q4_1].row.few = sq_vec_dotn_q4_1_avx2,                                                         \
-    /* Q4_1's sixteen rows at a time from eight tokens on; eight for fewer, or rows left. */         \
-    [SQ_Q4_1].rows8 = {.few = sq_steps_dot8_q4_1_avx2, .prompt = sq_steps_dot8_q4_1_avx2},           \
+    /* Q4_1's sixteen rows at a time from eight tokens on; eight for fewer, and the rows left. */    \
+    [SQ_Q4_1].rows8.few = sq_steps_dot8_q4_1_avx2,                                                     \
     [SQ_Q4_1].rows16.prompt = sq_steps_dot16_q4_1_avx2,                                                \
     [SQ_Q8_0].row.few = sq_vec_dotn_q8_0_avx2,                                                         \
     /* Eight rows at a time from two tokens on, dotn the rows left: 1.2x dotn's speed at 2 */        \

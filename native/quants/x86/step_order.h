@@ -354,18 +354,18 @@ static inline __attribute__((always_inline)) TARGET void steps_dot16_q4_1(const 
             for (int j = 0; j < 8; j++)  /* words 0..3 of both eights: the low nibbles */
                 words[j] = codes[j / 4][j % 4];
             for (int t = 0; t < nt; t++)
-                words4_16(((const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i)->qs, words, part[t]);
+                words4_16(((const block_q8_1 *)token_row(xq, stride, t0 + t) + i)->qs, words, part[t]);
             for (int j = 0; j < 8; j++)  /* then the high nibbles, elements 16.. */
                 words[j] = codes[j / 4][4 + j % 4];
             for (int t = 0; t < nt; t++) {
-                const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                const block_q8_1 *a = (const block_q8_1 *)token_row(xq, stride, t0 + t) + i;
                 __m256i s[2];
                 words4_16(a->qs + 16, words, s);
                 for (int h = 0; h < 2; h++)
                     part[t][h] = _mm256_madd_epi16(_mm256_add_epi16(s[h], part[t][h]), _mm256_set1_epi16(1));
             }
             for (int t = 0; t < nt; t++) {
-                const block_q8_1 *a = (const block_q8_1 *)((const uint8_t *)xq + (t0 + t) * stride) + i;
+                const block_q8_1 *a = (const block_q8_1 *)token_row(xq, stride, t0 + t) + i;
                 const __m128 ds = h2f_pair(&a->d);  /* the token's d, s */
                 const __m256 d = _mm256_broadcastss_ps(ds), sm = _mm256_broadcastss_ps(_mm_movehdup_ps(ds));
                 for (int h = 0; h < 2; h++) {
