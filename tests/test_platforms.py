@@ -94,7 +94,7 @@ def windows(monkeypatch):
     for name in ("sched_getaffinity", "posix_fallocate", "sysconf", "sysconf_names"):
         monkeypatch.delattr(os, name, raising=False)
     monkeypatch.delattr(signal, "SIGPIPE", raising=False)
-    for name in [n for n in dir(mmap) if n.startswith("MADV_")]:
+    for name in [n for n in dir(mmap) if n.startswith(("MADV_", "MAP_"))]:  # no madvise, no mmap flags
         monkeypatch.delattr(mmap, name)
     monkeypatch.setattr(mmap, "ALLOCATIONGRANULARITY", 65536)
     kernel32 = Kernel32(WINDOWS_FREE)
@@ -156,7 +156,7 @@ for name in [n for n in sys.modules if n.startswith("llm_smolq") and n != "llm_s
 system = sys.argv[1]
 sys.platform = system
 del os.sched_getaffinity, os.posix_fallocate
-for name in [n for n in dir(mmap) if n.startswith("MADV_")]:
+for name in [n for n in dir(mmap) if n.startswith(("MADV_", "MAP_"))]:
     if system == "win32" or name == "MADV_HUGEPAGE":
         delattr(mmap, name)
 if system == "darwin":

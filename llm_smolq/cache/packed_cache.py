@@ -60,6 +60,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from llm_smolq import pages
 from llm_smolq.cache.atomic_file import TEMP_PREFIX, replaced_atomically
 from llm_smolq.cache.kernel_identity import MappedModel, weights_digest
 from llm_smolq.paths import header_cache_dir
@@ -255,6 +256,7 @@ def open_entry(path: Path, n_bytes: int, threads: int = 1) -> np.ndarray | None:
             if os.fstat(f.fileno()).st_size != n_bytes + TRAILER.size:
                 raise ValueError("another size")
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        pages.prefer_huge(mapped)  # before the word sum reads it in
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
@@ -318,7 +320,9 @@ def _reserve(path: Path, n_bytes: int) -> tuple[mmap.mmap | None, Path | None]:
     temp = Path(name)
     try:
         os.posix_fallocate(fd, 0, n_bytes)
-        return mmap.mmap(fd, n_bytes), temp
+        mapped = mmap.mmap(fd, n_bytes)
+        pages.prefer_huge(mapped)  # so the pages it is written into are cached whole for later loads
+        return mapped, temp
     except (OSError, ValueError, AttributeError):
         _remove(temp)
         return None, None

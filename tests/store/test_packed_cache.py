@@ -618,3 +618,35 @@ def test_each_set_of_packed_matrices_is_an_entry_of_its_own(cache, model, monkey
     assert logits(only_q4_k) == logits(everything)
     again = llm_smolq.load(model, n_ctx=32, threads=1)  # mapped from its own entry
     assert packs == [str(model)] * 2 and logits(again) == logits(everything)
+
+
+def mapping_of(array: np.ndarray) -> tuple[str, set[str]]:
+    """The permissions and VmFlags of the mapping that holds array's first byte (/proc/self/smaps)."""
+    at = array.__array_interface__["data"][0]
+    found = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                found = head[1] if start <= at < end else None
+            elif found and line.startswith("VmFlags:"):
+                return found, set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {at:#x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc")
+def test_the_packed_weights_ask_for_huge_pages(cache, model, monkeypatch, packs):
+    """Written into a new entry, mapped from a kept one, or packed into memory with the cache
+    off: each under MADV_HUGEPAGE ("hg"), the memory private (Python's default for fileno -1
+    is shared memory, whose huge pages Linux systems leave off)."""
+    written = llm_smolq.load(model, n_ctx=32, threads=1)
+    mapped = llm_smolq.load(model, n_ctx=32, threads=1)
+    monkeypatch.setenv("SMOLQ_CACHE_DIR", "off")
+    in_memory = llm_smolq.load(model, n_ctx=32, threads=1)
+    assert packs == [str(model)] * 2 and written.model.packed_kept is not None
+    for eng in (written, mapped, in_memory):
+        perms, flags = mapping_of(eng.model.packed_data)
+        assert "hg" in flags, (perms, flags)
+    assert mapping_of(in_memory.model.packed_data)[0] == "rw-p"
+    assert mapping_of(mapped.model.packed_data)[0] == "r--s"
