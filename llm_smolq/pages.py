@@ -49,13 +49,29 @@ def prefer_huge(buf: mmap.mmap) -> None:
             pass
 
 
-def anonymous(nbytes: int) -> mmap.mmap:
-    """nbytes (at least one) of zeroed anonymous memory, in huge pages where offered.
-    Private: Python maps fileno -1 shared by default, which Linux treats as shared memory,
-    whose huge pages systems leave off (shmem_enabled), so the advice went unheeded."""
+def _private(nbytes: int) -> mmap.mmap:
+    """nbytes (at least one) of zeroed anonymous memory, private to the process. Python maps
+    fileno -1 shared by default, which Linux treats as shared memory: counted as RssShmem,
+    not RssAnon, and without huge pages where systems leave them off for it (shmem_enabled)."""
     if hasattr(mmap, "MAP_PRIVATE"):
-        buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE)
-    else:  # Windows: no flags to give
-        buf = mmap.mmap(-1, max(nbytes, 1))
+        return mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE)
+    return mmap.mmap(-1, max(nbytes, 1))  # Windows: no flags to give
+
+
+def anonymous(nbytes: int) -> mmap.mmap:
+    """nbytes (at least one) of zeroed anonymous memory, in huge pages where offered."""
+    buf = _private(nbytes)
     prefer_huge(buf)
+    return buf
+
+
+def small_anonymous(nbytes: int) -> mmap.mmap:
+    """nbytes (at least one) of zeroed anonymous memory in small pages, each resident once
+    written, even where the system hands out huge pages unasked (THP "always")."""
+    buf = _private(nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:
+            pass
     return buf

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 import time
@@ -12,6 +11,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from llm_smolq import pages
 from llm_smolq.engine import memory
 from llm_smolq._kernel import ffi, lib
 from llm_smolq.engine.buffer_gate import Dims, check_buffer
@@ -47,11 +47,12 @@ def default_threads() -> int:
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A zeroed array whose pages become resident only once written. np.zeros asks the
-    kernel for huge pages on big arrays, and a cache laid out head by head touches every
-    2 MiB page with its first few positions: the whole cache would count towards RSS."""
+    """A zeroed array whose pages become resident only once written, in small pages
+    (pages.small_anonymous). np.zeros asks the kernel for huge pages on big arrays, and a
+    cache laid out head by head touches every 2 MiB page with its first few positions: the
+    whole cache would count towards RSS."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype, count=int(np.prod(shape))).reshape(shape)
+    return np.frombuffer(pages.small_anonymous(nbytes), dtype, count=int(np.prod(shape))).reshape(shape)
 
 
 def load(path: str | os.PathLike[str], n_ctx: int | None = None, threads: int | None = None,

@@ -15,6 +15,8 @@ from llm_smolq.engine import memory
 from llm_smolq.engine.engine import MAX_BATCH
 from llm_smolq.engine.kv_types import KV_TYPES
 
+from helpers.mappings import mapping_of
+
 TINY = "tiny-smollm3-Q8_0.gguf"
 F32 = 4  # bytes
 
@@ -220,8 +222,11 @@ def test_available_memory_is_a_real_figure():
 
 
 def anonymous_rss_mb() -> float:
+    """Resident memory that no file backs: the process's own (RssAnon) and any shared
+    anonymous mapping's (RssShmem), where Linux counts what Python maps with fileno -1
+    unless it asks for a private mapping."""
     with open("/proc/self/status") as f:
-        kb = next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+        kb = sum(int(line.split()[1]) for line in f if line.startswith(("RssAnon:", "RssShmem:")))
     return kb / 1024
 
 
@@ -236,3 +241,7 @@ def test_a_large_context_costs_memory_only_for_the_positions_used(smollm2_gguf):
     before = anonymous_rss_mb()
     engine.eval(list(range(1, 31)))
     assert anonymous_rss_mb() - before < full / 4
+    # in small pages even where the system hands out huge ones unasked (THP "always")
+    for cache in (engine.k_cache, engine.v_cache):
+        perms, flags = mapping_of(cache)
+        assert perms == "rw-p" and "nh" in flags, (perms, flags)

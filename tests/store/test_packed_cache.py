@@ -27,6 +27,7 @@ from llm_smolq.model.model_file import open_model
 from llm_smolq.cache import packed_cache
 from llm_smolq.store import catalog
 from llm_smolq.store.catalog import format_size
+from helpers.mappings import mapping_of
 
 
 @pytest.fixture
@@ -619,20 +620,6 @@ def test_each_set_of_packed_matrices_is_an_entry_of_its_own(cache, model, monkey
     again = llm_smolq.load(model, n_ctx=32, threads=1)  # mapped from its own entry
     assert packs == [str(model)] * 2 and logits(again) == logits(everything)
 
-
-def mapping_of(array: np.ndarray) -> tuple[str, set[str]]:
-    """The permissions and VmFlags of the mapping that holds array's first byte (/proc/self/smaps)."""
-    at = array.__array_interface__["data"][0]
-    found = None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
-                start, end = (int(x, 16) for x in head[0].split("-"))
-                found = head[1] if start <= at < end else None
-            elif found and line.startswith("VmFlags:"):
-                return found, set(line.split()[1:])
-    raise AssertionError(f"no mapping holds {at:#x}")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc")
