@@ -8,7 +8,9 @@
 - Huge pages asked for (MADV_HUGEPAGE, Linux) under the weights a forward pass streams: the
   packed weights, in anonymous memory or mapped from their kept copy. With half of the kept
   copy in 4 KiB pages, the 3B shape's steps and 8-token checks took 3-5% longer than from
-  huge pages (Zen 4, one process, alternating).
+  huge pages (Zen 4, one process, alternating). Small pages asked for under the KV cache,
+  whose positions fill in a little of each head's span at a time.
+- Anonymous memory private to the process (MAP_PRIVATE), where the system has the flag.
 
 Every file mapping in this package starts at the file's first byte, so no offset has to be
 a multiple of Windows' 64 KiB allocation granularity (mmap.ALLOCATIONGRANULARITY).
