@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+#: Whether this kernel has transparent huge pages at all: without them it refuses the advice
+#: about them (EINVAL), and no mapping carries the flags.
+THP_CONFIGURED = os.path.exists("/sys/kernel/mm/transparent_hugepage")
 
 
 def mapping_of(array: np.ndarray) -> tuple[str, set[str]]:
