@@ -279,11 +279,9 @@ static inline __attribute__((always_inline)) TARGET void packed_dotn16_q4_K(cons
                 for (int j = 0; j < 8; j++) {
                     const __m256i q = _mm256_loadu_si256((const __m256i *)(codes + 64 * (8 * (g / 2) + j)));
                     const __m256i code = g % 2 ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
-                    for (int t = 0; t < n; t++) {
-                        int32_t w;
-                        memcpy(&w, token_block(xq, stride, t, i)->qs + 32 * g + 4 * j, 4);
-                        s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(code, _mm256_set1_epi32(w)));
-                    }
+                    for (int t = 0; t < n; t++)
+                        s16[t] = _mm256_add_epi16(
+                            s16[t], _mm256_maddubs_epi16(code, word8(token_block(xq, stride, t, i)->qs + 32 * g + 4 * j)));
                 }
                 /* |s16| <= 8 * 3840: nibble_pairs8's bound */
                 for (int t = 0; t < n; t++)
@@ -455,13 +453,6 @@ static inline __attribute__((always_inline)) TARGET void offsets32_8(const block
                               : _mm256_setzero_si256();
         _mm256_storeu_si256((__m256i *)(out + k0), _mm256_sub_epi16(_mm256_setzero_si256(), pair_totals8(v)));
     }
-}
-
-/* The 32-bit word at p (four activation codes, or two bsums) in every lane. */
-static inline TARGET __m256i word8(const void *p) {
-    int32_t w;
-    memcpy(&w, p, 4);
-    return _mm256_set1_epi32(w);
 }
 
 /* One block's exact isum for T tokens (aq[u]: token u's 32 codes; offset[u] its

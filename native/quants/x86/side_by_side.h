@@ -210,6 +210,13 @@ static inline __attribute__((always_inline)) TARGET void q4_K_packed_headers(con
     *dmin_rows = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(run + 32 + 16 * half)));
 }
 
+/* The 32-bit word at p (four activation codes, or two bsums) in every lane. */
+static inline TARGET __m256i word8(const void *p) {
+    int32_t w;
+    memcpy(&w, p, 4);
+    return _mm256_set1_epi32(w);
+}
+
 /* Words 4 half .. 4 half + 3 of group g of a packed Q4_K block's run (q4_K_run) for all
  * sixteen rows: code[j] rows 0..7's elements 16 half + 4j .. +3 of the group, one row per
  * 32-bit lane, code[4 + j] rows 8..15's. */
@@ -232,9 +239,7 @@ static inline __attribute__((always_inline)) TARGET void words4_16(const int8_t 
                                                                    __m256i s[2]) {
     __m256i p[2][4];
     for (int j = 0; j < 4; j++) {
-        int32_t w;
-        memcpy(&w, aq + 4 * j, 4);
-        const __m256i a = _mm256_set1_epi32(w);
+        const __m256i a = word8(aq + 4 * j);
         p[0][j] = _mm256_maddubs_epi16(code[j], a);
         p[1][j] = _mm256_maddubs_epi16(code[4 + j], a);
     }
@@ -249,11 +254,8 @@ static inline __attribute__((always_inline)) TARGET void words4_16(const int8_t 
  * |.| <= 8 * 2 * 15 * 128 = 30720. */
 static inline __attribute__((always_inline)) TARGET __m256i nibble_pairs8(const int8_t *aq, const __m256i code[8]) {
     __m256i p[8];
-    for (int j = 0; j < 8; j++) {
-        int32_t w;
-        memcpy(&w, aq + 4 * j, 4);
-        p[j] = _mm256_maddubs_epi16(code[j], _mm256_set1_epi32(w));
-    }
+    for (int j = 0; j < 8; j++)
+        p[j] = _mm256_maddubs_epi16(code[j], word8(aq + 4 * j));
     return _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
                             _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
 }
