@@ -39,16 +39,23 @@ def let_go(data: Any, start: int, end: int) -> None:
             pass
 
 
+def _advise(buf: mmap.mmap, name: str) -> None:
+    """madvise(mmap.<name>) over the whole mapping, where the system has that advice and
+    takes it; elsewhere nothing changes (the system's own page sizes do)."""
+    option = getattr(mmap, name, None)
+    if option is not None:
+        try:
+            buf.madvise(option)
+        except OSError:  # refused here (a kernel without transparent huge pages)
+            pass
+
+
 def prefer_huge(buf: mmap.mmap) -> None:
     """Ask for huge pages under a mapping. For a file's, Linux then reads it into the page
     cache 2 MiB at a time and maps those whole; what is cached already keeps the pieces it
     was cached in (a file written through a mapping without this: half the 3B shape's
-    packed copy). Elsewhere, or where refused, nothing changes."""
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            buf.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # not offered here: 4 KiB pages do
-            pass
+    packed copy)."""
+    _advise(buf, "MADV_HUGEPAGE")
 
 
 def _private(nbytes: int) -> mmap.mmap:
@@ -71,9 +78,5 @@ def small_anonymous(nbytes: int) -> mmap.mmap:
     """nbytes (at least one) of zeroed anonymous memory in small pages, each resident once
     written, even where the system hands out huge pages unasked (THP "always")."""
     buf = _private(nbytes)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        try:
-            buf.madvise(mmap.MADV_NOHUGEPAGE)
-        except OSError:
-            pass
+    _advise(buf, "MADV_NOHUGEPAGE")
     return buf
