@@ -11,7 +11,7 @@ from llm.parts import StreamEvent
 
 from llm_smolq.plugin.abilities import NAME_PREFIX
 from llm_smolq.plugin.command import wrap_llm_commands
-from llm_smolq.plugin.options import EngineOptions, ThinkingOptions, options_without_thinking
+from llm_smolq.plugin.options import EngineOptions, options_for
 from llm_smolq.errors import ModelNotFound
 from llm_smolq.store import catalog
 
@@ -42,7 +42,7 @@ class _SmolQ:
     def __init__(self, model_id: str, tools: bool = False, thinking: bool = False):
         self.model_id = model_id
         self.supports_tools = tools  # its template has a tool format: see chat/tool_calls.py
-        self.Options = ThinkingOptions if thinking else options_without_thinking(model_id)
+        self.Options = options_for(model_id, thinking)
 
     def __str__(self) -> str:
         return f"{NAME_PREFIX}{self.model_id}"

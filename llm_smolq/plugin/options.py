@@ -3,13 +3,14 @@ they ask for and the sampler settings. Defaults come from llm_smolq.defaults."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, ClassVar, Optional, Union
 
 import llm
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 
 class SmolQOptions(llm.Options):
+    model_id: ClassVar[str] = "this model"
+
     max_tokens: Optional[int] = Field(
         default=None, ge=1, description=f"Most tokens to generate (default {defaults.MAX_TOKENS})"
     )
@@ -63,6 +66,23 @@ class SmolQOptions(llm.Options):
                                   f"tokens, finish_reason 'repetition' (default {str(defaults.REPEAT_GUARD).lower()})"
     )
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _unknown_options_named(cls, data, handler):
+        """An option the model does not have (`-o temprature 0.2`) is refused with the
+        nearest name and the list, where pydantic only says "Extra inputs are not
+        permitted"; every other error as pydantic words it."""
+        try:
+            return handler(data)
+        except ValidationError as error:
+            if not any(e["type"] == "extra_forbidden" for e in error.errors()):
+                raise
+            raise ValidationError.from_exception_data(error.title, [
+                {"type": unknown_option(cls, str(e["loc"][0])) if e["type"] == "extra_forbidden"
+                 else PydanticCustomError(e["type"], e["msg"]), "loc": e["loc"], "input": e["input"]}
+                for e in error.errors()
+            ]) from None
+
     @field_validator("kv_cache")
     @classmethod
     def _known_kv_cache(cls, value):
@@ -101,6 +121,17 @@ class SmolQOptions(llm.Options):
         return value
 
 
+def unknown_option(options: type[SmolQOptions], name: str) -> PydanticCustomError:
+    """The refusal of `-o name ...`: the option nearest that name, if one is near, and
+    all of them (those `llm models --options` lists)."""
+    names = list(options.model_json_schema()["properties"])
+    near = difflib.get_close_matches(name, names, n=1)
+    return PydanticCustomError("unknown_option", "{message}", {"message": (
+        f"not an option of {options.model_id}" + (f": did you mean {near[0]}?" if near else ".")
+        + f" Its options: {', '.join(names)} (`llm models list --options -m {options.model_id}` says what each does)"
+    )})
+
+
 class ThinkingOptions(SmolQOptions):
     """For models whose chat template has a <think> switch (SmolLM3)."""
 
@@ -112,7 +143,6 @@ class NoThinkingOptions(SmolQOptions):
     refused saying so and naming models that have one, where pydantic would only say
     "Extra inputs are not permitted". The field is left out of `llm models --options`."""
 
-    model_id: ClassVar[str] = "this model"
     thinking: SkipJsonSchema[Optional[bool]] = None
 
     @field_validator("thinking", mode="before")
@@ -126,9 +156,11 @@ class NoThinkingOptions(SmolQOptions):
 
 
 @cache
-def options_without_thinking(model_id: str) -> type[NoThinkingOptions]:
-    """NoThinkingOptions that name `model_id` in their refusal."""
-    return type(NoThinkingOptions.__name__, (NoThinkingOptions,), {"__module__": __name__, "model_id": model_id})
+def options_for(model_id: str, thinking: bool) -> type[SmolQOptions]:
+    """A model's options: ThinkingOptions where its template has a <think> switch, else
+    NoThinkingOptions, naming `model_id` in their refusals."""
+    base = ThinkingOptions if thinking else NoThinkingOptions
+    return type(base.__name__, (base,), {"__module__": __name__, "model_id": model_id})
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,26 @@ def test_thinking_on_smollm2_is_refused_naming_a_model_that_has_it(user_dir, val
     assert result.exit_code == 1 and NO_THINKING in result.output
 
 
+def test_an_option_the_model_lacks_is_refused_with_the_nearest_name_and_the_list(user_dir):
+    result = CliRunner().invoke(cli, ["-m", "smollm2-q", "-o", "temprature", "0.2", "-o", "max_tokens", "x", "hi"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = result.output.removeprefix("Error: ").splitlines()
+    refusal = lines[lines.index("temprature") + 1]
+    assert refusal.startswith("  not an option of smollm2-q: did you mean temperature? Its options: max_tokens, ")
+    assert refusal.endswith(" (`llm models list --options -m smollm2-q` says what each does)")
+    named = refusal.split("Its options: ")[1].split(" (")[0].split(", ")
+    assert all(f"    {name}: " in listed("--options", "-m", "smollm2-q") for name in named)
+    assert "thinking" not in named  # smollm2-q has none
+    # the other errors as pydantic words them
+    assert lines[lines.index("max_tokens") + 1] == "  Input should be a valid integer, unable to parse string as an integer"
+    # a name near none gets the list alone; SmolLM3's holds thinking, and Python hears the same
+    result = CliRunner().invoke(cli, ["-m", "smollm3-q", "-o", "bogus", "1", "hi"])
+    assert result.exit_code == 1 and result.output.startswith("Error: bogus\n  not an option of smollm3-q. Its options: ")
+    assert "thinking" in result.output.split("Its options: ")[1]
+    with pytest.raises(ValueError, match="not an option of smollm3-q: did you mean thinking?"):
+        llm.get_model("smollm3-q").prompt("hi", thinkng=True)
+
+
 NO_TOOLS = ("smollm2-q does not support tools (its chat template has no tool format): use a SmolLM3 model such "
             "as smollm3-q, e.g. llm -m smollm3-q -T ...")
 
