@@ -6,6 +6,8 @@
  * one token, sq_vec_dot_batch_rows for a batch), with sq_vec_dot's bits whatever the
  * batch (quants/types.h).
  */
+#include <stdatomic.h>
+
 #include "matmul.h"
 #include "pool.h"
 
@@ -15,68 +17,92 @@ typedef struct {
     int64_t total_rows;    /* rows of all matrices in the set, end to end */
     const uint8_t *xq;     /* [n_tokens][xq_row_bytes] activations in the set's vec-dot type */
     int64_t xq_row_bytes;
-    int64_t chunk;         /* rows a thread takes at a time */
+    int64_t chunk;         /* a prompt's: rows a thread takes at a time */
+    struct run_left *runs; /* a few tokens': [threads] each share's run of groups not yet taken */
 } matmul_job;
 
-static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1) {
+static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1, int64_t fetch_end) {
     const sq_tensor *w = job->set->w[i];
-    float *y = job->set->y[i];
-    int64_t ldy = job->set->ldy[i];
-    const uint8_t *base = w->data;
-    if (w->packed16) {
-        sq_vec_dot_rows16(w->type, base, r0, r1, job->xq, job->xq_row_bytes, job->n_tokens, w->cols, y + r0, ldy);
-        return;
-    }
-    if (job->n_tokens == 1) {
-        sq_vec_dot_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, w->cols, y + r0);
-        return;
-    }
-    sq_vec_dot_batch_rows(w->type, base + r0 * w->row_bytes, w->row_bytes, r1 - r0, job->xq, job->xq_row_bytes,
-                          job->n_tokens, w->cols, y + r0, ldy);
+    sq_vec_dot_matrix_rows(w, r0, r1, fetch_end < w->rows ? fetch_end : w->rows, job->xq, job->xq_row_bytes,
+                           job->n_tokens, job->set->y[i] + r0, job->set->ldy[i]);
 }
 
-/* Rows [lo, hi) of the set's matrices end to end. */
-static void rows_of_set(const matmul_job *job, int64_t lo, int64_t hi) {
+/* Rows [lo, hi) of the set's matrices end to end, the kernels asking memory ahead for
+ * rows up to fetch_end (>= hi) of the matrix they are in. */
+static void rows_of_set(const matmul_job *job, int64_t lo, int64_t hi, int64_t fetch_end) {
     int64_t start = 0;
     for (int i = 0; i < job->set->n && lo < hi; i++) {
         int64_t end = start + job->set->w[i]->rows;
         if (lo < end) {
             int64_t r1 = hi < end ? hi : end;
-            rows_of_one(job, i, lo - start, r1 - start);
+            rows_of_one(job, i, lo - start, r1 - start, fetch_end - start);
             lo = r1;
         }
         start = end;
     }
 }
 
-/* Task k: the chunk of rows from k * chunk, taken by the threads in turn (sq_pool_tasks)
- * rather than a fixed half each. */
+/* A prompt's task k: the chunk of rows from k * chunk, taken by the threads in turn
+ * (sq_pool_tasks) rather than a fixed half each. */
 static void chunk_of_rows(void *p, int64_t k, int ith) {
     const matmul_job *job = p;
     (void)ith;
     const int64_t lo = k * job->chunk, hi = lo + job->chunk < job->total_rows ? lo + job->chunk : job->total_rows;
-    rows_of_set(job, lo, hi);
+    rows_of_set(job, lo, hi, hi);
 }
 
-/* About CHUNKS_PER_THREAD chunks each, in multiples of 16 rows (the kernels take rows
- * sixteen or eight at a time). A batch's chunk is the most a thread can be left waiting
- * for its partner at the end of a product: with 8 a thread, SmolLM2's 512-token prefill
- * spent 10.5% of its samples waiting in the pool, with 32 7.4%. A one-token call is a
- * few microseconds of work, so it takes one chunk a thread: each chunk costs an atomic
- * add that both cores contend for, and starts a stream from memory afresh (SmolLM2's
- * steps took 1.034x as long in three a thread, its 2-token checks 1.04x, 8-token 1.033x;
- * the 3B shape's steps the same, within 2.5%, and SmolLM2's beside a busy program too:
- * Zen 4, one process, alternating). So do a few tokens (FEW_TOKENS at most: a lookup
- * draft's check), whose products still wait on memory: the kernels ask for the bytes
- * ahead only up to their chunk's end, and SmolLM2's chunks of 16 to 64 rows left them
- * asking for nothing (its 8-token check took a median 17.8 ms with them, 15.9 with
- * decode's three a thread; 2 tokens 9.7 and 7.7 ms). A worker not yet running leaves its
- * chunk to the caller (pool.c). */
-enum { CHUNKS_PER_THREAD = 32, STEP_CHUNKS_PER_THREAD = 1, FEW_TOKENS = 16 };
+/* A few tokens' product (decode's one, a draft's check) gives each share a run of the rows:
+ * its thread streams through it, the kernels asking memory ahead to the run's end, and a
+ * thread done with its own run takes the last rows of the others'. A claim is a quarter of
+ * what is left of a run (at least a group of 16 rows), from the front of one's own, from
+ * the back of another's. (A fixed half each, the thread that ended first waiting out the
+ * other, the 3B shape's steps took x1.003-1.069 of the time, its 8-token checks
+ * x1.017-1.068, SmolLM2's steps and checks x0.999-1.016, and at the avx2 setting the 3B
+ * shape's steps x1.027; three chunks a thread taken in turn, each chunk's stream starting
+ * afresh, SmolLM2's steps took x1.034 and its 8-token checks x1.033. Zen 4, one process,
+ * alternating.) */
+struct run_left {
+    _Alignas(64) atomic_ullong groups;  /* [first, end) not yet taken: first in the low 32 bits, end in the high */
+};
 
-static int64_t chunk_rows(int64_t total_rows, int n_threads, int n_tokens) {
-    const int64_t per = n_tokens <= FEW_TOKENS ? STEP_CHUNKS_PER_THREAD : CHUNKS_PER_THREAD;
-    const int64_t chunk = (total_rows + per * n_threads - 1) / (per * n_threads);
+enum { MAX_RUNS = 64 };  /* with more threads, a few tokens' products go in chunks as a prompt's */
+
+static int take_quarter(struct run_left *run, int from_back, int64_t *lo, int64_t *hi, int64_t *end) {
+    unsigned long long left = atomic_load_explicit(&run->groups, memory_order_relaxed), after;
+    uint32_t first, last, n;
+    do {
+        first = (uint32_t)left, last = (uint32_t)(left >> 32);
+        if (first >= last) return 0;
+        n = (last - first + 3) / 4;
+        after = from_back ? (unsigned long long)(last - n) << 32 | first : left + n;
+    } while (!atomic_compare_exchange_weak_explicit(&run->groups, &left, after, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    *lo = from_back ? last - n : first, *hi = from_back ? last : first + n, *end = last;
+    return 1;
+}
+
+static void run_of_rows(void *p, int ith, int nth) {
+    const matmul_job *job = p;
+    const int64_t rows = job->total_rows;
+    int64_t lo, hi, end;
+#define ROW(group) ((group) * 16 < rows ? (group) * 16 : rows)
+    while (take_quarter(&job->runs[ith], 0, &lo, &hi, &end)) rows_of_set(job, ROW(lo), ROW(hi), ROW(end));
+    for (int k = 1; k < nth; k++)
+        while (take_quarter(&job->runs[(ith + k) % nth], 1, &lo, &hi, &end))
+            rows_of_set(job, ROW(lo), ROW(hi), ROW(hi));
+#undef ROW
+}
+
+/* A prompt's chunks: about CHUNKS_PER_THREAD each, in multiples of 16 rows (the kernels
+ * take rows sixteen or eight at a time). A chunk is the most a thread can be left waiting
+ * for its partner at the end of a product: with 8 a thread, SmolLM2's 512-token prefill
+ * spent 10.5% of its samples waiting in the pool, with 32 7.4%. A few tokens (FEW_TOKENS
+ * at most) take runs instead (run_of_rows). A worker not yet running leaves its share to
+ * the caller (pool.c). */
+enum { CHUNKS_PER_THREAD = 32, FEW_TOKENS = 16 };
+
+static int64_t chunk_rows(int64_t total_rows, int n_threads) {
+    const int64_t chunks = (int64_t)CHUNKS_PER_THREAD * n_threads, chunk = (total_rows + chunks - 1) / chunks;
     return chunk > 16 ? (chunk + 15) / 16 * 16 : 16;
 }
 
@@ -102,13 +128,23 @@ static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_t
     matmul_job job = {.set = set, .n_tokens = n_tokens, .xq = (const uint8_t *)x,
                       .xq_row_bytes = cols * (int64_t)sizeof(float)};
     for (int i = 0; i < set->n; i++) job.total_rows += set->w[i]->rows;
-    job.chunk = chunk_rows(job.total_rows, sq_pool_threads(pool), n_tokens);
     if (vec_type != SQ_F32) {
         job.xq = xq;
         job.xq_row_bytes = sq_activation_row_bytes(vec_type, cols);
         convert_job cj = {x, xq, vec_type, cols, job.xq_row_bytes};
         sq_pool_ranges(pool, n_tokens, 4, convert_tokens, &cj);
     }
+    const int nth = sq_pool_threads(pool);
+    if (n_tokens <= FEW_TOKENS && nth <= MAX_RUNS) {
+        struct run_left runs[MAX_RUNS];
+        const int64_t groups = (job.total_rows + 15) / 16;
+        for (int i = 0; i < nth; i++)
+            atomic_init(&runs[i].groups, (uint64_t)(groups * (i + 1) / nth) << 32 | (uint64_t)(groups * i / nth));
+        job.runs = runs;
+        sq_pool_run(pool, run_of_rows, &job);
+        return;
+    }
+    job.chunk = chunk_rows(job.total_rows, nth);
     sq_pool_tasks(pool, (job.total_rows + job.chunk - 1) / job.chunk, chunk_of_rows, &job);
 }
 

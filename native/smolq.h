@@ -159,6 +159,15 @@ typedef struct {
     int packed16;          /* 1: sixteen rows side by side (sq_rows16_pack) */
 } sq_tensor;
 
+/* Rows r0..r1-1 of a weight matrix, in whichever layout it has, times n_tokens activation
+ * rows (as for sq_vec_dot_batch_rows, xq_stride bytes apart; one token's needs no stride):
+ * y[t * ldy + r - r0], each exactly sq_vec_dot's value; the kernels ask memory ahead for
+ * the rows up to fetch_end, those the thread goes on to next (matmul.c). Returns 0, or -1
+ * unless 0 <= r0 <= r1 <= fetch_end <= w->rows and n_tokens >= 1, and as the row functions
+ * above. */
+int sq_vec_dot_matrix_rows(const sq_tensor *w, int64_t r0, int64_t r1, int64_t fetch_end, const void *xq,
+                           int64_t xq_stride, int n_tokens, float *y, int64_t ldy);
+
 typedef struct {
     sq_tensor attn_norm;   /* [dim] f32 */
     sq_tensor wq;          /* [n_heads*head_dim][dim], rows permuted for adjacent-pair RoPE */

@@ -314,8 +314,16 @@ int sq_vec_dot_batch(int type, const void *row, const void *xq, int64_t xq_strid
     return 0;
 }
 
-int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
-                    float *y) {
+/* The end of the last of n_rows rows (n_rows > 0) of nb blocks each: where a kernel's
+ * requests for the bytes ahead stop. */
+static const uint8_t *rows_end(const void *rows, int64_t row_bytes, int64_t n_rows, int64_t nb,
+                               const sq_type_traits *t) {
+    return (const uint8_t *)rows + (n_rows - 1) * row_bytes + nb * t->bytes;
+}
+
+/* sq_vec_dot_rows, asking memory ahead for fetch_rows >= n_rows rows. */
+static int token_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, int64_t fetch_rows,
+                      const void *xq, int64_t n, float *y) {
     const sq_type_traits *t = sq_traits(type);
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0)
@@ -325,7 +333,7 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
     const uint8_t *base = rows;
     const sq_simd_vec_dot_fn one = kernels_for(type)->row.token;
     if (one && n_rows > 0) {
-        const uint8_t *stop = base + (n_rows - 1) * row_bytes + nb * t->bytes; /* the last row's end */
+        const uint8_t *stop = rows_end(rows, row_bytes, fetch_rows, nb, t);
         for (int64_t r = 0; r < n_rows; r++)
             y[r] = one(base + r * row_bytes, xq, nb, stop);
         return 0;
@@ -335,9 +343,14 @@ int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_row
     return 0;
 }
 
-/* sq_vec_dot_batch_rows's operands: n_rows rows row_bytes apart (stop, the last one's
- * end) times n_tokens activation rows xq_stride apart, n elements (nb blocks) each, into
- * y[t * ldy + r]. */
+int sq_vec_dot_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq, int64_t n,
+                    float *y) {
+    return token_rows(type, rows, row_bytes, n_rows, n_rows, xq, n, y);
+}
+
+/* sq_vec_dot_batch_rows's operands: n_rows rows row_bytes apart (stop: where the kernels'
+ * requests ahead end) times n_tokens activation rows xq_stride apart, n elements (nb
+ * blocks) each, into y[t * ldy + r]. */
 typedef struct {
     int type;
     const uint8_t *rows;
@@ -393,8 +406,9 @@ static void rows_one_by_one(const product *p, const kernels *k, int prompt, int6
     }
 }
 
-int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
-                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
+/* sq_vec_dot_batch_rows, asking memory ahead for fetch_rows >= n_rows rows. */
+static int batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, int64_t fetch_rows,
+                      const void *xq, int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
     const sq_type_traits *t = sq_traits(type);
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !t->vec_dot || n_rows < 0 || n_tokens < 0)
@@ -402,7 +416,7 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     if (n_rows == 0 || n_tokens == 0)
         return 0;
     const product p = {type, rows, row_bytes, n_rows, xq, xq_stride, n_tokens, n, nb,
-                       (const uint8_t *)rows + (n_rows - 1) * row_bytes + nb * t->bytes, y, ldy};
+                       rows_end(rows, row_bytes, fetch_rows, nb, t), y, ldy};
     /* A prompt's batch takes the prompt kernels where the type has them; a few tokens, and
      * the types without, the few-token kernels. Sixteen rows at a time, then eight, then one. */
     const kernels *k = kernels_for(type);
@@ -412,6 +426,11 @@ int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t
     r = rows_side_by_side(&p, &k->rows8, 8, by, r);
     rows_one_by_one(&p, k, by > 0, r);
     return 0;
+}
+
+int sq_vec_dot_batch_rows(int type, const void *rows, int64_t row_bytes, int64_t n_rows, const void *xq,
+                          int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
+    return batch_rows(type, rows, row_bytes, n_rows, n_rows, xq, xq_stride, n_tokens, n, y, ldy);
 }
 
 /* Rows first..first+count-1 of a packed group through a copy in the file's layout: how
@@ -451,8 +470,9 @@ int sq_rows16_wanted(int type) {
     return sq_rows16_packs(type) && kernels_for(type)->packed.few;
 }
 
-int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
-                      int n_tokens, int64_t n, float *y, int64_t ldy) {
+/* sq_vec_dot_rows16, asking memory ahead for the rows up to fetch_end >= r1. */
+static int packed_rows(int type, const void *data, int64_t r0, int64_t r1, int64_t fetch_end, const void *xq,
+                       int64_t xq_stride, int n_tokens, int64_t n, float *y, int64_t ldy) {
     const sq_type_traits *t = sq_traits(type);
     int64_t nb = sq_whole_blocks(t, n);
     if (nb < 0 || !sq_rows16_packs(type) || r0 < 0 || r1 < r0 || n_tokens < 1 ||
@@ -462,7 +482,7 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
         return 0;
     const kernels *k = kernels_for(type);
     const int64_t row_bytes = nb * t->bytes;
-    const uint8_t *base = data, *stop = base + (r1 + 15) / 16 * 16 * row_bytes;  /* past the last group read */
+    const uint8_t *base = data, *stop = base + (fetch_end + 15) / 16 * 16 * row_bytes;  /* past the last group wanted */
     int status = 0;
     for (int64_t g = r0 / 16 * 16; g < r1 && !status; g += 16) {
         const int64_t first = g > r0 ? g : r0, end = g + 16 < r1 ? g + 16 : r1;  /* this group's rows asked for */
@@ -474,4 +494,21 @@ int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const 
                                     xq_stride, n_tokens, n, out, ldy);
     }
     return status;
+}
+
+int sq_vec_dot_rows16(int type, const void *data, int64_t r0, int64_t r1, const void *xq, int64_t xq_stride,
+                      int n_tokens, int64_t n, float *y, int64_t ldy) {
+    return packed_rows(type, data, r0, r1, r1, xq, xq_stride, n_tokens, n, y, ldy);
+}
+
+int sq_vec_dot_matrix_rows(const sq_tensor *w, int64_t r0, int64_t r1, int64_t fetch_end, const void *xq,
+                           int64_t xq_stride, int n_tokens, float *y, int64_t ldy) {
+    if (!w || r0 < 0 || r1 < r0 || fetch_end < r1 || fetch_end > w->rows || n_tokens < 1)
+        return -1;
+    if (w->packed16)
+        return packed_rows(w->type, w->data, r0, r1, fetch_end, xq, xq_stride, n_tokens, w->cols, y, ldy);
+    const uint8_t *rows = (const uint8_t *)w->data + r0 * w->row_bytes;
+    if (n_tokens == 1)
+        return token_rows(w->type, rows, w->row_bytes, r1 - r0, fetch_end - r0, xq, w->cols, y);
+    return batch_rows(w->type, rows, w->row_bytes, r1 - r0, fetch_end - r0, xq, xq_stride, n_tokens, w->cols, y, ldy);
 }

@@ -165,6 +165,57 @@ def test_products_of_a_packed_matrix_refuse_bad_arguments():
             assert rc == want, (qtype, stride)
 
 
+def tensor(qtype: T, data: np.ndarray, cols: int, is_packed: bool):
+    """An sq_tensor over data (kept alive by the caller), in the file's layout or packed."""
+    return ffi.new("sq_tensor *", {"data": ffi.from_buffer(data), "type": int(qtype), "rows": data.shape[0],
+                                   "cols": cols, "row_bytes": data.shape[1], "packed16": int(is_packed)})
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_a_matrix_s_rows_are_the_file_s_products_however_far_ahead_they_ask(qtype, simd_restore, monkeypatch):
+    """sq_vec_dot_matrix_rows, what the engine's threads call (native/matmul.c), over ranges
+    of a matrix in the file's layout and packed, for a step, a few tokens and a prompt's
+    many: the scalar definition's bits whether the kernels ask memory ahead to the range's
+    end or to the matrix's; y written only where it should be."""
+    rng = np.random.default_rng(70 + int(qtype))
+    rows, cols = 48, 8 * GGML_QUANT_SIZES[qtype][0]
+    plain = matrix(qtype, rows, cols, rng)
+    layouts = {"file": plain, "packed": packed(qtype, plain, cols)}
+    for tokens in (1, 3, 8, 20):
+        xq = quantized_rows(VEC_DOT_TYPE[qtype], cols, tokens, rng)
+        want = scalar_steps(qtype, plain, xq, cols)
+        for set_path in simd_paths(monkeypatch):
+            path = set_path()
+            for layout, data in layouts.items():
+                w = tensor(qtype, data, cols, layout == "packed")
+                for r0, r1 in ((0, rows), (16, 32), (3, rows - 5), (5, 9)):
+                    for fetch_end in (r1, rows):
+                        ldy = r1 - r0 + 2
+                        y = np.full((tokens, ldy), np.nan, dtype=np.float32)
+                        assert lib.sq_vec_dot_matrix_rows(w, r0, r1, fetch_end, ffi.from_buffer(xq), xq.shape[1],
+                                                          tokens, ffi.from_buffer("float[]", y), ldy) == 0
+                        assert np.isnan(y[:, r1 - r0:]).all()
+                        assert y[:, :r1 - r0].tobytes() == want[:, r0:r1].tobytes(), \
+                            f"{qtype.name} {layout} rows {r0}..{r1} ahead to {fetch_end} tokens={tokens} simd={path}"
+
+
+def test_a_matrix_s_rows_refuse_a_range_outside_it():
+    rng = np.random.default_rng(8)
+    plain = matrix(T.Q4_1, 32, 64, rng)
+    xq = quantized_rows(VEC_DOT_TYPE[T.Q4_1], 64, 2, rng)
+    y = np.full(64, 7.0, dtype=np.float32)
+    for is_packed in (False, True):
+        data = packed(T.Q4_1, plain, 64) if is_packed else plain
+        w = tensor(T.Q4_1, data, 64, is_packed)
+        for r0, r1, fetch_end, tokens in ((-1, 16, 16, 1), (8, 4, 8, 1), (0, 16, 15, 1), (0, 16, 33, 1),
+                                          (0, 32, 32, 0), (16, 40, 40, 2)):
+            rc = lib.sq_vec_dot_matrix_rows(w, r0, r1, fetch_end, ffi.from_buffer(xq), xq.shape[1], tokens,
+                                            ffi.from_buffer("float[]", y), 16)
+            assert rc == -1 and (y == 7.0).all(), (is_packed, r0, r1, fetch_end, tokens)
+    assert lib.sq_vec_dot_matrix_rows(ffi.NULL, 0, 16, 16, ffi.from_buffer(xq), xq.shape[1], 1,
+                                      ffi.from_buffer("float[]", y), 16) == -1
+
+
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
 def test_a_row_of_a_packed_group_decodes_as_it_did(qtype):
     rng = np.random.default_rng(80 + int(qtype))
