@@ -6,8 +6,6 @@
  * one token, sq_vec_dot_batch_rows for a batch), with sq_vec_dot's bits whatever the
  * batch (quants/types.h).
  */
-#include <stdatomic.h>
-
 #include "matmul.h"
 #include "pool.h"
 
@@ -18,7 +16,6 @@ typedef struct {
     const uint8_t *xq;     /* [n_tokens][xq_row_bytes] activations in the set's vec-dot type */
     int64_t xq_row_bytes;
     int64_t chunk;         /* a prompt's: rows a thread takes at a time */
-    struct run_left *runs; /* a few tokens': [threads] each share's run of groups not yet taken */
 } matmul_job;
 
 static void rows_of_one(const matmul_job *job, int i, int64_t r0, int64_t r1, int64_t fetch_end) {
@@ -51,45 +48,19 @@ static void chunk_of_rows(void *p, int64_t k, int ith) {
     rows_of_set(job, lo, hi, hi);
 }
 
-/* A few tokens' product (decode's one, a draft's check) gives each share a run of the rows:
- * its thread streams through it, the kernels asking memory ahead to the run's end, and a
- * thread done with its own run takes the last rows of the others'. A claim is a quarter of
- * what is left of a run (at least a group of 16 rows), from the front of one's own, from
- * the back of another's. (A fixed half each, the thread that ended first waiting out the
- * other, the 3B shape's steps took x1.003-1.069 of the time, its 8-token checks
- * x1.017-1.068, SmolLM2's steps and checks x0.999-1.016, and at the avx2 setting the 3B
- * shape's steps x1.027; three chunks a thread taken in turn, each chunk's stream starting
- * afresh, SmolLM2's steps took x1.034 and its 8-token checks x1.033. Zen 4, one process,
- * alternating.) */
-struct run_left {
-    _Alignas(64) atomic_ullong groups;  /* [first, end) not yet taken: first in the low 32 bits, end in the high */
-};
-
-enum { MAX_RUNS = 64 };  /* with more threads, a few tokens' products go in chunks as a prompt's */
-
-static int take_quarter(struct run_left *run, int from_back, int64_t *lo, int64_t *hi, int64_t *end) {
-    unsigned long long left = atomic_load_explicit(&run->groups, memory_order_relaxed), after;
-    uint32_t first, last, n;
-    do {
-        first = (uint32_t)left, last = (uint32_t)(left >> 32);
-        if (first >= last) return 0;
-        n = (last - first + 3) / 4;
-        after = from_back ? (unsigned long long)(last - n) << 32 | first : left + n;
-    } while (!atomic_compare_exchange_weak_explicit(&run->groups, &left, after, memory_order_relaxed,
-                                                    memory_order_relaxed));
-    *lo = from_back ? last - n : first, *hi = from_back ? last : first + n, *end = last;
-    return 1;
-}
-
-static void run_of_rows(void *p, int ith, int nth) {
+/* A few tokens' product (decode's one, a draft's check) goes in runs of groups of 16 rows
+ * (sq_pool_runs): a thread streams through its own run, the kernels asking memory ahead
+ * to its end, then takes the last groups of the other's. (A fixed half each, the thread
+ * that ended first waiting out the other, the 3B shape's steps took x1.003-1.069 of the
+ * time, its 8-token checks x1.017-1.068, SmolLM2's steps and checks x0.999-1.016, and at
+ * the avx2 setting the 3B shape's steps x1.027; three chunks a thread taken in turn, each
+ * chunk's stream starting afresh, SmolLM2's steps took x1.034 and its 8-token checks
+ * x1.033. Zen 4, one process, alternating.) */
+static void groups_of_rows(void *p, int64_t lo, int64_t hi, int64_t end, int ith) {
     const matmul_job *job = p;
-    const int64_t rows = job->total_rows;
-    int64_t lo, hi, end;
-#define ROW(group) ((group) * 16 < rows ? (group) * 16 : rows)
-    while (take_quarter(&job->runs[ith], 0, &lo, &hi, &end)) rows_of_set(job, ROW(lo), ROW(hi), ROW(end));
-    for (int k = 1; k < nth; k++)
-        while (take_quarter(&job->runs[(ith + k) % nth], 1, &lo, &hi, &end))
-            rows_of_set(job, ROW(lo), ROW(hi), ROW(hi));
+    (void)ith;
+#define ROW(group) ((group) * 16 < job->total_rows ? (group) * 16 : job->total_rows)
+    rows_of_set(job, ROW(lo), ROW(hi), ROW(end));
 #undef ROW
 }
 
@@ -97,7 +68,7 @@ static void run_of_rows(void *p, int ith, int nth) {
  * take rows sixteen or eight at a time). A chunk is the most a thread can be left waiting
  * for its partner at the end of a product: with 8 a thread, SmolLM2's 512-token prefill
  * spent 10.5% of its samples waiting in the pool, with 32 7.4%. A few tokens (FEW_TOKENS
- * at most) take runs instead (run_of_rows). A worker not yet running leaves its share to
+ * at most) go in runs instead (groups_of_rows). A worker not yet running leaves its share to
  * the caller (pool.c). */
 enum { CHUNKS_PER_THREAD = 32, FEW_TOKENS = 16 };
 
@@ -134,17 +105,11 @@ static void run(sq_pool *pool, const sq_matmul_set *set, const float *x, int n_t
         convert_job cj = {x, xq, vec_type, cols, job.xq_row_bytes};
         sq_pool_ranges(pool, n_tokens, 4, convert_tokens, &cj);
     }
-    const int nth = sq_pool_threads(pool);
-    if (n_tokens <= FEW_TOKENS && nth <= MAX_RUNS) {
-        struct run_left runs[MAX_RUNS];
-        const int64_t groups = (job.total_rows + 15) / 16;
-        for (int i = 0; i < nth; i++)
-            atomic_init(&runs[i].groups, (uint64_t)(groups * (i + 1) / nth) << 32 | (uint64_t)(groups * i / nth));
-        job.runs = runs;
-        sq_pool_run(pool, run_of_rows, &job);
+    if (n_tokens <= FEW_TOKENS) {
+        sq_pool_runs(pool, (job.total_rows + 15) / 16, groups_of_rows, &job);
         return;
     }
-    job.chunk = chunk_rows(job.total_rows, nth);
+    job.chunk = chunk_rows(job.total_rows, sq_pool_threads(pool));
     sq_pool_tasks(pool, (job.total_rows + job.chunk - 1) / job.chunk, chunk_of_rows, &job);
 }
 

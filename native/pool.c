@@ -27,6 +27,13 @@
  * turns each hand-off into a scheduler time slice), then sleep. */
 enum { SPIN_ROUNDS = 4000, YIELD_ROUNDS = 20000 };
 
+/* A share's run of items not yet taken, [first, end): first in the low 32 bits, end in
+ * the high, so that a claim from either side is one compare-and-swap; a cache line each. */
+typedef struct {
+    atomic_ullong left;
+    char own_line[64 - sizeof(atomic_ullong)];
+} run_left;
+
 struct sq_pool {
     int n_threads;
     sq_thread *threads;     /* [n_threads - 1]: the workers beside the caller */
@@ -40,6 +47,8 @@ struct sq_pool {
     atomic_int stop;
     sq_job_fn fn;           /* the current job: written before its generation is published */
     void *ctx;
+    run_left *runs;         /* [n_threads] what sq_pool_runs's current job has left of each run */
+    void *runs_memory;      /* runs' allocation, before rounding up to a cache line */
 };
 
 static inline void cpu_relax(void) {
@@ -99,6 +108,12 @@ sq_pool *sq_pool_new(int n_threads) {
     sq_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return NULL;
     pool->n_threads = n_threads;
+    pool->runs_memory = calloc((size_t)n_threads + 1, sizeof(run_left));
+    if (!pool->runs_memory) {
+        free(pool);
+        return NULL;
+    }
+    pool->runs = (run_left *)(((uintptr_t)pool->runs_memory + 63) & ~(uintptr_t)63);
     sq_mutex_init(&pool->mu);
     sq_cond_init(&pool->wake);
     int n_workers = n_threads - 1;
@@ -116,6 +131,7 @@ sq_pool *sq_pool_new(int n_threads) {
     return pool;
 fail:
     free(pool->threads);
+    free(pool->runs_memory);
     free(pool);
     return NULL;
 }
@@ -197,6 +213,49 @@ void sq_pool_tasks(sq_pool *pool, int64_t n_tasks, sq_task_fn fn, void *ctx) {
     sq_pool_run(pool, task_worker, &job);
 }
 
+/* A quarter of what is left of a run (at least one item), from its front or its back; 0
+ * when nothing is. */
+static int take_quarter(run_left *run, int from_back, int64_t *lo, int64_t *hi, int64_t *end) {
+    unsigned long long left = atomic_load_explicit(&run->left, memory_order_relaxed), after;
+    uint32_t first, last, n;
+    do {
+        first = (uint32_t)left, last = (uint32_t)(left >> 32);
+        if (first >= last) return 0;
+        n = (last - first + 3) / 4;
+        after = from_back ? (unsigned long long)(last - n) << 32 | first : left + n;
+    } while (!atomic_compare_exchange_weak_explicit(&run->left, &left, after, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    *lo = from_back ? last - n : first, *hi = from_back ? last : first + n, *end = last;
+    return 1;
+}
+
+typedef struct {
+    sq_run_fn fn;
+    void *ctx;
+    run_left *runs;  /* the pool's: [n_threads] */
+} runs_job;
+
+static void runs_worker(void *p, int ith, int nth) {
+    const runs_job *job = p;
+    int64_t lo, hi, end;
+    while (take_quarter(&job->runs[ith], 0, &lo, &hi, &end)) job->fn(job->ctx, lo, hi, end, ith);
+    for (int k = 1; k < nth; k++)
+        while (take_quarter(&job->runs[(ith + k) % nth], 1, &lo, &hi, &end)) job->fn(job->ctx, lo, hi, hi, ith);
+}
+
+void sq_pool_runs(sq_pool *pool, int64_t n, sq_run_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (!pool || pool->n_threads == 1 || n > UINT32_MAX) {  /* (items are counted in 32 bits) */
+        fn(ctx, 0, n, n, 0);
+        return;
+    }
+    const int nth = pool->n_threads;
+    for (int i = 0; i < nth; i++)
+        atomic_init(&pool->runs[i].left, (uint64_t)(n * (i + 1) / nth) << 32 | (uint64_t)(n * i / nth));
+    runs_job job = {fn, ctx, pool->runs};
+    sq_pool_run(pool, runs_worker, &job);
+}
+
 void sq_pool_free(sq_pool *pool) {
     if (!pool) return;
     atomic_store(&pool->stop, 1);
@@ -205,5 +264,6 @@ void sq_pool_free(sq_pool *pool) {
     sq_mutex_destroy(&pool->mu);
     sq_cond_destroy(&pool->wake);
     free(pool->threads);
+    free(pool->runs_memory);
     free(pool);
 }

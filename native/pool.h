@@ -26,4 +26,14 @@ void sq_pool_ranges(sq_pool *pool, int64_t n, int64_t min_items, sq_range_fn fn,
 typedef void (*sq_task_fn)(void *ctx, int64_t task, int ith);
 void sq_pool_tasks(sq_pool *pool, int64_t n_tasks, sq_task_fn fn, void *ctx);
 
+/* fn(ctx, lo, hi, end, ith) over items [0, n) in runs: each share a run of about n / nth
+ * items in order, which its thread takes from the front, a quarter of what is left (at
+ * least one item) at a time, `end` the run's end so far (a product's kernels ask memory
+ * ahead to it); a thread done with its own run then takes the last items of the others',
+ * a quarter of what is left at a time, from the back (end = hi). So a thread streams
+ * through memory in order, and one the machine slows does not keep the other waiting at
+ * the end. Without a pool, all on the calling thread in one call. */
+typedef void (*sq_run_fn)(void *ctx, int64_t lo, int64_t hi, int64_t end, int ith);
+void sq_pool_runs(sq_pool *pool, int64_t n, sq_run_fn fn, void *ctx);
+
 #endif
