@@ -619,8 +619,8 @@ static scratch thread_scratch(const flash_job *job, int ith) {
 /* Decode, step 1: tasks (KV head, chunk) in runs of consecutive ones (sq_pool_runs), so
  * that a thread streams through the cache in order (taken in turn, as a prefill's are,
  * they interleave and the step is a fifth slower), and a thread done with its own run
- * takes the last tasks of the other's (a fixed half each, SmolLM2's steps took x1.005 of
- * the time at depth 1,024, x1.028-1.037 at 4,096 and x1.014 at 8,000: Zen 4, one process,
+ * takes the last tasks of the other's (SmolLM2's steps took x0.995 of a fixed half's time
+ * at depth 1,024, x0.964-0.973 at 4,096 and x0.986 at 8,000: Zen 4, one process,
  * alternating). */
 static void chunk_tasks(void *p, int64_t lo, int64_t hi, int64_t end, int ith) {
     const flash_job *job = p;
