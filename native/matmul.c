@@ -46,8 +46,9 @@ static void rows_of_set(const matmul_job *job, int64_t lo, int64_t hi, int64_t f
  * that ended first waited out the other, the 3B shape's steps took x0.935-0.997 of the
  * time, its 8-token checks x0.936-0.983, SmolLM2's steps and checks x0.984-1.001, at the
  * avx2 setting the 3B shape's steps x0.974; against chunks taken in turn, 32 a thread for
- * a prompt (each chunk's stream starting afresh), a 512-token prefill took x0.957
- * (SmolLM2) and x0.971-0.980 (3B shape), at the avx2 setting x0.94 and x0.972. */
+ * a prompt (each chunk's stream starting afresh), a 512-token prefill took x0.957-1.001
+ * (SmolLM2, five runs; x0.963-0.965 on 3 and 4 threads) and x0.971-0.991 (3B shape), at
+ * the avx2 setting x0.94 and x0.972. */
 static void groups_of_rows(void *p, int64_t lo, int64_t hi, int64_t end, int ith) {
     const matmul_job *job = p;
     (void)ith;
