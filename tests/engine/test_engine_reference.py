@@ -148,12 +148,13 @@ def test_every_batching_gives_the_same_bits(kind, engines, references):
 
 @pytest.mark.parametrize("kind", QUANTIZED + ["F16"])
 def test_thread_counts_give_the_same_bits(kind, engines, references):
-    """A prompt's products go to the threads in chunks, a step's and a draft check's in
-    runs that a thread done with its own takes the last rows of (native/matmul.c): every
-    row is computed once, the same whoever computes it, at more threads than cores too."""
+    """A product's rows go to the threads in runs, a thread done with its own taking the
+    last rows of the others' (native/matmul.c), for a prompt, a step and a draft check
+    alike: every row is computed once, the same whoever computes it, at more threads than
+    cores too."""
     ref, _ = references[kind]
     ids = ref["tokens"].tolist() + ref["greedy"].tolist()[:-1]
-    few = [1, 8, 1, 16, 3]  # a step, an 8-token check, a step, 16 tokens (the most that go in runs), 3
+    few = [1, 8, 1, 16, 3]  # a step, an 8-token check, a step, 16 tokens (the few-token kernels' most), 3
     assert len(ids) > sum(few) + 16
     rows = {}
     for threads in THREADS:
