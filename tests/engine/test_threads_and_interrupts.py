@@ -107,7 +107,7 @@ def test_every_share_of_a_pool_job_runs_once_whichever_thread_takes_it():
     """A pool job's shares go to whichever thread claims each first (native/pool.c): with
     more threads than cores the workers are often not yet scheduled and the caller takes
     their shares. Over many jobs every share must still run, and the caller return only
-    when all have; and sq_read_all reads in runs (sq_pool_runs, as a step's products do),
+    when all have; and sq_read_all reads in runs (sq_pool_runs, as the products do),
     which a thread done with its own takes the ends of: every line must be read once, by
     whichever thread. sq_read_all's checksum (a sum of what each share read) is the whole
     buffer's every time."""
